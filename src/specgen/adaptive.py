@@ -1,0 +1,83 @@
+"""Choosing K each step: the number of draft tokens that maximises expected tokens per second.
+
+With per-token acceptance rate alpha, a step that drafts K tokens yields on average
+(1 - alpha^(K+1)) / (1 - alpha) tokens and costs K draft passes plus one target pass over
+K+1 tokens. Both costs are measured as the run goes. K = 0 is plain target decoding, so
+speculation that does not pay switches itself off; every `probe_every` plain steps one
+speculative step probes whether the draft has become useful again.
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens emitted by a step with k drafts (accepted prefix plus one target token)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class FixedK:
+    """Always K (adaptive off)."""
+
+    def __init__(self, k: int) -> None:
+        self.k_max = k
+
+    def choose(self, limit: int) -> int:
+        return min(self.k_max, limit)
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+
+class AdaptiveK:
+    """Pick K in [0, k_max] from the running acceptance rate and measured costs."""
+
+    def __init__(
+        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7, probe_every: int = 16
+    ) -> None:
+        self.k_max = k_max
+        self.decay = decay
+        self.probe_every = probe_every
+        # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
+        self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
+        self.draft_cost: float | None = None  # seconds per draft forward
+        self.verify_cost: dict[int, float] = {}  # seconds per target pass over k+1 tokens
+        self.plain_steps = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def _verify_cost(self, k: int) -> float:
+        if k in self.verify_cost:
+            return self.verify_cost[k]
+        # Unmeasured: borrow the nearest measured width (verification is roughly flat in K).
+        nearest = min(self.verify_cost, key=lambda m: abs(m - k))
+        return self.verify_cost[nearest]
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second when drafting k tokens."""
+        cost = self._verify_cost(k) + k * (self.draft_cost or 0.0)
+        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+
+    def choose(self, limit: int) -> int:
+        top = min(self.k_max, limit)
+        if top == 0 or self.draft_cost is None or not self.verify_cost:
+            return top  # measure a full speculative step first
+        best = max(range(top + 1), key=self.rate)
+        if best == 0:
+            self.plain_steps += 1
+            if self.plain_steps % self.probe_every == 0:
+                return max(range(1, top + 1), key=self.rate)
+        return best
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        ema = lambda old, new: new if old is None else 0.8 * old + 0.2 * new  # noqa: E731
+        self.verify_cost[k] = ema(self.verify_cost.get(k), verify_seconds)
+        if k == 0:
+            return
+        self.draft_cost = ema(self.draft_cost, draft_seconds / k)
+        rejected = 1.0 if n_accepted < k else 0.0
+        self.hits = self.decay * self.hits + n_accepted
+        self.misses = self.decay * self.misses + rejected

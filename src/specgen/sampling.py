@@ -1,0 +1,117 @@
+"""The math of speculative decoding as pure tensor functions: no models, no I/O.
+
+Names follow the paper (Leviathan et al. 2023; Chen et al. 2023): p is the target's
+distribution, q the draft's, K the number of drafted tokens. Every function here is
+tested on its own, and the engine only strings them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specgen.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a distribution. temperature == 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(
+                f"temperature must be >= 0 (0 means greedy), got {self.temperature}."
+            )
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0 (0 turns it off), got {self.top_k}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1] (1 turns it off), got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Temperature, then top-k, then top-p over the last dimension; removed tokens get -inf.
+
+    The same warping is applied to target and draft so that p and q are the distributions
+    tokens are really drawn from."""
+    logits = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p; the top token always stays.
+        remove_sorted = mass_before >= params.top_p
+        remove_sorted[..., 0] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def probs_from_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The distribution a token is sampled from (float32). Greedy gives a one-hot argmax."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return warp_logits(logits, params).softmax(-1)
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Draw one index per row of `probs` [..., V] -> [...], without a host sync.
+
+    argmax(p / E) with E ~ Exp(1) picks i with probability p_i (the exponential race)."""
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / noise).argmax(-1)
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """norm(max(0, p - q)): where to resample after a rejection.
+
+    When p == q the residual has no mass; a rejection is then a rounding accident (p/q is
+    1 in exact arithmetic), and falling back to p keeps the output distribution p."""
+    r = (p - q).clamp_min(0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp_min(1e-30), p)
+
+
+def greedy_verify(target_logits: Tensor, draft_ids: Tensor) -> tuple[int, Tensor]:
+    """Greedy verification: keep drafts while they equal the target's argmax.
+
+    target_logits [K+1, V] (row i scores the position of draft i; row K is the bonus);
+    draft_ids [K]. Returns (n accepted, the target's token after them)."""
+    choices = target_logits.argmax(-1)
+    k = draft_ids.shape[0]
+    n = int((choices[:k] == draft_ids).cumprod(0).sum()) if k else 0
+    return n, choices[n]
+
+
+def rejection_verify(
+    p: Tensor, q: Tensor, draft_ids: Tensor, generator: torch.Generator | None = None
+) -> tuple[int, Tensor]:
+    """Modified rejection sampling (Leviathan et al. 2023, Alg. 1), vectorised.
+
+    p [K+1, V] target distributions, q [K, V] the distributions the drafts were drawn from,
+    draft_ids [K]. Draft i is accepted with probability min(1, p(x)/q(x)); at the first
+    rejection the token is drawn from norm(max(0, p - q)); if all K pass, a bonus token is
+    drawn from p[K]. The emitted tokens are distributed exactly as the target's."""
+    k = draft_ids.shape[0]
+    if k == 0:
+        return 0, sample(p[0], generator)
+    rows = torch.arange(k, device=p.device)
+    p_x, q_x = p[rows, draft_ids], q[rows, draft_ids]
+    u = torch.rand(k, device=p.device, generator=generator)
+    accepted = u * q_x < p_x  # u < p/q without dividing by q
+    n = int(accepted.cumprod(0).sum())  # the one host sync acceptance needs
+    if n == k:
+        return n, sample(p[k], generator)
+    return n, sample(residual(p[n], q[n]), generator)
