@@ -3,15 +3,39 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from specgen import __version__
 from specgen.errors import SpecgenError
 
+
+class _Group(TyperGroup):
+    """Turns a SpecgenError raised by any command into one clear line and exit code 2
+    (the traceback only with --debug or SPECGEN_DEBUG=1), and Ctrl-C into exit code 130."""
+
+    def invoke(self, ctx):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except SpecgenError as e:
+            if debug_enabled():
+                raise
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+
+def debug_enabled() -> bool:
+    return "--debug" in sys.argv or os.environ.get("SPECGEN_DEBUG") == "1"
+
+
 app = typer.Typer(
+    cls=_Group,
     name="specgen",
     help="Exact speculative decoding for local LLMs: a small draft model proposes, the "
     "large target model verifies, and the output is exactly the target's.",
@@ -20,7 +44,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
-DEBUG = "--debug" in sys.argv
 
 
 def _version(value: bool) -> None:
@@ -39,18 +62,5 @@ def _root(
 
 
 def main() -> None:
-    """Entry point: run the app, turning SpecgenError into one clear line and exit code 2."""
-    try:
-        app(standalone_mode=False)
-    except SpecgenError as e:
-        if DEBUG:
-            raise
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        err.print("Aborted.")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    """Console-script entry point."""
+    app()
