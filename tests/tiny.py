@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -16,8 +17,8 @@ def tiny_model(family: str = "llama", *, vocab: int = 64, hidden: int = 32, laye
     config = FAMILIES[family](
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
-        tie_word_embeddings=False, **overrides,
+        eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+        tie_word_embeddings=False, **{"max_position_embeddings": 512, **overrides},
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -36,3 +37,78 @@ def sharpen(model, scale: float) -> None:
 def save_tiny(model, path: Path) -> Path:
     model.save_pretrained(path)
     return path
+
+
+def distill(draft, target, steps: int = 100, seed: int = 0, lr: float = 1e-2) -> None:
+    """Train `draft` briefly to imitate `target` (KL on random sequences), so that it agrees
+    with the target part of the time, as a real draft does (random pairs almost never agree)."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(draft.parameters(), lr=lr)
+    vocab = target.config.vocab_size
+    for _ in range(steps):
+        x = torch.randint(0, vocab, (16, 24), generator=g)
+        with torch.no_grad():
+            p = target(x).logits.log_softmax(-1)
+        q = draft(x).logits.log_softmax(-1)
+        loss = torch.nn.functional.kl_div(q, p, log_target=True, reduction="batchmean")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    draft.eval().requires_grad_(False)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_pair(family: str = "llama", vocab: int = 64, seed: int = 0):
+    """A target and a distilled draft of smaller depth and width (cached per process:
+    do not modify the returned models)."""
+    target = tiny_model(family, vocab=vocab, hidden=64, layers=3, seed=seed)
+    sharpen(target, 4.0)
+    target.requires_grad_(False)
+    draft = tiny_model(family, vocab=vocab, hidden=32, layers=1, seed=seed + 1)
+    distill(draft, target, seed=seed)
+    return target, draft
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer with no merges: 256 byte tokens, then <|endoftext|> (256),
+    <|im_start|> (257) and <|im_end|> (258, the EOS). Any text round-trips exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core)
+    tok.add_special_tokens(
+        {"eos_token": "<|im_end|>", "additional_special_tokens": ["<|endoftext|>", "<|im_start|>"]}
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+TINY_VOCAB = 259
+
+
+def write_tiny_pair(root: Path, family: str = "llama", max_positions: int = 512) -> tuple[Path, Path]:
+    """Save a tiny target and a distilled draft, each with the tiny tokenizer, as local
+    model directories under `root`."""
+    target = tiny_model(family, vocab=TINY_VOCAB, hidden=64, layers=3, seed=0, eos=258,
+                        max_position_embeddings=max_positions)
+    sharpen(target, 4.0)
+    draft = tiny_model(family, vocab=TINY_VOCAB, hidden=32, layers=1, seed=1, eos=258,
+                       max_position_embeddings=max_positions)
+    distill(draft, target, steps=60)
+    tok = tiny_tokenizer()
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        paths.append(root / name)
+    return paths[0], paths[1]

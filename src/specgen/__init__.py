@@ -1,7 +1,27 @@
-"""specgen: exact speculative decoding for local LLMs."""
+"""specgen: exact speculative decoding for local LLMs.
 
-from specgen.engine import GenerationResult, SpeculativeGenerator, Stats, Token
-from specgen.errors import SpecgenError
+The public API is imported lazily so that `specgen --help`, `specgen stats` and the history
+store start without loading torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 __all__ = ["GenerationResult", "SpecgenError", "SpeculativeGenerator", "Stats", "Token", "__version__"]
+
+if TYPE_CHECKING:
+    from specgen.engine import GenerationResult, SpeculativeGenerator, Stats, Token
+    from specgen.errors import SpecgenError
+
+
+def __getattr__(name: str):
+    if name == "SpecgenError":
+        from specgen.errors import SpecgenError
+
+        return SpecgenError
+    if name in __all__:
+        from specgen import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'specgen' has no attribute {name!r}")

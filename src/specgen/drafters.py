@@ -53,6 +53,7 @@ class ModelDrafter:
         self.model = model
         self.device = model.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
+        self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = min(vocab_size, model.config.get_text_config().vocab_size)
         self.reset()
 
@@ -67,7 +68,9 @@ class ModelDrafter:
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        pending = tokens[self.cache.get_seq_length():].to(self.device)
+        # Ids past the draft's embedding rows (a target with a larger vocabulary) are
+        # clamped: that only worsens the guess, never the output's exactness.
+        pending = tokens[self.cache.get_seq_length():].to(self.device).clamp_max(self.input_vocab - 1)
         ids, qs = [], []
         for _ in range(k):
             logits = forward(self.model, pending, self.cache, 1)[-1, : self.vocab_size]

@@ -181,8 +181,8 @@ class SpeculativeGenerator:
         """Bring the target cache to hold tokens[:-1], reusing the longest common prefix
         with the previous call's context; roll the drafter back to that prefix too."""
         prev = self._tokens.to(tokens.device)
-        n = min(len(prev), len(tokens) - 1)
-        same = (prev[:n] == tokens[:n]).long().cumprod(0).sum().item() if n else 0
+        n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
+        same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         if self._cache is None:
             self._cache, same = DynamicCache(config=self.target.config), 0
             self.drafter.reset()

@@ -1,0 +1,230 @@
+"""The speculative loop: greedy exactness, statistics, stopping, caches and bad input."""
+
+import pytest
+import torch
+
+from specgen import SpecgenError, SpeculativeGenerator
+from specgen.errors import ConfigError, ModelError
+from tiny import sharpen, tiny_model, tiny_pair
+
+N = 40
+pair = tiny_pair
+
+
+def reference(target, ids, n=N):
+    out = target.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def prompt(vocab=64, length=9, seed=0):
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def family_pair(request):
+    return pair(request.param)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_equals_target_greedy(family_pair, k, adaptive):
+    target, draft = family_pair
+    for seed in range(3):
+        ids = prompt(seed=seed)
+        gen = SpeculativeGenerator(target, draft, num_speculative_tokens=k, adaptive=adaptive)
+        assert gen.generate(ids, max_new_tokens=N).token_ids == reference(target, ids)
+
+
+def test_self_drafting_accepts_everything():
+    target, _ = pair("llama")
+    ids = prompt()
+    result = SpeculativeGenerator(target, target, 4, adaptive=False).generate(ids, max_new_tokens=N)
+    s = result.stats
+    assert result.token_ids == reference(target, ids)
+    assert s.acceptance_rate == 1.0 and s.tau == 5.0 and s.target_passes == N // 5
+    assert result.sources[:5] == ["accepted"] * 4 + ["bonus"]
+    assert s.accepted_length_hist == [0, 0, 0, 0, N // 5]
+
+
+def test_stats_are_consistent():
+    target, draft = pair("qwen2")
+    result = SpeculativeGenerator(target, draft, 3, adaptive=False).generate(prompt(), max_new_tokens=N)
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) == N
+    assert s.accepted == result.sources.count("accepted")
+    assert s.target_passes == result.sources.count("resampled") + result.sources.count("bonus")
+    assert sum(s.per_position_accepted) == s.accepted
+    assert sum(s.per_position_proposed) == s.proposed
+    assert sum(s.accepted_length_hist) == len([k for k in s.k_per_step if k])
+    assert len(s.k_per_step) == s.target_passes
+    assert 0 < s.acceptance_rate < 1, "the fixture should exercise both outcomes"
+    assert s.tau == pytest.approx(N / s.target_passes)
+    assert s.stop_reason == "max_new_tokens"
+    assert s.prompt_tokens == 9 and s.prefill_tokens == 8
+    d = s.to_dict()
+    assert d["tau"] == s.tau and d["acceptance_rate"] == s.acceptance_rate
+    assert d["draft_seconds"] > 0 and d["total_seconds"] >= d["draft_seconds"] + d["verify_seconds"]
+
+
+def test_k_zero_is_plain_decoding():
+    target, draft = pair("llama")
+    ids = prompt()
+    result = SpeculativeGenerator(target, draft, 0).generate(ids, max_new_tokens=N)
+    assert result.token_ids == reference(target, ids)
+    assert set(result.sources) == {"bonus"} and result.stats.draft_passes == 0
+
+
+def test_adaptive_switches_off_a_useless_draft():
+    target, _ = pair("llama")
+    useless = tiny_model("llama", vocab=64, hidden=32, layers=1, seed=99)
+    with torch.no_grad():  # a draft that always proposes token 0, which the target never picks
+        useless.get_output_embeddings().weight.zero_()
+        useless.get_output_embeddings().weight[0] = 1.0
+        useless.model.norm.weight.fill_(1.0)
+    ids = prompt()
+    gen = SpeculativeGenerator(target, useless, 4, adaptive=True)
+    result = gen.generate(ids, max_new_tokens=60)
+    assert result.token_ids == reference(target, ids, 60)
+    assert result.stats.k_per_step.count(0) > len(result.stats.k_per_step) // 2
+
+
+def test_eos_inside_draft_stops_and_drops_the_rest():
+    target, _ = pair("llama")
+    ids = prompt()
+    ref = reference(target, ids)
+    eos = ref[7]
+    first = ref.index(eos)
+    result = SpeculativeGenerator(target, target, 8, adaptive=False).generate(
+        ids, max_new_tokens=N, eos_token_ids=[eos, 999]
+    )
+    assert result.token_ids == ref[: first + 1]
+    assert result.stats.stop_reason == "eos" and result.stats.new_tokens == first + 1
+
+
+def test_eos_defaults_to_generation_config():
+    target = tiny_model("llama", vocab=64, hidden=64, layers=3, seed=0)
+    sharpen(target, 4.0)
+    ids = prompt()
+    eos = reference(target, ids)[5]
+    target.generation_config.eos_token_id = eos
+    expected = target.generate(ids, do_sample=False, max_new_tokens=N)[0, 9:].tolist()
+    result = SpeculativeGenerator(target, target, 3).generate(ids, max_new_tokens=N)
+    assert result.token_ids == expected and result.token_ids[-1] == eos
+
+
+class CharTokenizer:
+    """Token i decodes to the letter chr(97 + i % 26)."""
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_stop_string():
+    target, draft = pair("llama")
+    ids = prompt()
+    ref = reference(target, ids)
+    text = CharTokenizer().decode(ref)
+    stop = text[10:13]
+    end = text.index(stop) + len(stop)
+    result = SpeculativeGenerator(target, draft, 4).generate(
+        ids, max_new_tokens=N, stop_strings=[stop], tokenizer=CharTokenizer()
+    )
+    assert result.token_ids == ref[:end] and result.stats.stop_reason == "stop_string"
+
+
+def test_vocabularies_differing_in_padding_rows():
+    target = tiny_model("qwen2", vocab=1000, hidden=64, layers=2, seed=0)
+    draft = tiny_model("qwen2", vocab=1010, hidden=32, layers=1, seed=1)
+    ids = prompt(vocab=1000)
+    result = SpeculativeGenerator(target, draft, 4).generate(ids, max_new_tokens=N)
+    assert result.token_ids == reference(target, ids)
+    assert max(result.token_ids) < 1000
+    sampled = SpeculativeGenerator(draft, target, 4).generate(ids, max_new_tokens=N, temperature=1.0, seed=0)
+    assert len(sampled.token_ids) == N
+
+
+def test_mismatched_vocabulary_is_refused():
+    target = tiny_model("llama", vocab=64)
+    with pytest.raises(ModelError, match="same tokenizer"):
+        SpeculativeGenerator(target, tiny_model("llama", vocab=128))
+
+
+def test_mismatched_eos_is_refused():
+    with pytest.raises(ModelError, match="end-of-sequence"):
+        SpeculativeGenerator(tiny_model("llama", eos=1), tiny_model("llama", eos=2))
+
+
+def test_seeded_sampling_is_reproducible():
+    target, draft = pair("qwen2")
+    gen = SpeculativeGenerator(target, draft, 3, adaptive=False)
+    kw = dict(max_new_tokens=N, temperature=0.8, top_p=0.9, seed=1234)
+    a, b = gen.generate(prompt(), **kw), gen.generate(prompt(), **kw)
+    assert a.token_ids == b.token_ids and a.sources == b.sources
+    c = gen.generate(prompt(), **{**kw, "seed": 4321})
+    assert c.token_ids != a.token_ids
+
+
+def test_stream_yields_tokens_with_sources():
+    target, draft = pair("llama")
+    gen = SpeculativeGenerator(target, draft, 4)
+    tokens = list(gen.stream(prompt()[0], max_new_tokens=12))  # a 1-D prompt works too
+    assert len(tokens) == 12 and gen.stats.new_tokens == 12
+    assert all(t.source in ("accepted", "resampled", "bonus") for t in tokens)
+
+
+def test_prompt_prefix_is_reused_across_calls():
+    """A follow-up prompt that extends the last context prefills only its new tokens."""
+    target, draft = pair("llama")
+    gen = SpeculativeGenerator(target, draft, 4)
+    ids = prompt()
+    first = gen.generate(ids, max_new_tokens=10)
+    follow = torch.cat([ids[0], torch.tensor(first.token_ids), torch.tensor([5, 6, 7])])
+    second = gen.generate(follow, max_new_tokens=N)
+    assert second.stats.prefill_tokens == 3 - 1 + 1  # 5, 6 (7 is the pending token) + last answer token
+    assert second.token_ids == reference(target, follow[None])
+    other = prompt(seed=5)  # an unrelated prompt shares nothing and still decodes exactly
+    assert gen.generate(other, max_new_tokens=N).token_ids == reference(target, other)
+
+
+def test_single_token_prompt():
+    target, draft = pair("llama")
+    ids = torch.tensor([[3]])
+    assert SpeculativeGenerator(target, draft, 4).generate(ids, max_new_tokens=N).token_ids == reference(target, ids)
+
+
+def test_context_limit_caps_new_tokens():
+    target, draft = pair("llama")
+    ids = prompt(length=500)
+    result = SpeculativeGenerator(target, draft, 4).generate(ids, max_new_tokens=100)
+    assert len(result.token_ids) == 12  # max_position_embeddings is 512
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=1.0, top_p=0.0), "top-p"),
+        (dict(temperature=1.0, top_p=1.5), "top-p"),
+        (dict(top_k=-3), "top-k"),
+        (dict(stop_strings=["x"]), "tokenizer"),
+    ],
+)
+def test_bad_generation_arguments(kwargs, match):
+    target, draft = pair("llama")
+    with pytest.raises(ConfigError, match=match):
+        SpeculativeGenerator(target, draft).generate(prompt(), **kwargs)
+
+
+def test_bad_inputs():
+    target, draft = pair("llama")
+    with pytest.raises(ConfigError, match=">= 0"):
+        SpeculativeGenerator(target, draft, num_speculative_tokens=-1)
+    gen = SpeculativeGenerator(target, draft)
+    with pytest.raises(ConfigError, match="empty"):
+        gen.generate(torch.tensor([], dtype=torch.long))
+    with pytest.raises(ConfigError, match="batch size 1"):
+        gen.generate(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ConfigError, match="shape"):
+        gen.generate(torch.zeros(1, 1, 5, dtype=torch.long))
+    assert issubclass(ConfigError, SpecgenError) and issubclass(ModelError, SpecgenError)

@@ -1,0 +1,150 @@
+"""The pure math of sampling.py, edge cases included."""
+
+import pytest
+import torch
+
+from specgen.errors import ConfigError
+from specgen.sampling import (
+    SamplingParams,
+    greedy_verify,
+    probs_from_logits,
+    rejection_verify,
+    residual,
+    sample,
+    warp_logits,
+)
+
+
+def test_params_validation():
+    with pytest.raises(ConfigError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ConfigError, match="top-k"):
+        SamplingParams(1.0, top_k=-1)
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ConfigError, match="top-p"):
+            SamplingParams(1.0, top_p=bad)
+    assert SamplingParams().greedy and not SamplingParams(0.5).greedy
+
+
+def test_top_k_keeps_k_largest():
+    logits = torch.tensor([1.0, 5.0, 3.0, 4.0, 2.0])
+    p = probs_from_logits(logits, SamplingParams(1.0, top_k=2))
+    assert (p > 0).tolist() == [False, True, False, True, False]
+    assert p.sum().item() == pytest.approx(1.0)
+
+
+def test_top_k_one_is_argmax():
+    logits = torch.randn(3, 10)
+    p = probs_from_logits(logits, SamplingParams(0.7, top_k=1))
+    assert torch.equal(p.argmax(-1), logits.argmax(-1))
+    assert torch.allclose(p.max(-1).values, torch.ones(3))
+
+
+def test_top_p_keeps_smallest_prefix_reaching_mass():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()
+    kept = probs_from_logits(logits, SamplingParams(1.0, top_p=0.8)) > 0
+    assert kept.tolist() == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = probs_from_logits(logits, SamplingParams(1.0, top_p=0.81)) > 0
+    assert kept.tolist() == [True, True, True, False]
+
+
+def test_top_p_cutting_to_one_token():
+    logits = torch.tensor([0.0, 4.0, 1.0])
+    p = probs_from_logits(logits, SamplingParams(1.0, top_p=0.5))
+    assert p.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([1.0, 2.0])
+    hot = probs_from_logits(logits, SamplingParams(2.0))
+    cold = probs_from_logits(logits, SamplingParams(0.5))
+    assert cold[1] > hot[1] > 0.5
+
+
+def test_warp_is_identity_without_filters():
+    logits = torch.randn(7)
+    assert torch.allclose(warp_logits(logits, SamplingParams(1.0)), logits)
+
+
+def test_sample_frequencies_follow_probs():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
+    draws = sample(probs.expand(20000, 4), g)
+    freq = torch.bincount(draws, minlength=4).float() / 20000
+    assert freq[2] == 0
+    assert torch.allclose(freq, probs, atol=0.015)
+
+
+def test_residual_normalises_positive_part():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.5, 0.3])
+    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_residual_without_mass_falls_back_to_p():
+    p = torch.tensor([0.25, 0.75])
+    assert torch.equal(residual(p, p.clone()), p)
+
+
+def test_greedy_verify_all_accepted_gives_bonus():
+    logits = torch.nn.functional.one_hot(torch.tensor([3, 1, 4]), 6).float()
+    n, nxt = greedy_verify(logits, torch.tensor([3, 1]))
+    assert (n, nxt.item()) == (2, 4)
+
+
+def test_greedy_verify_first_rejected():
+    logits = torch.nn.functional.one_hot(torch.tensor([3, 1, 4]), 6).float()
+    n, nxt = greedy_verify(logits, torch.tensor([2, 1]))
+    assert (n, nxt.item()) == (0, 3)  # the later match does not count after a rejection
+
+
+def test_greedy_verify_k1_and_k0():
+    logits = torch.nn.functional.one_hot(torch.tensor([5, 0]), 6).float()
+    assert greedy_verify(logits, torch.tensor([5]))[0] == 1
+    n, nxt = greedy_verify(logits[:1], torch.tensor([], dtype=torch.long))
+    assert (n, nxt.item()) == (0, 5)
+
+
+def test_rejection_accepts_when_p_equals_q():
+    g = torch.Generator().manual_seed(1)
+    q = torch.softmax(torch.randn(4, 8), -1)
+    p = torch.cat([q, torch.softmax(torch.randn(1, 8), -1)])
+    drafts = sample(q, g)
+    for _ in range(200):
+        n, _ = rejection_verify(p, q, drafts, g)
+        assert n == 4  # p/q == 1: never rejected, the bonus comes from p[K]
+
+
+def test_rejection_rejects_tokens_target_cannot_emit():
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, nxt = rejection_verify(p, q, torch.tensor([0]), g)
+        assert (n, nxt.item()) == (0, 1)  # first rejected; residual puts all mass on 1
+
+
+def test_rejection_single_position_distribution():
+    """One step with K = 1: the first emitted token must follow p[0] exactly."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.1, 0.1, 0.8]])
+    counts = torch.zeros(3)
+    for _ in range(6000):
+        d = sample(q, g)
+        n, nxt = rejection_verify(p, q, d, g)
+        counts[(d[0] if n == 1 else nxt).item()] += 1
+    assert torch.allclose(counts / counts.sum(), p[0], atol=0.02)
+
+
+def test_rejection_with_one_hot_draft():
+    """A deterministic drafter (q one-hot) is exact too: accept with probability p(x)."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    q = torch.tensor([[0.0, 1.0]])
+    counts = torch.zeros(2)
+    for _ in range(6000):
+        n, nxt = rejection_verify(p, q, torch.tensor([1]), g)
+        counts[1 if n == 1 else nxt.item()] += 1
+    assert torch.allclose(counts / counts.sum(), p[0], atol=0.02)
