@@ -94,11 +94,10 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def run_figures(row: dict) -> dict:
-    """One run's headline ratios (None where undefined, e.g. no drafts proposed)."""
+    """One run's ratios not stored as columns (None where undefined, e.g. no drafts)."""
     return {
         "acceptance_rate": _ratio(row["accepted"], row["proposed"]),
         "tau": _ratio(row["new_tokens"], row["target_passes"]),
-        "tokens_per_second": _ratio(row["new_tokens"], row["wall_seconds"]),
     }
 
 
@@ -259,7 +258,7 @@ def render_runs(console: Console, runs: list[dict]) -> None:
             "when": datetime.fromtimestamp(r["created_at"]).strftime("%m-%d %H:%M"),
             "command": r["command"], "profile": r["profile"], "tokens": f"{r['new_tokens']:,}",
             "accept": _pct(f["acceptance_rate"]), "tau": _fmt(f["tau"], ".2f"),
-            "tok/s": _fmt(f["tokens_per_second"], ".1f"), "ended": r["ended"],
+            "tok/s": _fmt(r["tokens_per_second"], ".1f"), "ended": r["ended"],
         }
         table.add_row(*(cells[name] for name in columns))
     console.print(table)
