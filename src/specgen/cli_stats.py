@@ -25,10 +25,7 @@ from rich.text import Text
 from specgen.errors import ConfigError
 from specgen.store import clear_runs, default_db_path, load_runs
 
-app = typer.Typer(
-    help="Acceptance, tau and speed over the recorded history of runs, chat turns and benches.",
-    rich_markup_mode="rich",
-)
+app = typer.Typer(rich_markup_mode="rich")
 
 UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 NARROW = 64  # below this width, one two-column table per profile instead of one wide table
@@ -298,8 +295,9 @@ def stats(
     fmt: Format = typer.Option(Format.text, "--format", help="text or json."),
     stats_db: Path | None = DB_OPTION,
 ) -> None:
-    """Acceptance rate, tau, tokens/s and estimated speedup per profile; acceptance by draft
-    position; how many drafts each step kept."""
+    """Acceptance, tau and speed over the recorded runs, chat turns and benches.
+
+    Per profile: acceptance, tau, tokens/s, speedup; acceptance by draft position."""
     selection = Selection(_db(stats_db), profile, parse_since(since) if since else None, last)
     ctx.obj = selection
     if ctx.invoked_subcommand is not None:
