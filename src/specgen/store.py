@@ -203,9 +203,8 @@ def insert_run(conn: sqlite3.Connection, record: RunRecord) -> int:
 def record_run(record: RunRecord, db_path: Path | None = None) -> str | None:
     """Append one run to the history. Never raises: returns None when recorded, else a
     one-line warning for the caller to print (the user's output matters more)."""
-    path = db_path
+    path = Path(db_path) if db_path is not None else default_db_path()
     try:
-        path = Path(db_path) if db_path is not None else default_db_path()
         conn = connect(path)
         try:
             insert_run(conn, record)
