@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from specgen import __version__
+from specgen import cli_stats
 from specgen.errors import SpecgenError
 
 
@@ -44,6 +45,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
+app.add_typer(cli_stats.app, name="stats")
 
 
 def _version(value: bool) -> None:

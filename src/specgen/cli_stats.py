@@ -1,0 +1,368 @@
+"""`specgen stats`: acceptance, tau and speed over the recorded run history.
+
+Aggregates are ratios of sums (sum accepted / sum proposed, sum tokens / sum target passes),
+never means of per-run ratios, so a long run weighs what it generated.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specgen.errors import ConfigError
+from specgen.store import clear_runs, default_db_path, load_runs
+
+app = typer.Typer(rich_markup_mode="rich")
+
+UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+NARROW = 64  # below this width, one two-column table per profile instead of one wide table
+MAX_BAR = 40
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@dataclass
+class Selection:
+    """Which history and which runs of it: the options of `specgen stats` itself."""
+
+    db_path: Path
+    profile: str | None = None
+    since: float | None = None
+    last: int | None = None
+
+    @property
+    def filtered(self) -> bool:
+        return self.profile is not None or self.since is not None or self.last is not None
+
+    def load(self) -> list[dict]:
+        return load_runs(self.db_path, self.profile, self.since, self.last)
+
+
+DB_OPTION = typer.Option(
+    None, "--stats-db", metavar="PATH", help="History database (default: $SPECGEN_STATS_DB, "
+    "else history.sqlite3 in the user data directory)."
+)
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """'30m', '24h', '7d', '2w' (an age), or an ISO date / date-time in local time."""
+    now = time.time() if now is None else now
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([mhdw])", text.strip().lower())
+    if m:
+        return now - float(m[1]) * UNITS[m[2]]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r} is neither an age nor a date: give e.g. 24h, 7d, 2w or "
+            f"2026-11-01 (or 2026-11-01T09:30)."
+        ) from None
+
+
+# ---------------------------------------------------------------- aggregation (pure)
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    out = [0] * max((len(x) for x in lists), default=0)
+    for x in lists:
+        for i, v in enumerate(x):
+            out[i] += v
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def run_figures(row: dict) -> dict:
+    """One run's ratios not stored as columns (None where undefined, e.g. no drafts)."""
+    return {
+        "acceptance_rate": _ratio(row["accepted"], row["proposed"]),
+        "tau": _ratio(row["new_tokens"], row["target_passes"]),
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Totals and ratios of sums over `runs` (any mix of K_max: lists are summed by index)."""
+    total = {k: sum(r[k] for r in runs) for k in (
+        "new_tokens", "prompt_tokens", "target_passes", "draft_passes", "proposed", "accepted",
+        "draft_seconds", "verify_seconds", "wall_seconds")}
+    pos_proposed = _sum_lists([r["per_position_proposed"] for r in runs])
+    pos_accepted = _sum_lists([r["per_position_accepted"] for r in runs])
+    spent = total["draft_seconds"] + total["verify_seconds"]
+    # As Stats.speedup_estimate: one verify pass costs about one plain decoding step.
+    plain = total["new_tokens"] * (_ratio(total["verify_seconds"], total["target_passes"]) or 0)
+    latest = runs[-1] if runs else {}
+    return {
+        "runs": len(runs),
+        "target": latest.get("target"),
+        "draft": latest.get("draft"),
+        **total,
+        "acceptance_rate": _ratio(total["accepted"], total["proposed"]),
+        "tau": _ratio(total["new_tokens"], total["target_passes"]),
+        "tokens_per_second": _ratio(total["new_tokens"], total["wall_seconds"]),
+        "speedup_estimate": _ratio(plain, spent) if total["target_passes"] else None,
+        "per_position_proposed": pos_proposed,
+        "per_position_accepted": pos_accepted,
+        "per_position_rate": [_ratio(a, p) for a, p in zip(pos_accepted, pos_proposed)],
+        "accepted_length_hist": _sum_lists([r["accepted_length_hist"] for r in runs]),
+        "k_hist": _sum_lists([r["k_hist"] for r in runs]),
+    }
+
+
+def by_profile(runs: list[dict]) -> dict[str, dict]:
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["profile"], []).append(r)
+    return {name: summarize(groups[name]) for name in sorted(groups)}
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _pct(value: float | None) -> str:
+    return _fmt(None if value is None else 100 * value, ".0f", "%")
+
+
+HEADLINE = (  # (column, key, format)
+    ("runs", "runs", lambda v: f"{v:,}"),
+    ("tokens", "new_tokens", lambda v: f"{v:,}"),
+    ("accept", "acceptance_rate", _pct),
+    ("tau", "tau", lambda v: _fmt(v, ".2f")),
+    ("tok/s", "tokens_per_second", lambda v: _fmt(v, ".1f")),
+    ("speedup", "speedup_estimate", lambda v: _fmt(v, ".2f", "x")),
+)
+
+
+def summary_tables(profiles: dict[str, dict], width: int) -> list[Table]:
+    """One row per profile when it fits, else one two-column table per profile."""
+    if width >= NARROW:
+        table = Table(box=box.SIMPLE_HEAD, title="Runs by profile", title_justify="left",
+                      show_edge=False)
+        table.add_column("profile", overflow="fold")
+        for name, _, _ in HEADLINE:
+            table.add_column(name, justify="right", no_wrap=True)
+        for profile, s in profiles.items():
+            table.add_row(profile, *(fmt(s[key]) for _, key, fmt in HEADLINE))
+        return [table]
+    tables = []
+    for profile, s in profiles.items():
+        table = Table(box=box.SIMPLE_HEAD, title=profile, title_justify="left", show_header=False,
+                      show_edge=False)
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        for name, key, fmt in HEADLINE:
+            table.add_row(name, fmt(s[key]))
+        tables.append(table)
+    return tables
+
+
+EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def bar(fraction: float, width: int) -> str:
+    """A horizontal bar of `width` cells filled to `fraction`, in eighths of a cell."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return "█" * full + (EIGHTHS[part] if part else "")
+
+
+def bar_lines(rows: list[tuple[str, float, str]], width: int, style: str) -> list[Text]:
+    """Label, bar on a dim track, and note per row, fitted to `width` columns."""
+    label_w = max((len(label) for label, _, _ in rows), default=0)
+    note_w = max((len(note) for _, _, note in rows), default=0)
+    bar_w = min(MAX_BAR, max(4, width - label_w - note_w - 4))
+    lines = []
+    for label, fraction, note in rows:
+        filled = bar(fraction, bar_w)
+        line = Text(f"  {label:>{label_w}} ")
+        line.append(filled, style=style)
+        line.append("░" * (bar_w - len(filled)), style="dim")
+        line.append(f" {note:>{note_w}}")
+        lines.append(line)
+    return lines
+
+
+def profile_charts(profile: str, s: dict, width: int) -> list[Text | str]:
+    """Acceptance by draft position and the accepted-length histogram for one profile."""
+    out: list[Text | str] = []
+    pair = f"{s['draft'] or 'no draft'} -> {s['target']}"
+    out.append(Text.assemble((profile, "bold"), "  ", (pair, "dim")))
+    positions = [(str(i + 1), rate or 0.0, f"{_pct(rate):>4} of {n:,}")
+                 for i, (rate, n) in enumerate(zip(s["per_position_rate"],
+                                                   s["per_position_proposed"])) if n]
+    if positions:
+        out.append("Acceptance by draft position")
+        out += bar_lines(positions, width, "green")
+    hist = s["accepted_length_hist"]
+    steps = sum(hist)
+    if steps:
+        top = max(hist)
+        out.append("Drafts accepted per step")
+        out += bar_lines([(str(n), c / top, f"{_pct(c / steps):>4} {c:,}")
+                          for n, c in enumerate(hist)], width, "cyan")
+    if not positions:
+        out.append(Text("  no drafts proposed (plain decoding)", style="dim"))
+    return out
+
+
+def render_summary(console: Console, runs: list[dict], db_path: Path) -> None:
+    profiles = by_profile(runs)
+    for table in summary_tables(profiles, console.width):
+        console.print(table)
+    for profile, s in profiles.items():
+        console.print()
+        for line in profile_charts(profile, s, console.width):
+            console.print(line, no_wrap=True, overflow="ellipsis")
+    console.print()
+    console.print(Text(f"{len(runs):,} runs · history: {db_path}", style="dim"), overflow="fold")
+
+
+def render_runs(console: Console, runs: list[dict]) -> None:
+    """One line per run; a narrow terminal gets the essential columns only."""
+    wide = console.width >= NARROW
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["when", "command", "profile", "tokens", "accept", "tau", "tok/s", "ended"]
+    if not wide:
+        columns = ["when", "profile", "accept", "tau"]
+    for name in columns:
+        right = name in ("tokens", "accept", "tau", "tok/s")
+        table.add_column(name, justify="right" if right else "left", no_wrap=True,
+                         overflow="ellipsis", min_width=len(name))
+    for r in runs:
+        f = run_figures(r)
+        cells = {
+            "when": datetime.fromtimestamp(r["created_at"]).strftime("%m-%d %H:%M"),
+            "command": r["command"], "profile": r["profile"], "tokens": f"{r['new_tokens']:,}",
+            "accept": _pct(f["acceptance_rate"]), "tau": _fmt(f["tau"], ".2f"),
+            "tok/s": _fmt(r["tokens_per_second"], ".1f"), "ended": r["ended"],
+        }
+        table.add_row(*(cells[name] for name in columns))
+    console.print(table)
+
+
+def print_empty(console: Console, selection: Selection) -> None:
+    everything = load_runs(selection.db_path) if selection.filtered else []
+    if everything:
+        console.print(
+            f"No runs match these filters ({len(everything):,} runs in the history); "
+            f"loosen --profile / --since / --last to see them.", highlight=False)
+        return
+    console.print(
+        f"No runs recorded yet (history: {selection.db_path}).\n"
+        f"Every [bold]specgen run[/], chat turn and bench measurement is recorded. "
+        f"Try:\n\n  specgen run \"Explain speculative decoding in one paragraph\"\n\n"
+        f"then [bold]specgen stats[/] again.", highlight=False)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _db(path: Path | None) -> Path:
+    return path if path is not None else default_db_path()
+
+
+@app.callback(invoke_without_command=True)
+def stats(
+    ctx: typer.Context,
+    profile: str | None = typer.Option(None, "--profile", "-p", help="Only this profile."),
+    since: str | None = typer.Option(
+        None, "--since", metavar="AGE|DATE", help="Only runs newer than 24h, 7d, 2w, or a date "
+        "like 2026-11-01."),
+    last: int | None = typer.Option(None, "--last", min=1, metavar="N",
+                                    help="Only the N most recent runs."),
+    runs: bool = typer.Option(False, "--runs", help="List the runs, one a line."),
+    fmt: Format = typer.Option(Format.text, "--format", help="text or json."),
+    stats_db: Path | None = DB_OPTION,
+) -> None:
+    """Acceptance, tau and speed over the recorded runs, chat turns and benches.
+
+    Per profile: acceptance, tau, tokens/s, speedup; acceptance by draft position."""
+    selection = Selection(_db(stats_db), profile, parse_since(since) if since else None, last)
+    ctx.obj = selection
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = selection.load()
+    if fmt is Format.json:
+        if runs:
+            doc = {"runs": [{**r, **run_figures(r)} for r in rows]}
+        else:
+            doc = {"runs": len(rows), "profiles": by_profile(rows), "total": summarize(rows)}
+        typer.echo(json.dumps({"db": str(selection.db_path), **doc}, indent=2))
+        return
+    console = Console(highlight=False)
+    if not rows:
+        print_empty(console, selection)
+    elif runs:
+        render_runs(console, rows)
+    else:
+        render_summary(console, rows, selection.db_path)
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    csv_path: Path = typer.Option(..., "--csv", metavar="FILE", help="CSV file to write; - for "
+                                  "standard output."),
+    stats_db: Path | None = DB_OPTION,
+) -> None:
+    """Write the runs (after --profile / --since / --last) as CSV, one row per run."""
+    selection: Selection = ctx.obj
+    if stats_db is not None:
+        selection.db_path = stats_db
+    rows = selection.load()
+    columns = list(rows[0]) if rows else []
+    to_stdout = str(csv_path) == "-"
+    f = sys.stdout if to_stdout else open(csv_path, "w", newline="", encoding="utf-8")
+    try:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+    finally:
+        if not to_stdout:
+            f.close()
+    if not to_stdout:
+        Console(stderr=True, highlight=False).print(f"wrote {len(rows):,} runs to {csv_path}")
+
+
+@app.command()
+def clear(
+    ctx: typer.Context,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    stats_db: Path | None = DB_OPTION,
+) -> None:
+    """Delete the whole run history (asks first)."""
+    selection: Selection = ctx.obj
+    if selection.filtered:
+        raise ConfigError("`specgen stats clear` deletes the whole history and takes no "
+                          "--profile / --since / --last; drop them.")
+    path = stats_db if stats_db is not None else selection.db_path
+    n = len(load_runs(path))
+    if n == 0:
+        typer.echo(f"The history is already empty ({path}).")
+        return
+    if not yes:
+        typer.confirm(f"Delete all {n:,} runs from {path}?", abort=True)
+    clear_runs(path)
+    typer.echo(f"Deleted {n:,} runs.")
