@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from specgen import __version__
+from specgen import __version__, cli_profiles
 from specgen.errors import SpecgenError
 
 
@@ -44,6 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
+app.add_typer(cli_profiles.app, name="profiles")
 
 
 def _version(value: bool) -> None:
