@@ -217,8 +217,6 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
         raise ModelError(
             f"No model {repo} on the hub (if it is private, log in with `hf auth login` or set "
             "HF_TOKEN). For a local model give a directory or a .gguf path." + hint) from None
-    except hf.EntryNotFoundError:
-        raise ModelError(f"{what} has no file {kwargs.get('filename')}." + hint) from None
     except hf.LocalEntryNotFoundError:
         home = os.environ.get("HF_HOME", "~/.cache/huggingface")
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
@@ -227,6 +225,8 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
         raise ModelError(
             f"{what} is not in the local cache (HF_HOME={home}) and {why}. Connect and run "
             f"again, or download it first with `hf download {repo}`." + hint) from None
+    except hf.RemoteEntryNotFoundError:
+        raise ModelError(f"{what} has no file {kwargs.get('filename')}." + hint) from None
     except (hf.HfHubHTTPError, OSError) as e:
         raise ModelError(f"Could not download {what}: {e}" + hint) from None
 
@@ -395,8 +395,8 @@ def _smaller_profiles(free: float, current: str) -> str:
 
 def _convert_gguf(source: Source, dtype: torch.dtype, trust_remote_code: bool,
                   progress: Progress | None) -> None:
-    """Dequantise a GGUF once into a safetensors copy in the cache, then point `source` at it.
-    Written to a temporary folder and renamed, so a crash never leaves a copy that counts."""
+    """Dequantise a GGUF into a safetensors copy in the cache. Written to a temporary folder
+    and renamed, so a crash never leaves a copy that counts."""
     from transformers import GgufConfig
 
     out = _converted_dir(source.sha256, dtype)
@@ -423,7 +423,6 @@ def _convert_gguf(source: Source, dtype: torch.dtype, trust_remote_code: bool,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    source.path, source.gguf = out, None
 
 
 def _bnb_config(quantization: str, dtype: torch.dtype):
@@ -461,7 +460,10 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
                progress: Progress | None = None, label: str = "") -> PreTrainedModel:
     """Load one located model (converting a GGUF first) with its dtype, quantization and device."""
     if source.gguf:
-        _convert_gguf(source, dtype, spec.trust_remote_code, progress)
+        out = _converted_dir(source.sha256, dtype)
+        if not _is_complete(out, source.sha256, dtype):  # the other role may have just made it
+            _convert_gguf(source, dtype, spec.trust_remote_code, progress)
+        source.path, source.gguf = out, None
     fetch_weights(source, progress)
     kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code,
               "device_map": _device_map(device)}
