@@ -10,8 +10,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from specgen import __version__
-from specgen import cli_stats
+from specgen import __version__, cli_profiles, cli_stats
 from specgen.errors import SpecgenError
 
 
@@ -46,6 +45,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 app.add_typer(cli_stats.app, name="stats")
+app.add_typer(cli_profiles.app, name="profiles")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,341 @@
+"""Profiles: a TOML file naming a target and a draft model and how to run them, read into
+typed, validated dataclasses. Errors name the file, the key and what is allowed.
+
+Search order for `--profile NAME`: the user's profile folder (platformdirs user config dir,
+or $SPECGEN_PROFILE_DIR), then the profiles bundled with specgen. A name containing a slash
+or ending in .toml is a path. A profile may `extends = "other"` and override some keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from specgen.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_PROFILE = "qwen-coder-demo"
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+# bitsandbytes (nf4, fp4, int8) and specgen's own weight-only kernels (int8-wo, int4-wo).
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo")
+METHODS = ("draft-model", "prompt-lookup", "hybrid")
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str  # hub id, local directory, or path to a .gguf file
+    gguf_file: str | None = None  # a .gguf file inside the hub repo or directory
+    revision: str | None = None
+    dtype: str = "auto"
+    quantization: str = "none"
+    device: str = "auto"
+    sha256: str | None = None  # of the single model file (GGUF)
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class SpeculationSpec:
+    num_speculative_tokens: int = 4
+    adaptive: bool = True
+    method: str = "draft-model"
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    system_prompt: str | None = None
+    chat_template: bool = True
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path | None
+    description: str
+    target: ModelSpec
+    draft: ModelSpec | None
+    speculation: SpeculationSpec
+    generation: GenerationSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved profile as TOML-shaped data (None values left out)."""
+        out: dict[str, Any] = {"description": self.description}
+        for section in ("target", "draft", "speculation", "generation"):
+            spec = getattr(self, section)
+            if spec is not None:
+                out[section] = {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}
+        return out
+
+
+SECTIONS = {"target": ModelSpec, "draft": ModelSpec, "speculation": SpeculationSpec,
+            "generation": GenerationSpec}
+TOP_KEYS = ("description", "extends", *SECTIONS)
+
+
+# --- where profiles live ------------------------------------------------------------------
+
+def user_profile_dir() -> Path:
+    env = os.environ.get("SPECGEN_PROFILE_DIR")
+    return Path(env) if env else Path(platformdirs.user_config_dir("specgen")) / "profiles"
+
+
+def bundled_profile_dir() -> Path:
+    """The profiles/ folder: inside the installed package, or at the repository root."""
+    packaged = Path(__file__).parent / "bundled_profiles"
+    return packaged if packaged.is_dir() else Path(__file__).parents[2] / "profiles"
+
+
+def list_profiles() -> list[tuple[str, Path]]:
+    """(name, path) of every profile found; a user profile shadows a bundled one."""
+    found: dict[str, Path] = {}
+    for folder in (user_profile_dir(), bundled_profile_dir()):
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.toml")):
+                found.setdefault(path.stem, path)
+    return list(found.items())
+
+
+def find_profile(name: str) -> Path:
+    if name.endswith(".toml") or "/" in name or os.sep in name:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"Profile file {path} does not exist.")
+        return path
+    known = dict(list_profiles())
+    if name in known:
+        return known[name]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(
+        f"No profile named {name!r}.{hint} Known profiles: {', '.join(sorted(known)) or 'none'}. "
+        f"Add your own as {user_profile_dir() / (name + '.toml')}, or pass a path to a .toml file."
+    )
+
+
+# --- reading and validating -----------------------------------------------------------------
+
+def load_profile(name_or_path: str) -> Profile:
+    """Find, read, merge (`extends`) and validate a profile."""
+    path = find_profile(name_or_path)
+    data = _read_merged(path, seen=())
+    return _build(data, name=path.stem, path=path)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        # tomllib's message already ends with "(at line L, column C)".
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot read profile {path}: {e.strerror}") from None
+
+
+def _read_merged(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    data = _read_toml(path)
+    _check_keys(data, TOP_KEYS, path, where="top level")
+    data["__file__"] = path
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{path}: 'extends' must be a profile name (a string), got {base_name!r}.")
+    base_path = _find_base(base_name, path)
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise ConfigError(f"{path}: 'extends = {base_name!r}' forms a cycle.")
+    base = _read_merged(base_path, (*seen, path.resolve()))
+    merged = {**base, **{k: v for k, v in data.items() if k not in SECTIONS}}
+    for section in SECTIONS:
+        if section in data:
+            if not isinstance(data[section], dict):
+                merged[section] = data[section]  # reported as a type error by _build
+            else:
+                merged[section] = {**base.get(section, {}), **data[section]}
+    return merged
+
+
+def _find_base(name: str, child: Path) -> Path:
+    """`extends` looks next to the extending file first, so a profile shadowing a bundled
+    one of the same name can still extend the bundled one."""
+    sibling = child.parent / f"{name}.toml"
+    if sibling.is_file() and sibling.resolve() != child.resolve():
+        return sibling
+    for folder in (user_profile_dir(), bundled_profile_dir()):
+        candidate = folder / f"{name}.toml"
+        if candidate.is_file() and candidate.resolve() != child.resolve():
+            return candidate
+    return find_profile(name)
+
+
+def _check_keys(table: dict[str, Any], allowed: tuple[str, ...] | list[str], path: Path,
+                where: str) -> None:
+    for key in table:
+        if key not in allowed and key != "__file__":
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{path}: unknown key {key!r} in {where}.{hint} "
+                f"Allowed: {', '.join(allowed)}."
+            )
+
+
+def _build(data: dict[str, Any], name: str, path: Path | None) -> Profile:
+    where = data.get("__file__", path)
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: 'description' must be a string, got {description!r}.")
+    specs: dict[str, Any] = {}
+    for section, cls in SECTIONS.items():
+        table = data.get(section)
+        if table is None:
+            specs[section] = None if cls is ModelSpec else cls()
+            continue
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}.")
+        specs[section] = _build_section(cls, table, section, where)
+    profile = Profile(name=name, path=path, description=description, **specs)
+    _validate(profile, where)
+    return profile
+
+
+def _build_section(cls: type, table: dict[str, Any], section: str, where: Any) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _check_keys(table, list(fields), where, where=f"[{section}]")
+    if cls is ModelSpec and "model" not in table:
+        raise ConfigError(f"{where}: [{section}] needs a 'model' (a hub id, a directory or a .gguf file).")
+    values = {}
+    for key, value in table.items():
+        values[key] = _coerce(value, fields[key].type, f"{section}.{key}", where)
+    return cls(**values)
+
+
+def _coerce(value: Any, annotation: str, key: str, where: Any) -> Any:
+    """Check a TOML value against the field's annotation (int accepted where float is)."""
+    optional = "None" in annotation
+    kind = annotation.replace("| None", "").strip()
+    if value is None and optional:
+        return None
+    ok = {
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+    }[kind]
+    if not ok:
+        names = {"str": "a string", "bool": "true or false", "int": "an integer",
+                 "float": "a number"}
+        raise ConfigError(f"{where}: {key} must be {names[kind]}, got {value!r}.")
+    return float(value) if kind == "float" else value
+
+
+def _choice(value: str, allowed: tuple[str, ...], key: str, where: Any) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(value, allowed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{where}: {key} = {value!r} is not allowed.{hint} "
+                          f"Allowed: {', '.join(allowed)}.")
+
+
+def _validate(p: Profile, where: Any) -> None:
+    """Value checks that types alone cannot express."""
+    for role in ("target", "draft"):
+        spec: ModelSpec | None = getattr(p, role)
+        if spec is None:
+            continue
+        if not spec.model.strip():
+            raise ConfigError(f"{where}: {role}.model is empty.")
+        _choice(spec.dtype, DTYPES, f"{role}.dtype", where)
+        _choice(spec.quantization, QUANTIZATIONS, f"{role}.quantization", where)
+        if not DEVICE_RE.match(spec.device):
+            raise ConfigError(f"{where}: {role}.device = {spec.device!r} is not allowed. "
+                              "Allowed: auto, cpu, cuda, cuda:N (N a GPU index).")
+        if spec.sha256 is not None and not SHA256_RE.match(spec.sha256):
+            raise ConfigError(f"{where}: {role}.sha256 must be 64 lowercase hex digits, "
+                              f"got {spec.sha256!r}.")
+        if spec.gguf_file is not None and not spec.gguf_file.endswith(".gguf"):
+            raise ConfigError(f"{where}: {role}.gguf_file must name a .gguf file, "
+                              f"got {spec.gguf_file!r}.")
+    s, g = p.speculation, p.generation
+    _choice(s.method, METHODS, "speculation.method", where)
+    if p.draft is None and s.method != "prompt-lookup":
+        raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
+                          "Add a [draft] table, or use method = \"prompt-lookup\".")
+    if s.num_speculative_tokens < 0:
+        raise ConfigError(f"{where}: speculation.num_speculative_tokens must be >= 0 "
+                          f"(0 turns speculation off), got {s.num_speculative_tokens}.")
+    if not 1 <= s.min_ngram <= s.max_ngram:
+        raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
+                          f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")
+    if g.temperature < 0:
+        raise ConfigError(f"{where}: generation.temperature must be >= 0 (0 is greedy), "
+                          f"got {g.temperature}.")
+    if not 0 < g.top_p <= 1:
+        raise ConfigError(f"{where}: generation.top_p must be in (0, 1], got {g.top_p}.")
+    if g.top_k < 0:
+        raise ConfigError(f"{where}: generation.top_k must be >= 0 (0 is off), got {g.top_k}.")
+    if g.max_new_tokens < 1:
+        raise ConfigError(f"{where}: generation.max_new_tokens must be >= 1, "
+                          f"got {g.max_new_tokens}.")
+
+
+# --- command-line overrides -----------------------------------------------------------------
+
+_OVERRIDES = {
+    "temperature": ("generation", "temperature"),
+    "top_p": ("generation", "top_p"),
+    "top_k": ("generation", "top_k"),
+    "max_new_tokens": ("generation", "max_new_tokens"),
+    "system_prompt": ("generation", "system_prompt"),
+    "chat_template": ("generation", "chat_template"),
+    "num_speculative_tokens": ("speculation", "num_speculative_tokens"),
+    "adaptive": ("speculation", "adaptive"),
+    "method": ("speculation", "method"),
+    "target_quantization": ("target", "quantization"),
+    "draft_quantization": ("draft", "quantization"),
+}
+
+
+def with_overrides(profile: Profile, **overrides: Any) -> Profile:
+    """A copy of `profile` with command-line values applied (None means "not given"),
+    validated again. `device` sets both models' device."""
+    data = profile.to_dict()
+    data["__file__"] = "command line"
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name == "device":
+            targets = [("target", "device"), ("draft", "device")]
+        elif name in _OVERRIDES:
+            targets = [_OVERRIDES[name]]
+        else:
+            allowed = [*_OVERRIDES, "device"]
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"Unknown override {name!r}.{hint} Allowed: {', '.join(allowed)}.")
+        for section, key in targets:
+            if section in data:
+                data[section][key] = value
+            elif section != "draft" or name != "device":
+                raise ConfigError(f"Cannot set {name}: profile {profile.name!r} has no [{section}].")
+    return _build(data, name=profile.name, path=profile.path)
