@@ -3,6 +3,10 @@
 A drafter answers `propose(tokens, k)` with up to k token ids and the distribution each was
 drawn from (None means one-hot: a deterministic guess, exact under rejection sampling), and
 `rollback(n_valid)` when only the first n_valid context tokens survived verification.
+
+Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
+guess is already in the context, e.g. code being edited; no model, no forward passes), and
+the two together (HybridDrafter). `make_drafter` builds one from a profile's `method`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams, probs_from_logits, sample
+
+METHODS = ("draft-model", "prompt-lookup", "hybrid")
 
 
 class Drafter(Protocol):
@@ -89,3 +96,120 @@ class ModelDrafter:
 
     def rollback(self, n_valid: int) -> None:
         crop(self.cache, n_valid)
+
+
+def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
+    """The longest n-gram (max_ngram >= n >= min_ngram) ending `tokens` [T] that also occurs
+    earlier, at its most recent earlier occurrence: (n, index just past that occurrence),
+    or (0, 0) when there is none. One vectorised pass over the context, whatever max_ngram:
+    row j compares the token j places before each candidate end with the one j places
+    before the context's end, and a cumulative product turns the rows into match lengths."""
+    n_ends = tokens.shape[0] - 1  # candidate occurrence ends 0..T-2 (T-1 is the tail itself)
+    if n_ends < min_ngram:
+        return 0, 0
+    equal = torch.zeros(max_ngram, n_ends, dtype=torch.long, device=tokens.device)
+    for j in range(min(max_ngram, n_ends)):
+        equal[j, j:] = tokens[: n_ends - j] == tokens[n_ends - j]
+    length = equal.cumprod(0).sum(0)  # [T-1] match length ending at each position
+    # Longest first, then most recent: rank by length, break ties by position (one sync).
+    ends = torch.arange(n_ends, device=tokens.device)
+    n, end = divmod(int((length * n_ends + ends).max()), n_ends)
+    return (n, end + 1) if n >= min_ngram else (0, 0)
+
+
+class PromptLookupDrafter:
+    """Proposes what followed the most recent earlier occurrence of the context's tail
+    (prompt lookup decoding, Saxena 2023). Deterministic, so q is one-hot (None); it runs
+    no model, so it holds no state to roll back and costs no forward passes."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not isinstance(min_ngram, int) or not isinstance(max_ngram, int) or not (
+            1 <= min_ngram <= max_ngram
+        ):
+            raise ConfigError(
+                f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram!r}, "
+                f"max_ngram={max_ngram!r}. Try max_ngram = 3, min_ngram = 1."
+            )
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matches = 0  # proposals made (steps with a match)
+
+    def reset(self) -> None:
+        self.matches = 0
+
+    @property
+    def forward_passes(self) -> int:
+        return 0
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor | None]:
+        if k < 1:
+            return tokens.new_empty(0), None
+        n, start = ngram_match(tokens, self.max_ngram, self.min_ngram)
+        if n == 0:
+            return tokens.new_empty(0), None
+        self.matches += 1
+        return tokens[start : start + k], None  # shorter when the context ends first
+
+    def rollback(self, n_valid: int) -> None:
+        pass
+
+
+class HybridDrafter:
+    """Prompt lookup when the context has a match, the draft model otherwise.
+
+    The model drafter skips the steps lookup drafts, so its cache falls behind the context;
+    its next `propose` feeds every missing token in one forward (ModelDrafter catches up
+    lazily), and `rollback` crops it only where it ran ahead. Each step's q is either None
+    (lookup, one-hot) or the model's, never a mix."""
+
+    def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
+        self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
+        self.device = model_drafter.device
+
+    def reset(self) -> None:
+        self.model_drafter.reset()
+        self.lookup_drafter.reset()
+
+    @property
+    def forward_passes(self) -> int:
+        return self.model_drafter.forward_passes
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor | None]:
+        ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
+        if ids.numel() or k < 1:
+            return ids, q
+        return self.model_drafter.propose(tokens, k, params, generator)
+
+    def rollback(self, n_valid: int) -> None:
+        self.model_drafter.rollback(n_valid)
+        self.lookup_drafter.rollback(n_valid)
+
+
+def make_drafter(
+    method: str,
+    draft_model: PreTrainedModel | None,
+    target_vocab: int,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+) -> Drafter:
+    """The drafter for a profile's `method`. A draft model is needed by "draft-model" and
+    "hybrid" and ignored by "prompt-lookup". Pairing checks (same tokenizer as the target)
+    are the caller's: engine.check_pair."""
+    if method not in METHODS:
+        raise ConfigError(
+            f"Unknown drafting method {method!r}; choose one of {', '.join(METHODS)}."
+        )
+    if method == "prompt-lookup":
+        return PromptLookupDrafter(max_ngram, min_ngram)
+    if draft_model is None:
+        raise ConfigError(
+            f"method {method!r} needs a draft model; set one in the profile, or use "
+            "method = \"prompt-lookup\", which needs none."
+        )
+    model_drafter = ModelDrafter(draft_model, target_vocab)
+    if method == "draft-model":
+        return model_drafter
+    return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))

@@ -1,0 +1,225 @@
+"""Drafters without a draft model: the n-gram matcher, prompt lookup, the hybrid drafter,
+make_drafter, and greedy exactness of the engine with each of them."""
+
+import pytest
+import torch
+
+from specgen.drafters import (
+    HybridDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    make_drafter,
+    ngram_match,
+)
+from specgen.engine import SpeculativeGenerator
+from specgen.errors import ConfigError
+from specgen.sampling import SamplingParams
+from tiny import sharpen, tiny_model
+
+GREEDY = SamplingParams()
+
+
+def lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    ids, q = PromptLookupDrafter(max_ngram, min_ngram).propose(torch.tensor(tokens), k, GREEDY, None)
+    assert q is None  # deterministic: one-hot
+    return ids.tolist()
+
+
+# --- the n-gram matcher ---------------------------------------------------------------------
+
+
+def test_longest_match_wins_over_a_more_recent_shorter_one():
+    # Tail (1, 2, 3) occurs at the start; "3" alone occurs more recently, followed by 11.
+    assert lookup([1, 2, 3, 10, 20, 7, 3, 11, 1, 2, 3], k=3) == [10, 20, 7]
+
+
+def test_most_recent_occurrence_wins_among_equal_lengths():
+    assert lookup([1, 2, 10, 1, 2, 11, 5, 1, 2], k=2) == [11, 5]
+
+
+def test_max_ngram_bounds_the_match_length():
+    # With max_ngram = 1 only the last token is matched: its most recent occurrence wins.
+    assert lookup([1, 2, 3, 10, 7, 3, 11, 1, 2, 3], k=1, max_ngram=1) == [11]
+    assert lookup([1, 2, 3, 10, 7, 3, 11, 1, 2, 3], k=1, max_ngram=3) == [10]
+
+
+def test_min_ngram_respected():
+    assert lookup([4, 2, 9, 2], k=2, min_ngram=1) == [9, 2]
+    assert lookup([4, 2, 9, 2], k=2, min_ngram=2) == []
+    assert lookup([4, 2, 9, 4, 2], k=2, min_ngram=2) == [9, 4]
+
+
+def test_continuation_truncated_at_context_end():
+    assert lookup([1, 2, 3, 1, 2], k=5) == [3, 1, 2]
+    assert lookup([5, 5, 5], k=4) == [5]  # tail (5, 5) last seen ending one token back
+
+
+def test_k_limits_the_proposal():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert lookup(tokens, k=2) == [3, 4]
+    assert lookup(tokens, k=8) == [3, 4, 5, 6, 7, 1, 2]
+    assert lookup(tokens, k=0) == []
+
+
+def test_no_match_proposes_nothing():
+    assert lookup([1, 2, 3, 4], k=4) == []
+    assert lookup([7], k=4) == []
+
+
+def test_matcher_agrees_with_brute_force():
+    def brute(tokens: list[int], max_ngram: int, min_ngram: int) -> tuple[int, int]:
+        t = len(tokens)
+        for n in range(max_ngram, min_ngram - 1, -1):
+            if n >= t:
+                continue
+            tail = tokens[t - n :]
+            for end in range(t - 2, n - 2, -1):  # most recent first, never the tail itself
+                if tokens[end - n + 1 : end + 1] == tail:
+                    return n, end + 1
+        return 0, 0
+
+    rng = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        length = int(torch.randint(1, 40, (1,), generator=rng))
+        vocab = int(torch.randint(2, 8, (1,), generator=rng))
+        tokens = torch.randint(vocab, (length,), generator=rng)
+        max_ngram = 1 + trial % 5
+        min_ngram = 1 + (trial // 5) % max_ngram
+        expected = brute(tokens.tolist(), max_ngram, min_ngram)
+        assert ngram_match(tokens, max_ngram, min_ngram) == expected, (tokens, max_ngram, min_ngram)
+
+
+def test_lookup_validates_ngram_bounds():
+    for max_ngram, min_ngram in ((3, 0), (2, 3), (0, 0)):
+        with pytest.raises(ConfigError, match="min_ngram"):
+            PromptLookupDrafter(max_ngram, min_ngram)
+
+
+def test_lookup_costs_no_forward_passes():
+    drafter = PromptLookupDrafter()
+    drafter.propose(torch.tensor([1, 2, 1]), 4, GREEDY, None)
+    assert drafter.forward_passes == 0 and drafter.matches == 1
+
+
+# --- make_drafter and the hybrid ------------------------------------------------------------
+
+
+def test_make_drafter_methods():
+    draft = tiny_model("llama", seed=1)
+    assert isinstance(make_drafter("prompt-lookup", None, 64), PromptLookupDrafter)
+    assert isinstance(make_drafter("draft-model", draft, 64), ModelDrafter)
+    hybrid = make_drafter("hybrid", draft, 64, max_ngram=4, min_ngram=2)
+    assert isinstance(hybrid, HybridDrafter)
+    assert (hybrid.lookup_drafter.max_ngram, hybrid.lookup_drafter.min_ngram) == (4, 2)
+
+
+def test_make_drafter_errors():
+    with pytest.raises(ConfigError, match="Unknown drafting method 'eagle'"):
+        make_drafter("eagle", None, 64)
+    for method in ("draft-model", "hybrid"):
+        with pytest.raises(ConfigError, match="needs a draft model"):
+            make_drafter(method, None, 64)
+    with pytest.raises(ConfigError, match="min_ngram"):
+        make_drafter("prompt-lookup", None, 64, max_ngram=1, min_ngram=2)
+
+
+def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
+    draft = tiny_model("llama", seed=1)
+    hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
+    # No repeated token: no match, so the model drafts (and its cache holds the context).
+    context = torch.arange(10, 20)
+    ids, _ = hybrid.propose(context, 3, GREEDY, None)
+    assert hybrid.forward_passes == 3 and hybrid.lookup_drafter.matches == 0
+    # Accept one draft plus a token that repeats: lookup drafts, the model is not run.
+    context = torch.cat([context, ids[:1], torch.tensor([12])])
+    hybrid.rollback(11)
+    ids, q = hybrid.propose(context, 3, GREEDY, None)
+    assert ids.tolist() == [13, 14, 15] and q is None and hybrid.forward_passes == 3
+    # Lookup's drafts rejected, new unseen tokens: the model catches up in one forward and
+    # drafts exactly what a fresh drafter would from the same context.
+    context = torch.cat([context, torch.tensor([40, 41])])
+    hybrid.rollback(12)
+    ids, _ = hybrid.propose(context, 3, GREEDY, None)
+    assert hybrid.forward_passes == 6
+    fresh, _ = ModelDrafter(draft, 64).propose(context, 3, GREEDY, None)
+    assert torch.equal(ids, fresh)
+
+
+# --- exactness: greedy output is the target's, token for token ------------------------------
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    """A random phrase repeated with small edits, so that n-grams recur (as in code edits)."""
+    g = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(64, (12,), generator=g)
+    edited = phrase.clone()
+    edited[5] = (edited[5] + 1) % 64
+    return torch.cat([phrase, edited, phrase[:4]])
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    target = tiny_model(request.param, seed=0)
+    draft = tiny_model(request.param, seed=1)
+    sharpen(target, 4.0)  # peaked target: its greedy text repeats, as real text does
+    sharpen(draft, 4.0)
+    return target, draft
+
+
+N_NEW = 32
+PROMPT_SEEDS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def expected(pair):
+    target, _ = pair
+    return {
+        seed: target.generate(
+            repetitive_prompt(seed)[None], do_sample=False, max_new_tokens=N_NEW
+        )[0, len(repetitive_prompt(seed)) :].tolist()
+        for seed in PROMPT_SEEDS
+    }
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "hybrid"])
+def test_greedy_equals_target_greedy(pair, expected, method):
+    target, draft = pair
+    proposed = accepted = 0
+    for k in range(1, 9):
+        for adaptive in (False, True):
+            drafter = make_drafter(method, draft, 64)
+            gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=k, adaptive=adaptive)
+            for seed in PROMPT_SEEDS:
+                result = gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW)
+                assert result.token_ids == expected[seed], (k, adaptive, seed)
+                assert result.stats.new_tokens == N_NEW
+                proposed += result.stats.proposed
+                accepted += result.stats.accepted
+    # Lookup really drafted, and the target really kept some of its guesses.
+    assert proposed > 0 and accepted > 0
+
+
+def test_hybrid_uses_both_drafters_and_stays_exact(pair, expected):
+    target, draft = pair
+    drafter = make_drafter("hybrid", draft, 64)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, adaptive=False)
+    # A prompt with no repeated token: the first steps must use the draft model.
+    prompt = torch.randperm(64, generator=torch.Generator().manual_seed(3))[:20]
+    result = gen.generate(prompt, max_new_tokens=N_NEW)
+    reference = target.generate(prompt[None], do_sample=False, max_new_tokens=N_NEW)[0, 20:]
+    assert result.token_ids == reference.tolist()
+    assert result.stats.draft_passes > 0 and drafter.lookup_drafter.matches > 0
+
+
+def test_hybrid_exact_across_chat_turns(pair):
+    """A second prompt extending the first reuses both caches: the model drafter is rolled
+    back to the shared prefix and must still catch up correctly."""
+    target, draft = pair
+    gen = SpeculativeGenerator(target, make_drafter("hybrid", draft, 64), 3, adaptive=True)
+    first = repetitive_prompt(0)
+    out = gen.generate(first, max_new_tokens=20).token_ids
+    second = torch.cat([first, torch.tensor(out[:15]), repetitive_prompt(1)[:6]])
+    result = gen.generate(second, max_new_tokens=20)
+    reference = target.generate(second[None], do_sample=False, max_new_tokens=20)
+    assert result.token_ids == reference[0, len(second) :].tolist()
+    assert result.stats.prefill_tokens < len(second) - 1  # the cache really was reused
