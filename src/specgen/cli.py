@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from specgen import __version__, cli_profiles, cli_stats
-from specgen.errors import SpecgenError
+from specgen import __version__
+from specgen import cli_profiles, cli_stats
+from specgen.errors import ConfigError, SpecgenError
+from specgen.profiles import DEFAULT_PROFILE, load_profile, with_overrides
+from specgen.render import IncrementalDecoder, TokenPrinter, make_console, summary_line
+from specgen.store import record_run
 
 
 class _Group(TyperGroup):
@@ -61,6 +68,136 @@ def _root(
     ),
 ) -> None:
     """specgen: faster local generation that never changes what the model says."""
+
+
+RUN_HELP = """Generate an answer with speculative decoding, streamed as it is verified.
+
+In a terminal each token is coloured by where it came from: [green]accepted[/] (a draft token
+the target kept), [yellow]resampled[/] (the target's correction) and [cyan]bonus[/] (the
+target's extra token). A summary line follows on stderr. Piped output is plain text.
+
+[bold]Examples[/]
+
+  specgen run "write quicksort in python"
+
+  specgen run --profile llama3-8b --temperature 0.7 --seed 1 "a haiku about caches"
+
+  cat notes.txt | specgen run --raw -
+
+  specgen run --file prompt.md --format json > answer.json
+"""
+
+
+@app.command(help=RUN_HELP, no_args_is_help=False)
+def run(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' (or a pipe) reads stdin."),
+    profile: str = typer.Option(
+        DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
+    ),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", help="Most tokens to generate."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="0 is greedy."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample from the k likeliest tokens (0: off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+    k: Optional[int] = typer.Option(None, "--k", help="Speculative tokens per step (the most, when adaptive)."),
+    no_adaptive: bool = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens."),
+    method: Optional[str] = typer.Option(
+        None, "--method", help="draft-model, prompt-lookup or hybrid."
+    ),
+    raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat template only)."),
+    output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
+    no_color: bool = typer.Option(False, "--no-color", help="No colours (NO_COLOR is honoured too)."),
+    stats_db: Optional[Path] = typer.Option(None, "--stats-db", help="Run-history database to record into."),
+    record_prompt: bool = typer.Option(False, "--record-prompt", help="Store the prompt text in the history."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+) -> None:
+    if output_format not in ("text", "json"):
+        raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
+    err.no_color = no_color or bool(os.environ.get("NO_COLOR"))
+    text = read_prompt(prompt, file)
+    prof = with_overrides(
+        load_profile(profile),
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        num_speculative_tokens=k, adaptive=False if no_adaptive else None, method=method,
+        system_prompt=system, chat_template=False if raw else None,
+    )
+    from specgen.session import encode_messages, messages_for, open_session  # loads torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own status line says what is loading
+
+    with err.status("Loading models…") as status:
+        session = open_session(prof, progress=lambda msg: status.update(msg))
+    gen = prof.generation
+    input_ids = encode_messages(
+        session.tokenizer, messages_for(text, gen.system_prompt), gen.chat_template
+    )
+    out = make_console(no_color=no_color)
+    as_json = output_format == "json"
+    printer = TokenPrinter(out)
+    if printer.styled and not as_json:
+        err.print(printer.legend())
+    decoder = IncrementalDecoder(session.tokenizer)
+    tokens: list[dict] = []
+    ended = "completed"
+    try:
+        for tok in session.generator.stream(input_ids, **session.sampling_kwargs(seed)):
+            piece = decoder.push(tok.id)
+            tokens.append({"id": tok.id, "text": piece, "source": tok.source})
+            if not as_json:
+                printer.write(piece, tok.source)
+    except KeyboardInterrupt:
+        ended = "interrupted"
+    finally:
+        if tokens:
+            tail = decoder.flush()
+            tokens[-1]["text"] += tail
+            if not as_json:
+                printer.write(tail, tokens[-1]["source"])
+    stats = session.generator.stats
+    warning = record_run(
+        session.record("run", stats, ended, text if record_prompt else None),
+        stats_db,
+    )
+    if as_json:
+        answer = {
+            "text": "".join(t["text"] for t in tokens),
+            "tokens": tokens,
+            "stats": stats.to_dict(),
+            "profile": prof.name,
+            "target": session.pair.target_name,
+            "draft": session.pair.draft_name,
+        }
+        out.file.write(json.dumps(answer, ensure_ascii=False) + "\n")
+    else:
+        out.file.write("\n")
+    err.print(summary_line(stats), style="dim", soft_wrap=True)
+    if warning:
+        err.print(f"[yellow]warning:[/] {warning}")
+    if ended == "interrupted":
+        raise typer.Exit(130)
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    """The prompt from the argument, a file, or stdin ('-' or a pipe)."""
+    if file is not None:
+        if prompt is not None:
+            raise ConfigError("Give the prompt either as an argument or with --file, not both.")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"Cannot read the prompt file {file}: {e.strerror}.") from None
+    elif prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        text = sys.stdin.read()
+    elif prompt is None:
+        raise ConfigError('No prompt given. Try: specgen run "write quicksort in python"')
+    else:
+        text = prompt
+    if not text.strip():
+        raise ConfigError("The prompt is empty: give some text to continue or answer.")
+    return text
 
 
 def main() -> None:

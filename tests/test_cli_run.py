@@ -1,0 +1,214 @@
+"""`specgen run` end to end on a tiny fp32 profile: through CliRunner and as a real process
+in a pipe and in a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from specgen.cli import app
+from tiny import write_tiny_pair
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-run")
+    target, draft = write_tiny_pair(root, max_positions=4096)
+    profile = root / "tiny.toml"
+    profile.write_text(
+        f"""description = "tiny fp32 pair for tests"
+[target]
+model = "{target}"
+dtype = "float32"
+device = "cpu"
+[draft]
+model = "{draft}"
+dtype = "float32"
+device = "cpu"
+[speculation]
+num_speculative_tokens = 3
+[generation]
+max_new_tokens = 24
+"""
+    )
+    return profile
+
+
+@pytest.fixture(autouse=True)
+def isolated_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(app, ["run", *args], input=input)
+
+
+def run_json(profile, *args, input=None) -> dict:
+    result = invoke("-p", str(profile), "--format", "json", *args, input=input)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_json_schema_and_text_is_joined_tokens(tiny_profile):
+    answer = run_json(tiny_profile, "hello there")
+    assert set(answer) == {"text", "tokens", "stats", "profile", "target", "draft"}
+    assert answer["text"] == "".join(t["text"] for t in answer["tokens"])
+    assert all(set(t) == {"id", "text", "source"} for t in answer["tokens"])
+    assert {t["source"] for t in answer["tokens"]} <= {"accepted", "resampled", "bonus"}
+    stats = answer["stats"]
+    assert stats["new_tokens"] == len(answer["tokens"]) <= 24
+    for key in ("target_passes", "draft_passes", "proposed", "accepted", "acceptance_rate", "tau",
+                "per_position_accepted", "accepted_length_hist", "k_per_step", "tokens_per_second"):
+        assert key in stats
+    assert answer["profile"] == "tiny" and answer["target"].endswith("target")
+
+
+def test_greedy_output_equals_the_targets_own_greedy_output(tiny_profile):
+    answer = run_json(tiny_profile, "--max-new-tokens", "40", "--k", "4", "def quicksort(xs):")
+    target_dir = tiny_profile.parent / "target"
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    text = tok.apply_chat_template([{"role": "user", "content": "def quicksort(xs):"}],
+                                   add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    expected = model.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1]:].tolist()
+    assert [t["id"] for t in answer["tokens"]] == expected
+
+
+def test_raw_skips_the_chat_template(tiny_profile):
+    templated = run_json(tiny_profile, "abc")
+    raw = run_json(tiny_profile, "--raw", "abc")
+    assert raw["stats"]["prompt_tokens"] == 3
+    assert templated["stats"]["prompt_tokens"] > 3
+
+
+def test_prompt_from_stdin_and_from_file(tiny_profile, tmp_path):
+    from_arg = run_json(tiny_profile, "--raw", "same prompt")
+    from_stdin = run_json(tiny_profile, "--raw", "-", input="same prompt")
+    file = tmp_path / "prompt.txt"
+    file.write_text("same prompt")
+    from_file = run_json(tiny_profile, "--raw", "--file", str(file))
+    assert from_arg["text"] == from_stdin["text"] == from_file["text"]  # sources vary with adaptive K
+
+
+def test_seeded_sampling_is_reproducible(tiny_profile):
+    args = ("--temperature", "0.9", "--top-p", "0.9", "--seed", "7", "--no-adaptive", "hi")
+    assert run_json(tiny_profile, *args)["tokens"] == run_json(tiny_profile, *args)["tokens"]
+
+
+def test_the_run_is_recorded_in_the_history(tiny_profile, tmp_path):
+    from specgen.store import load_runs
+
+    answer = run_json(tiny_profile, "hello")
+    (row,) = load_runs(tmp_path / "history.sqlite3")
+    assert row["command"] == "run" and row["profile"] == "tiny" and row["ended"] == "completed"
+    assert row["new_tokens"] == answer["stats"]["new_tokens"]
+    assert row["accepted"] == answer["stats"]["accepted"] and row["prompt"] is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-p", "no-such-profile", "x"], "No profile named 'no-such-profile'"),
+        (["--temperature", "-1", "x"], "temperature must be >= 0"),
+        (["--k", "-2", "x"], "num_speculative_tokens must be >= 0"),
+        (["--top-p", "1.5", "x"], "top_p"),
+        (["--format", "xml", "x"], "--format must be"),
+        (["--file", "/no/such/file.txt"], "Cannot read the prompt file"),
+        (["   "], "prompt is empty"),
+    ],
+)
+def test_errors_are_one_clear_line(tiny_profile, args, message):
+    if args[0] != "-p":
+        args = ["-p", str(tiny_profile), *args]
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stderr.strip().startswith("error:")
+
+
+def subprocess_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1", TERM="xterm-256color", **extra)
+    return env
+
+
+def test_pipe_gets_plain_text_and_summary_on_stderr(tiny_profile, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", "-p", str(tiny_profile), "hi"],
+        capture_output=True, text=True, timeout=300,
+        env=subprocess_env(SPECGEN_STATS_DB=str(tmp_path / "h.db")),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout
+    assert "tokens in" in proc.stderr and "tokens in" not in proc.stdout
+
+
+def read_pty(cmd, env, timeout=300) -> tuple[int, str]:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(timeout=30), out.decode("utf-8", "replace")
+
+
+def test_terminal_gets_colours_and_legend(tiny_profile, tmp_path):
+    env = subprocess_env(SPECGEN_STATS_DB=str(tmp_path / "h.db"))
+    cmd = [sys.executable, "-m", "specgen", "run", "-p", str(tiny_profile), "hi"]
+    rc, out = read_pty(cmd, env)
+    assert rc == 0, out
+    assert "\x1b[" in out and "accepted" in out and "resampled" in out and "bonus" in out
+    rc, plain = read_pty(cmd + ["--no-color"], env)
+    assert rc == 0 and "\x1b[3" not in plain  # no colour codes (cursor control may remain)
+    rc, plain = read_pty(cmd, {**env, "NO_COLOR": "1"})
+    assert rc == 0 and "\x1b[3" not in plain
+
+
+def test_ctrl_c_keeps_partial_output_and_exits_130(tiny_profile, tmp_path):
+    from specgen.store import load_runs
+
+    db = tmp_path / "h.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "run", "-p", str(tiny_profile), "--raw",
+         "--max-new-tokens", "3000", "--k", "2", "go"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(SPECGEN_STATS_DB=str(db)),
+    )
+    first = proc.stdout.read(1)  # generation has started
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()
+    assert first and len(first + rest) > 1
+    assert b"interrupted" in err and b"Traceback" not in err
+    (row,) = load_runs(db)
+    assert row["ended"] == "interrupted" and 0 < row["new_tokens"] < 3000
