@@ -176,11 +176,11 @@ class Bench:
     """Runs contestants on a loaded target (and draft) and returns Measurements."""
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
-                 max_ngram: int = 3, min_ngram: int = 1) -> None:
+                 max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None) -> None:
         self.target, self.draft = target, draft
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
-        self.ngram = (max_ngram, min_ngram)
+        self.drafter_options = (max_ngram, min_ngram, head_rows)
         self.memory = PeakMemory(target.device)
         self.generators: dict[str, SpeculativeGenerator] = {}
         self.last_stats: dict[str, Stats] = {}
@@ -188,7 +188,7 @@ class Bench:
     def generator(self, c: Contestant) -> SpeculativeGenerator:
         if c.name not in self.generators:
             vocab = self.target.config.get_text_config().vocab_size
-            drafter = make_drafter(c.method, self.draft, vocab, *self.ngram)
+            drafter = make_drafter(c.method, self.draft, vocab, *self.drafter_options)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
         return self.generators[c.name]
 

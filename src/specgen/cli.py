@@ -218,6 +218,9 @@ def bench(
     ),
     k: Optional[int] = typer.Option(None, "--k", help="Most speculative tokens of the adaptive contestants."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    draft_vocab: Optional[int] = typer.Option(
+        None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
+    ),
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
     stats_db: Optional[Path] = typer.Option(None, "--stats-db", help="Run-history database to record into."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
@@ -268,7 +271,8 @@ def bench(
     inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
                               gen.chat_template) for p in prompt_set]
     runner = b.Bench(session.pair.target, session.pair.draft, max_new_tokens, session.eos_ids(),
-                     prof.speculation.max_ngram, prof.speculation.min_ngram)
+                     prof.speculation.max_ngram, prof.speculation.min_ngram,
+                     (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None)
     total = len(prompt_set) * repeats * len(picked)
     done = 0
     warnings: list[str] = []
@@ -291,6 +295,7 @@ def bench(
               "device": session.pair.device, "max_new_tokens": max_new_tokens,
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
+              "draft_vocab": runner.drafter_options[2] or 0,
               "command": "specgen " + " ".join(sys.argv[1:])}
     doc = b.report(measurements, prompt_set, [c.name for c in picked], config)
     console = Console()
