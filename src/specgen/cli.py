@@ -105,6 +105,13 @@ def run(
     method: Optional[str] = typer.Option(
         None, "--method", help="draft-model, prompt-lookup or hybrid."
     ),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models)."),
+    target_quantization: Optional[str] = typer.Option(
+        None, "--target-quantization", help="none, nf4, fp4, int8, int8-wo or int4-wo."
+    ),
+    draft_quantization: Optional[str] = typer.Option(
+        None, "--draft-quantization", help="Same choices, for the draft model."
+    ),
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat template only)."),
     output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
@@ -121,7 +128,8 @@ def run(
         load_profile(profile),
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         num_speculative_tokens=k, adaptive=False if no_adaptive else None, method=method,
-        system_prompt=system, chat_template=False if raw else None,
+        system_prompt=system, chat_template=False if raw else None, device=device,
+        target_quantization=target_quantization, draft_quantization=draft_quantization,
     )
     from specgen.session import encode_messages, messages_for, open_session  # loads torch
     from transformers.utils import logging as hf_logging
