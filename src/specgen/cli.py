@@ -229,6 +229,13 @@ def bench(
     draft_vocab: Optional[int] = typer.Option(
         None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
     ),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models)."),
+    target_quantization: Optional[str] = typer.Option(
+        None, "--target-quantization", help="none, nf4, fp4, int8, int8-wo or int4-wo."
+    ),
+    draft_quantization: Optional[str] = typer.Option(
+        None, "--draft-quantization", help="Same choices, for the draft model."
+    ),
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
     stats_db: Optional[Path] = typer.Option(None, "--stats-db", help="Run-history database to record into."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
@@ -263,7 +270,8 @@ def bench(
     # Load the draft whenever a contestant needs it, whatever the profile's own method.
     prof = with_overrides(prof, method="draft-model" if needs_draft and prof.draft else None,
                           chat_template=False if raw else None, max_new_tokens=max_new_tokens,
-                          temperature=0.0)
+                          temperature=0.0, device=device, target_quantization=target_quantization,
+                          draft_quantization=draft_quantization)
     import torch
 
     from specgen.session import encode_messages, messages_for, open_session
@@ -301,6 +309,8 @@ def bench(
     config = {"profile": prof.name, "target": session.pair.target_name,
               "draft": session.pair.draft_name, "dtype": session.pair.dtype,
               "device": session.pair.device, "max_new_tokens": max_new_tokens,
+              "quantization": session.pair.quantization,
+              "draft_quantization": session.pair.draft_quantization,
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0,
