@@ -70,7 +70,7 @@ def _m(prompt, category, name, tps, tokens=(1, 2, 3), repeat=0):
     return b.Measurement(
         prompt=prompt, category=category, contestant=name, repeat=repeat, new_tokens=len(tokens),
         seconds=len(tokens) / tps, tokens_per_second=tps, target_passes=1, draft_passes=0,
-        acceptance_rate=None, tau=1.0, draft_seconds=None, verify_seconds=None,
+        decode_tokens_per_second=tps, acceptance_rate=None, tau=1.0, draft_seconds=None, verify_seconds=None,
         rest_seconds=None, prefill_seconds=None, peak_memory_bytes=100, token_ids=list(tokens))
 
 
@@ -167,7 +167,13 @@ def test_bench_json_shape_exactness_and_recording(tiny_profile, prompts_file, tm
     assert all(r["speedup"] == pytest.approx(1.0) and r["tau"] == pytest.approx(1.0) for r in base)
     assert doc["summary"]["k4"]["equal_to_baseline"] == "3/3"
     assert set(doc["targets"]) == {"code_speedup", "min_speedup", "vs_peer"}
-    assert doc["config"]["max_new_tokens"] == 12 and doc["machine"]["torch"]
+    assert doc["config"]["max_new_tokens"] == 12 and doc["config"]["complete"] is True
+    assert doc["machine"]["torch"] and doc["machine"]["cores"] >= 1
+    for row in doc["per_prompt"]:
+        if row["contestant"] == "peer":
+            assert row["decode_tokens_per_second"] is None  # not separable inside generate
+        else:
+            assert row["decode_tokens_per_second"] > 0 and row["prefill_seconds"] > 0
 
     rows = load_runs(tmp_path / "history.sqlite3")
     assert len(rows) == len(doc["measurements"])

@@ -135,14 +135,18 @@ class PeakMemory:
 
 
 class ForwardCounter:
-    """Counts a model's forward calls (how many passes transformers' generate made)."""
+    """Counts a model's forward calls (how many passes transformers' generate made) and
+    notes when the first (the prompt's prefill) ended."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.calls = 0
+        self.first_end: float | None = None
         self._handle = model.register_forward_hook(self._hook)
 
     def _hook(self, module, args, output) -> None:
         self.calls += 1
+        if self.first_end is None:
+            self.first_end = time.perf_counter()
 
     def close(self) -> None:
         self._handle.remove()
@@ -159,6 +163,7 @@ class Measurement:
     new_tokens: int
     seconds: float
     tokens_per_second: float
+    decode_tokens_per_second: float | None  # after the prefill; None where not separable (peer)
     target_passes: int
     draft_passes: int
     acceptance_rate: float | None  # None: no drafts (baseline)
@@ -229,6 +234,8 @@ class Bench:
         stats = Stats(k_max=0, adaptive=False, prompt_tokens=ids.shape[1],
                       prefill_tokens=ids.shape[1], new_tokens=len(tokens), total_seconds=seconds)
         stats.target_passes = counters[0].calls  # includes the prefill, which makes token 1
+        if c.kind == "baseline" and counters[0].first_end is not None:
+            stats.prefill_seconds = counters[0].first_end - start
         if c.kind == "peer":
             stats.draft_passes = counters[1].calls
             stats.proposed = counters[1].calls  # one draft forward per proposed token
@@ -246,15 +253,20 @@ class Bench:
         specgen = c.kind == "specgen"
         split = (stats.draft_seconds, stats.verify_seconds,
                  seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
+        # Decode speed: specgen's prefill yields no token, the baseline's yields the first.
+        decoded = len(tokens) - (c.kind == "baseline")
+        decode_s = seconds - stats.prefill_seconds
+        decode_tps = decoded / decode_s if c.kind != "peer" and decode_s > 0 and decoded else None
         return Measurement(
             prompt=prompt_index, category=category, contestant=c.name, repeat=repeat,
             new_tokens=len(tokens), seconds=seconds,
             tokens_per_second=len(tokens) / seconds if seconds else 0.0,
+            decode_tokens_per_second=decode_tps,
             target_passes=stats.target_passes, draft_passes=stats.draft_passes,
             acceptance_rate=stats.acceptance_rate if (specgen or c.kind == "peer") else None,
             tau=len(tokens) / stats.target_passes if stats.target_passes else 0.0,
             draft_seconds=split[0], verify_seconds=split[1], rest_seconds=split[2],
-            prefill_seconds=stats.prefill_seconds if specgen else None,
+            prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
             peak_memory_bytes=self.memory.read(), token_ids=tokens,
             k_per_step=list(stats.k_per_step),
         )
@@ -312,12 +324,14 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
         base = groups.get((p, "baseline"))
         peer = groups.get((p, "peer"))
         base_tps = _median([m.tokens_per_second for m in base]) if base else None
+        base_decode = _median([m.decode_tokens_per_second for m in base]) if base else None
         peer_tps = _median([m.tokens_per_second for m in peer]) if peer else None
         for name in names:
             ms = groups.get((p, name))
             if not ms:
                 continue
             tps = _median([m.tokens_per_second for m in ms])
+            decode = _median([m.decode_tokens_per_second for m in ms])
             rows.append({
                 "prompt": p, "category": prompt.category, "contestant": name,
                 "repeats": len(ms),
@@ -326,6 +340,8 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "tokens_per_second_all": [m.tokens_per_second for m in ms],
                 "seconds": _median([m.seconds for m in ms]),
                 "speedup": tps / base_tps if base_tps else None,
+                "decode_tokens_per_second": decode,
+                "decode_speedup": decode / base_decode if decode and base_decode else None,
                 "vs_peer": tps / peer_tps if peer_tps else None,
                 "acceptance_rate": _median([m.acceptance_rate for m in ms]),
                 "tau": _median([m.tau for m in ms]),
@@ -363,6 +379,9 @@ def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
             "speedup_code": geomean([r["speedup"] for r in mine
                                      if r["category"] in CODE_CATEGORIES and r["speedup"]]),
             "vs_peer": geomean([r["vs_peer"] for r in mine if r["vs_peer"]]),
+            "decode_speedup": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]]),
+            "decode_speedup_code": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]
+                                            and r["category"] in CODE_CATEGORIES]),
             "min_speedup": min(speedups) if speedups else None,
             "acceptance_rate": _median([r["acceptance_rate"] for r in mine]),
             "tau": _median([r["tau"] for r in mine]),
@@ -476,12 +495,13 @@ def tables(doc: dict):
                   key=_category_order)
     total = Table(title="summary (geometric means over prompts)", title_justify="left")
     for col in ["contestant", "tok/s", "speedup", "code", *cats, "vs peer", "worst",
-                "accept", "tau", "= baseline", "peak GB"]:
+                "decode", "accept", "tau", "= baseline", "peak GB"]:
         total.add_column(col, justify="left" if col == "contestant" else "right")
     for name, s in summary.items():
         total.add_row(
             name, _f(s["tokens_per_second"]), fmt_ratio(s["speedup"]), fmt_ratio(s["speedup_code"]),
             *[fmt_ratio(s["speedup_by_category"].get(c)) for c in cats], fmt_ratio(s["vs_peer"]),
-            fmt_ratio(s["min_speedup"]), _f(s["acceptance_rate"]), _f(s["tau"]),
+            fmt_ratio(s["min_speedup"]), fmt_ratio(s["decode_speedup"]),
+            _f(s["acceptance_rate"]), _f(s["tau"]),
             s["equal_to_baseline"] or "–", f"{s['peak_memory_bytes'] / 1e9:.1f}")
     return [per, total]

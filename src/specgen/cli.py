@@ -290,22 +290,10 @@ def bench(
                      prof.speculation.max_ngram, prof.speculation.min_ngram,
                      (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None)
     total = len(prompt_set) * repeats * len(picked)
-    done = 0
     warnings: list[str] = []
 
-    def progress(m, stats) -> None:
-        nonlocal done
-        done += 1
-        err.print(f"[dim][{done}/{total}] prompt {m.prompt + 1} ({m.category}) {m.contestant}: "
-                  f"{m.new_tokens} tokens, {m.tokens_per_second:.2f} tok/s[/]", highlight=False)
-        warning = b.record(session, by_name[m.contestant], stats, stats_db)
-        if warning and warning not in warnings:
-            warnings.append(warning)
-
+    names = [c.name for c in picked]
     by_name = {c.name: c for c in picked}
-    err.print(f"[dim]bench: {len(prompt_set)} prompts x {len(picked)} contestants x {repeats} "
-              f"repeat(s), {max_new_tokens} new tokens, {torch.get_num_threads()} threads[/]")
-    measurements = b.run_bench(runner, prompt_set, inputs, picked, repeats, on_measurement=progress)
     config = {"profile": prof.name, "target": session.pair.target_name,
               "draft": session.pair.draft_name, "dtype": session.pair.dtype,
               "device": session.pair.device, "max_new_tokens": max_new_tokens,
@@ -314,21 +302,49 @@ def bench(
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0,
-              "command": "specgen " + " ".join(sys.argv[1:])}
-    doc = b.report(measurements, prompt_set, [c.name for c in picked], config)
+              "command": "specgen " + " ".join(sys.argv[1:]), "complete": False}
+    measurements: list = []
+
+    def write_json() -> dict:
+        doc = b.report(measurements, prompt_set, names, config)
+        if out_file is not None:
+            try:
+                out_file.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            except OSError as e:
+                raise ConfigError(f"Cannot write {out_file}: {e.strerror}.") from None
+        return doc
+
+    def progress(m, stats) -> None:
+        measurements.append(m)
+        err.print(f"[dim][{len(measurements)}/{total}] prompt {m.prompt + 1} ({m.category}) "
+                  f"{m.contestant}: {m.new_tokens} tokens, {m.tokens_per_second:.2f} tok/s[/]",
+                  highlight=False)
+        warning = b.record(session, by_name[m.contestant], stats, stats_db)
+        if warning and warning not in warnings:
+            warnings.append(warning)
+        if len(measurements) % (len(picked) * repeats) == 0:
+            write_json()  # a long bench keeps its figures prompt by prompt
+
+    err.print(f"[dim]bench: {len(prompt_set)} prompts x {len(picked)} contestants x {repeats} "
+              f"repeat(s), {max_new_tokens} new tokens, {torch.get_num_threads()} threads[/]")
+    interrupted = False
+    try:
+        b.run_bench(runner, prompt_set, inputs, picked, repeats, on_measurement=progress)
+        config["complete"] = True
+    except KeyboardInterrupt:
+        interrupted = True  # show and keep what was measured
+    doc = write_json()
     console = Console()
     for table in b.tables(doc):
         console.print(table)
     for name, t in doc["targets"].items():
         state = "[green]met[/]" if t["met"] else "[red]not met[/]"
         console.print(f"target {name}: {b.fmt_ratio(t['value'])} (goal {t['goal']}x) {state}")
-    if out_file is not None:
-        try:
-            out_file.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"Cannot write {out_file}: {e.strerror}.") from None
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}")
+    if interrupted:
+        err.print("[yellow]interrupted:[/] the figures cover the measurements made so far.")
+        raise typer.Exit(130)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
