@@ -48,8 +48,9 @@ _PASSAGE = (
     "father."
 )
 
-# (category, prompt). Order matters only for display; the bench interleaves contestants.
-PROMPTS: tuple[tuple[str, str], ...] = (
+# (category, prompt), by category; PROMPTS below takes them round-robin so that a bench cut
+# short still covers every category.
+_BY_CATEGORY: tuple[tuple[str, str], ...] = (
     ("code-completion", "Write a Python function `merge_sort(xs)` that returns a sorted copy "
      "of a list using merge sort. Only the code, no explanation."),
     ("code-completion", "Complete this Python class so that it implements a stack with push, "
@@ -77,3 +78,12 @@ PROMPTS: tuple[tuple[str, str], ...] = (
     ("grounded", f"Repeat this passage, then continue it with one more paragraph in the same "
      f"style.\n\n{_PASSAGE}"),
 )
+
+
+def _round_robin(items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    groups = [[item for item in items if item[0] == c] for c in CATEGORIES]
+    depth = max(map(len, groups))
+    return tuple(g[i] for i in range(depth) for g in groups if i < len(g))
+
+
+PROMPTS = _round_robin(_BY_CATEGORY)
