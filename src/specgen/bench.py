@@ -490,18 +490,27 @@ def tables(doc: dict):
             row.append(f"{r['tokens_per_second']:.2f}{extra}{mark}")
         per.add_row(*row)
 
+    # One column per contestant, one row per figure: narrow enough for a terminal.
     summary = doc["summary"]
     cats = sorted({c for s in summary.values() for c in s["speedup_by_category"]},
                   key=_category_order)
     total = Table(title="summary (geometric means over prompts)", title_justify="left")
-    for col in ["contestant", "tok/s", "speedup", "code", *cats, "vs peer", "worst",
-                "decode", "accept", "tau", "= baseline", "peak GB"]:
-        total.add_column(col, justify="left" if col == "contestant" else "right")
-    for name, s in summary.items():
-        total.add_row(
-            name, _f(s["tokens_per_second"]), fmt_ratio(s["speedup"]), fmt_ratio(s["speedup_code"]),
-            *[fmt_ratio(s["speedup_by_category"].get(c)) for c in cats], fmt_ratio(s["vs_peer"]),
-            fmt_ratio(s["min_speedup"]), fmt_ratio(s["decode_speedup"]),
-            _f(s["acceptance_rate"]), _f(s["tau"]),
-            s["equal_to_baseline"] or "–", f"{s['peak_memory_bytes'] / 1e9:.1f}")
+    total.add_column("")
+    for name in summary:
+        total.add_column(name, justify="right")
+    figures = [
+        ("tokens/s", lambda s: _f(s["tokens_per_second"])),
+        ("speedup", lambda s: fmt_ratio(s["speedup"])),
+        ("  code", lambda s: fmt_ratio(s["speedup_code"])),
+        *[(f"  {c}", lambda s, c=c: fmt_ratio(s["speedup_by_category"].get(c))) for c in cats],
+        ("  worst prompt", lambda s: fmt_ratio(s["min_speedup"])),
+        ("decode speedup", lambda s: fmt_ratio(s["decode_speedup"])),
+        ("vs peer", lambda s: fmt_ratio(s["vs_peer"])),
+        ("acceptance", lambda s: _f(s["acceptance_rate"])),
+        ("tau", lambda s: _f(s["tau"])),
+        ("= baseline", lambda s: s["equal_to_baseline"] or "–"),
+        ("peak GB", lambda s: f"{s['peak_memory_bytes'] / 1e9:.1f}"),
+    ]
+    for label, cell in figures:
+        total.add_row(label, *[cell(s) for s in summary.values()])
     return [per, total]
