@@ -421,3 +421,10 @@ def test_hub_model_loads_from_the_hub_cache(tmp_path, pair_dirs, monkeypatch):
     pair = load(profile(tmp_path, 'model = "org/tiny"\nrevision = "v1"'))
     assert calls == [("org/tiny", "v1", False), ("org/tiny", "v1", True)]
     assert pair.target_name == "org/tiny"
+
+
+def test_gguf_then_bitsandbytes(tmp_path, gguf_file):
+    """GGUF weights load dequantised, so they can be re-quantized (here nf4 on CPU)."""
+    pair = load(profile(tmp_path, f'model = "{gguf_file}"\nquantization = "nf4"'))
+    assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
+    assert torch.isfinite(pair.target(torch.tensor([[3, 4, 5]])).logits).all()
