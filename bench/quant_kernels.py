@@ -16,8 +16,11 @@ free-running greedy outputs). Medians of repeated runs; the machine is shared, s
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -115,13 +118,22 @@ def layers(reps: int) -> None:
 
 # --- whole model -----------------------------------------------------------------------------
 
-def load(model_dir: str, scheme: str):
+def load(model_dir: str, scheme: str, cache_dir: str) -> tuple[torch.nn.Module, str]:
+    """The model in bf16 or quantized; quantized twice through a fresh cache so that both the
+    first (quantize and save) and a later (load from the cache) time are measured."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    t = time.perf_counter()
-    if scheme != "bf16":
-        quantize.apply(model, scheme)
-    return model, time.perf_counter() - t
+
+    def fresh():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    if scheme == "bf16":
+        return fresh(), ""
+    times = []
+    for _ in range(2):
+        model = fresh()
+        t = time.perf_counter()
+        quantize.apply(model, scheme, Path(cache_dir), f"bench:{model_dir}")
+        times.append(time.perf_counter() - t)
+    return model, f"quantize+save {times[0]:.1f} s, load from cache {times[1]:.1f} s"
 
 
 @torch.inference_mode()
@@ -172,8 +184,9 @@ def model_bench(model_dir: str, schemes: list[str], reps: int, n_new: int) -> No
     ctx = torch.tensor(tok(PROMPTS["code"] * 4)["input_ids"][:64])
     reference: dict[str, list[int]] = {}
     rows = []
+    cache_dir = tempfile.mkdtemp(prefix="specgen-quant-bench-")
     for scheme in ["bf16"] + [s for s in schemes if s != "bf16"]:
-        model, q_seconds = load(model_dir, scheme)
+        model, q_seconds = load(model_dir, scheme, cache_dir)
         costs = forward_costs(model, ctx, reps)
         rates, agree_tf, prefix = [], [], []
         for name, ids in prompts.items():
@@ -187,9 +200,10 @@ def model_bench(model_dir: str, schemes: list[str], reps: int, n_new: int) -> No
             agree_tf.append(sum(a == b for a, b in zip(tf, ref)) / len(ref))
             prefix.append(next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref)))
         rows.append((scheme, q_seconds, costs, rates, agree_tf, prefix))
-        print(f"{scheme}: quantize {q_seconds:.1f} s; forward ms {costs}; decode tok/s {rates}; "
+        print(f"{scheme}: {q_seconds}; forward ms {costs}; decode tok/s {rates}; "
               f"teacher-forced agreement {agree_tf}; identical greedy prefix {prefix}", flush=True)
         del model
+    shutil.rmtree(cache_dir)
     print("\nforward ms: minimum (median); ratios from the minima; tok/s = 1 / median decode step")
     print("| scheme | " + " | ".join(f"M={m} ms" for m in MS) + " | M=5/M=1 | M=9/M=1 | decode tok/s (median of 3 prompts) | vs bf16 |")
     print("|---|" + "---|" * (len(MS) + 4))
