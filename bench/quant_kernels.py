@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import quantize
+from specgen.drafters import crop
 from specgen.quantize import quantize_int4, quantize_int8
 
 MS = (1, 2, 3, 5, 9)
@@ -148,7 +149,7 @@ def forward_costs(model, ctx_ids: torch.Tensor, reps: int) -> dict[int, float]:
 
         def step():
             model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=m)
-            cache.crop(n)
+            crop(cache, n)
         out[m] = timed(step, reps)
     return out
 
