@@ -189,6 +189,11 @@ def model_bench(model_dir: str, schemes: list[str], reps: int, n_new: int) -> No
     for scheme in ["bf16"] + [s for s in schemes if s != "bf16"]:
         model, q_seconds = load(model_dir, scheme, cache_dir)
         costs = forward_costs(model, ctx, reps)
+        if scheme != "bf16":  # the other arrangement of M > 4 rows: one kernel call for all rows
+            default, quantize.ROWS_PER_CALL = quantize.ROWS_PER_CALL, 1 << 30
+            one_call = forward_costs(model, ctx, reps)
+            quantize.ROWS_PER_CALL = default
+            print(f"{scheme} one kernel call for all rows: forward ms {one_call}", flush=True)
         rates, agree_tf, prefix = [], [], []
         for name, ids in prompts.items():
             out, rate = greedy(model, ids, n_new)
