@@ -120,10 +120,14 @@ def test_cache_round_trip_loads_without_quantizing(tmp_path, monkeypatch):
     assert len(list(tmp_path.iterdir())) == 3
 
 
-def test_cache_that_does_not_fit_the_model_is_a_config_error(tmp_path):
+def test_a_stale_cache_is_rebuilt(tmp_path):
     quantize.apply(tiny_model(layers=2), "int8-wo", tmp_path, "same-key")
-    with pytest.raises(ConfigError, match="does not fit"):
-        quantize.apply(tiny_model(layers=3), "int8-wo", tmp_path, "same-key")
+    before = quantize.quantized_layers
+    deeper = quantize.apply(tiny_model(layers=3), "int8-wo", tmp_path, "same-key")
+    assert quantize.quantized_layers > before  # quantized again, not loaded
+    assert sum(isinstance(m, QuantLinear) for m in deeper.modules()) == 3 * 7 + 1
+    again = quantize.apply(tiny_model(layers=3), "int8-wo", tmp_path, "same-key")
+    assert sum(isinstance(m, QuantLinear) for m in again.modules()) == 3 * 7 + 1
 
 
 @pytest.mark.parametrize("scheme", quantize.SCHEMES)

@@ -8,6 +8,7 @@ A GGUF file is dequantised once into bf16/fp16/fp32 safetensors kept in the cach
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -443,13 +444,21 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _weight_only(model: PreTrainedModel, scheme: str) -> None:
-    try:
-        from specgen import quantize
-    except ImportError:
-        raise ModelError(f"quantization = {scheme!r} (specgen's weight-only kernels) is not "
-                         "available yet in this version; use nf4, fp4 or int8.") from None
-    quantize.apply(model, scheme)
+def _weight_only(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype) -> None:
+    """specgen's weight-only kernels; the packed weights are cached, keyed by the source
+    weights' identity and dtype, so only the first load pays for quantizing."""
+    from specgen import quantize
+
+    quantize.apply(model, scheme, cache_dir() / "quantized", _weights_key(source, dtype))
+
+
+def _weights_key(source: Source, dtype: torch.dtype) -> str:
+    """The sha256 of a GGUF source, else the weight files' paths, sizes and times."""
+    ident = source.sha256
+    if ident is None:
+        files = sorted(source.path.glob("*.safetensors")) or sorted(source.path.glob("*.bin"))
+        ident = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
 
 
 def _device_map(device: str) -> str | dict[str, str]:
@@ -479,7 +488,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     except (OSError, ValueError) as e:
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in WEIGHT_ONLY:
-        _weight_only(model, spec.quantization)
+        _weight_only(model, spec.quantization, source, dtype)
     return model.eval()
 
 

@@ -157,11 +157,8 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
             f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
             "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
     path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
-    if path is not None and path.exists():
-        layers = load_layers(path)
-        if set(layers) != set(linears):
-            raise ConfigError(f"The quantized cache {path} does not fit this model; delete it and retry.")
-    else:
+    layers = load_layers(path) if path is not None and path.exists() else None
+    if layers is None or set(layers) != set(linears):  # absent, or stale: quantize (again)
         layers = {name: QuantLinear.from_linear(m, scheme) for name, m in linears.items()}
         if path is not None:
             save_layers(layers, path)
