@@ -19,7 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specgen.chat import Chat, parse_command, read_message, unescape
+from specgen.chat import Chat, history_file, parse_command, read_message, unescape
 from specgen.cli import app
 from specgen.errors import SpecgenError
 from specgen.profiles import load_profile
@@ -100,11 +100,19 @@ def test_read_message_single_lines_and_triple_quoted_blocks():
         return read_line
 
     assert read_message(reader("hello")) == "hello"
-    assert read_message(reader('"""', "def f():", "    return 1", '"""')) == "def f():\n    return 1"
+    block = reader('"""', "def f():", "    return 1", '"""')
+    assert read_message(block) == "def f():\n    return 1"
     assert read_message(reader('"""first', "second", 'third"""')) == "first\nsecond\nthird"
     assert read_message(reader('"""one line"""')) == "one line"
     with pytest.raises(EOFError):
         read_message(reader('"""', "unterminated"))
+
+
+def test_history_file_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_HISTORY_FILE", str(tmp_path / "h"))
+    assert history_file() == tmp_path / "h"
+    monkeypatch.delenv("SPECGEN_HISTORY_FILE")
+    assert history_file().name == "chat_history" and "specgen" in str(history_file())
 
 
 # --- the conversation -------------------------------------------------------------------------

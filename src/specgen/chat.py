@@ -118,7 +118,9 @@ def read_message(read_line: Callable[[str], str]) -> str:
 class Chat:
     """A conversation on a Session: turns, context ids, slash commands, transcript."""
 
-    def __init__(self, session: Session, system: str | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self, session: Session, system: str | None = None, seed: int | None = None
+    ) -> None:
         tokenizer = session.tokenizer
         if not session.profile.generation.chat_template:
             raise ConfigError(
@@ -200,7 +202,8 @@ class Chat:
     def _finish(self, pending: Pending, out: list[int], stats: Stats) -> None:
         tokenizer = self.session.tokenizer
         ended = "interrupted" if stats.stop_reason == "interrupted" else "completed"
-        self.last = Turn(pending.user, tokenizer.decode(out, skip_special_tokens=True), ended, stats)
+        answer = tokenizer.decode(out, skip_special_tokens=True)
+        self.last = Turn(pending.user, answer, ended, stats)
         self.history.append(stats)
         if not out:
             return  # nothing answered: the message leaves no trace in the conversation
@@ -248,7 +251,8 @@ class Chat:
         try:
             k = int(arg)
         except ValueError:
-            raise ConfigError(f"/k needs a whole number of draft tokens, got {arg!r}: try /k 4.") from None
+            raise ConfigError(
+                f"/k needs a whole number of draft tokens, got {arg!r}: try /k 4.") from None
         self._override(num_speculative_tokens=k)
         self.session.generator.k_max = k
         mode = "the most per step (adaptive)" if self.session.generator.adaptive else "every step"
@@ -266,7 +270,8 @@ class Chat:
         try:
             value = float(arg)
         except ValueError:
-            raise ConfigError(f"/temperature needs a number, got {arg!r}: try /temperature 0.7.") from None
+            raise ConfigError(
+                f"/temperature needs a number, got {arg!r}: try /temperature 0.7.") from None
         self._override(temperature=value)
         return Reply([f"Temperature {value:g}{' (greedy)' if value == 0 else ''}."])
 
@@ -391,7 +396,7 @@ def repl(chat: Chat, read_line: Callable[[str], str], out: Console, info: Consol
         try:
             text = read_message(read_line)
         except KeyboardInterrupt:
-            info.print("\n(Ctrl-D or /exit to leave)", style="dim")
+            info.print("\n(Ctrl-D or /exit to leave)", style="dim", highlight=False)
             continue
         except EOFError:
             break
@@ -401,7 +406,8 @@ def repl(chat: Chat, read_line: Callable[[str], str], out: Console, info: Consol
         if command is not None:
             reply = chat.command(*command, width=info.width)
             for line in reply.lines:
-                info.print(line, style="yellow" if reply.error else None, markup=False, highlight=False)
+                style = "yellow" if reply.error else None
+                info.print(line, style=style, markup=False, highlight=False)
             if reply.exit:
                 break
             continue
@@ -410,10 +416,8 @@ def repl(chat: Chat, read_line: Callable[[str], str], out: Console, info: Consol
         except SpecgenError as e:
             info.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             continue
-        warning = record_run(
-            chat.session.record("chat", turn.stats, turn.ended, turn.user if record_prompt else None),
-            stats_db,
-        )
+        prompt = turn.user if record_prompt else None
+        warning = record_run(chat.session.record("chat", turn.stats, turn.ended, prompt), stats_db)
         if warning and not warned:
             info.print(f"[yellow]warning:[/] {warning}", highlight=False)
             warned = True

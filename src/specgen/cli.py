@@ -74,7 +74,9 @@ def _root(
 
 
 # Options shared by run and chat.
-PROFILE = typer.Option(DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file.")
+PROFILE = typer.Option(
+    DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
+)
 MAX_NEW_TOKENS = typer.Option(None, "--max-new-tokens", "-n", help="Most tokens to generate.")
 TEMPERATURE = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
 TOP_P = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1].")
