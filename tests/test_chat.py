@@ -19,7 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specgen.chat import Chat, history_file, parse_command, read_message, unescape
+from specgen.chat import (Chat, history_file, line_editing, parse_command, read_message,
+                          unescape)
 from specgen.cli import app
 from specgen.errors import SpecgenError
 from specgen.profiles import load_profile
@@ -113,6 +114,13 @@ def test_history_file_follows_the_environment(monkeypatch, tmp_path):
     assert history_file() == tmp_path / "h"
     monkeypatch.delenv("SPECGEN_HISTORY_FILE")
     assert history_file().name == "chat_history" and "specgen" in str(history_file())
+
+
+def test_line_editing_works_without_readline(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "readline", None)  # import readline raises ImportError
+    with line_editing(tmp_path / "h"):
+        pass
+    assert not (tmp_path / "h").exists()
 
 
 # --- the conversation -------------------------------------------------------------------------
