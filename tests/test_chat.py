@@ -27,32 +27,14 @@ from specgen.errors import SpecgenError
 from specgen.profiles import load_profile
 from specgen.session import open_session
 from specgen.store import load_runs
-from tiny import write_tiny_pair
+from tiny import write_tiny_profile
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny-chat")
-    target, draft = write_tiny_pair(root, max_positions=4096)
-    profile = root / "tiny.toml"
-    profile.write_text(
-        f"""[target]
-model = "{target}"
-dtype = "float32"
-device = "cpu"
-[draft]
-model = "{draft}"
-dtype = "float32"
-device = "cpu"
-[speculation]
-num_speculative_tokens = 3
-[generation]
-max_new_tokens = 24
-"""
-    )
-    return profile
+    return write_tiny_profile(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture(autouse=True)

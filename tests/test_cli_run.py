@@ -19,33 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from tiny import write_tiny_pair
+from tiny import write_tiny_profile
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny-run")
-    target, draft = write_tiny_pair(root, max_positions=4096)
-    profile = root / "tiny.toml"
-    profile.write_text(
-        f"""description = "tiny fp32 pair for tests"
-[target]
-model = "{target}"
-dtype = "float32"
-device = "cpu"
-[draft]
-model = "{draft}"
-dtype = "float32"
-device = "cpu"
-[speculation]
-num_speculative_tokens = 3
-[generation]
-max_new_tokens = 24
-"""
-    )
-    return profile
+    return write_tiny_profile(tmp_path_factory.mktemp("tiny-run"))
 
 
 @pytest.fixture(autouse=True)
