@@ -266,3 +266,30 @@ def test_sampled_output_has_the_target_distribution(method, family, k, n, params
     assert (draft_passes > 0) == (method == "hybrid")
     pvalue = chi_square_pvalue(samples, joint)
     assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+
+
+def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expected):
+    target, draft = pair
+    drafter = ModelDrafter(draft, 64, head_rows=40)
+    context = repetitive_prompt(0)
+    ids, _ = drafter.propose(context, 6, GREEDY, None)
+    assert ids.max() < 40
+    full_logits = draft(context[None]).logits[0, -1]
+    assert ids[0] == full_logits[:40].argmax()  # the same model, over the kept rows
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, 64, head_rows=40), 4, adaptive=True)
+    for seed in PROMPT_SEEDS:
+        assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
+
+
+def test_the_draft_model_takes_in_the_prompt_during_prefill(pair):
+    """The draft's cache is filled with the target's prefill, so that the first drafting
+    step runs one single-token forward per draft token like every later step."""
+    target, draft = pair
+    drafter = ModelDrafter(draft, 64)
+    gen = SpeculativeGenerator(target, drafter, 3, adaptive=False)
+    prompt = repetitive_prompt(1)
+    seen = []
+    original = drafter._logits
+    drafter._logits = lambda ids: (seen.append(ids.numel()), original(ids))[1]
+    gen.generate(prompt, max_new_tokens=8)
+    assert seen[0] == 1 and max(seen) <= 2

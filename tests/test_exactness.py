@@ -132,3 +132,19 @@ def test_chi_square_helper_pools_small_cells():
     joint = {(a, b): 0.25 * (0.97 if b == 0 else 0.01) for a, b in itertools.product(range(4), range(4))}
     samples = Counter({cell: round(p * 4000) for cell, p in joint.items()})
     assert chi_square_pvalue(samples, joint) > 0.5
+
+
+def test_a_draft_over_part_of_the_vocabulary_keeps_the_target_distribution():
+    """A trimmed draft head (head_rows) makes q zero on the other ids; rejection sampling
+    must still emit exactly the target's distribution, including those ids."""
+    from specgen.drafters import ModelDrafter
+
+    target, draft = tiny_pair("qwen2")
+    params = SamplingParams(1.0)
+    joint = target_joint(target, PROMPT, 3, params)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, VOCAB, head_rows=10), 3, adaptive=False)
+    samples, sources = draw(gen, 3, params)
+    assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
+    assert any(tok >= 10 for cell in samples for tok in cell)  # ids the draft cannot propose
+    pvalue = chi_square_pvalue(samples, joint)
+    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"

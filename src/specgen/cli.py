@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from specgen import __version__
 from specgen import cli_profiles, cli_stats
 from specgen.errors import ConfigError, SpecgenError
-from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, with_overrides
+from specgen.profiles import DEFAULT_PROFILE, METHODS, Profile, load_profile, with_overrides
 from specgen.render import IncrementalDecoder, TokenPrinter, make_console, summary_line
 from specgen.store import record_run
 
@@ -291,6 +291,157 @@ def chat(
             chat_mod.repl(conversation, input, out, err, stats_db, record_prompt)
     else:
         chat_mod.repl(conversation, chat_mod.pipe_line, out, err, stats_db, record_prompt)
+
+
+BENCH_HELP = """Measure specgen against plain decoding and transformers' assisted generation.
+
+All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
+greedy: [bold]baseline[/] (the target's own generate), [bold]peer[/] (generate with
+assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] (specgen,
+adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting). Prints
+tokens/s and speedups per prompt and a summary; --out writes every figure as JSON.
+
+[bold]Examples[/]
+
+  specgen bench
+
+  specgen bench --contestants baseline,peer,adaptive --repeats 3 --out bench.json
+
+  specgen bench --prompts my_prompts.jsonl --max-new-tokens 64
+"""
+
+
+@app.command(help=BENCH_HELP)
+def bench(
+    profile: str = PROFILE,
+    prompts: Optional[Path] = typer.Option(
+        None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: built-in set).'
+    ),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens per generation."),
+    repeats: int = typer.Option(1, "--repeats", "-r", help="Runs of each contestant per prompt (median)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
+    chosen: Optional[str] = typer.Option(
+        None, "--contestants", "-c",
+        help="Comma-separated subset of baseline,peer,k2,k4,k6,adaptive,lookup,hybrid.",
+    ),
+    method: Optional[str] = typer.Option(
+        None, "--method", help="Drafting method of k2/k4/k6/adaptive: draft-model, prompt-lookup or hybrid."
+    ),
+    k: Optional[int] = typer.Option(None, "--k", help="Most speculative tokens of the adaptive contestants."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    draft_vocab: Optional[int] = typer.Option(
+        None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
+    ),
+    device: Optional[str] = DEVICE,
+    target_quantization: Optional[str] = TARGET_QUANTIZATION,
+    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
+    stats_db: Optional[Path] = STATS_DB,
+    debug: bool = DEBUG,
+) -> None:
+    from specgen import bench as b
+
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}.")
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {repeats}.")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}.")
+    prompt_set = b.read_prompts(prompts) if prompts else b.builtin_prompts()
+    prof = load_profile(profile)
+    spec_method = method or prof.speculation.method
+    if spec_method not in METHODS:
+        raise ConfigError(f"--method {spec_method!r} is not a drafting method; choose one of "
+                          f"{', '.join(METHODS)}.")
+    everyone = b.contestants(spec_method, k if k is not None else prof.speculation.num_speculative_tokens)
+    names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else list(everyone)
+    unknown = [n for n in names if n not in everyone]
+    if unknown or not names:
+        raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
+                          f"from {', '.join(everyone)}.")
+    picked = [everyone[n] for n in dict.fromkeys(names)]
+    needs_draft = any(c.needs_draft_model for c in picked)
+    if needs_draft and prof.draft is None:
+        if chosen:
+            raise ConfigError(f"Profile {prof.name!r} has no draft model, which "
+                              f"{', '.join(c.name for c in picked if c.needs_draft_model)} need.")
+        picked = [c for c in picked if not c.needs_draft_model]
+    # Load the draft whenever a contestant needs it, whatever the profile's own method.
+    prof = with_overrides(prof, method="draft-model" if needs_draft and prof.draft else None,
+                          chat_template=False if raw else None, max_new_tokens=max_new_tokens,
+                          temperature=0.0, device=device, target_quantization=target_quantization,
+                          draft_quantization=draft_quantization)
+    import torch
+
+    from specgen.session import encode_messages, messages_for
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
+    if threads is not None:
+        torch.set_num_threads(threads)
+    session = load_session(prof)
+    gen = prof.generation
+    inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
+                              gen.chat_template) for p in prompt_set]
+    runner = b.Bench(session.pair.target, session.pair.draft, max_new_tokens, session.eos_ids(),
+                     prof.speculation.max_ngram, prof.speculation.min_ngram,
+                     (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None)
+    total = len(prompt_set) * repeats * len(picked)
+    warnings: list[str] = []
+
+    names = [c.name for c in picked]
+    by_name = {c.name: c for c in picked}
+    config = {"profile": prof.name, "target": session.pair.target_name,
+              "draft": session.pair.draft_name, "dtype": session.pair.dtype,
+              "device": session.pair.device, "max_new_tokens": max_new_tokens,
+              "quantization": session.pair.quantization,
+              "draft_quantization": session.pair.draft_quantization,
+              "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
+              "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
+              "draft_vocab": runner.drafter_options[2] or 0,
+              "command": "specgen " + " ".join(sys.argv[1:]), "complete": False}
+    measurements: list = []
+
+    def write_json() -> dict:
+        doc = b.report(measurements, prompt_set, names, config)
+        if out_file is not None:
+            try:
+                out_file.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            except OSError as e:
+                raise ConfigError(f"Cannot write {out_file}: {e.strerror}.") from None
+        return doc
+
+    def progress(m, stats) -> None:
+        measurements.append(m)
+        err.print(f"[dim][{len(measurements)}/{total}] prompt {m.prompt + 1} ({m.category}) "
+                  f"{m.contestant}: {m.new_tokens} tokens, {m.tokens_per_second:.2f} tok/s[/]",
+                  highlight=False)
+        warning = b.record(session, by_name[m.contestant], stats, stats_db)
+        if warning and warning not in warnings:
+            warnings.append(warning)
+        if len(measurements) % (len(picked) * repeats) == 0:
+            write_json()  # a long bench keeps its figures prompt by prompt
+
+    err.print(f"[dim]bench: {len(prompt_set)} prompts x {len(picked)} contestants x {repeats} "
+              f"repeat(s), {max_new_tokens} new tokens, {torch.get_num_threads()} threads[/]")
+    interrupted = False
+    try:
+        b.run_bench(runner, prompt_set, inputs, picked, repeats, on_measurement=progress)
+        config["complete"] = True
+    except KeyboardInterrupt:
+        interrupted = True  # show and keep what was measured
+    doc = write_json()
+    console = Console()
+    for table in b.tables(doc):
+        console.print(table)
+    for name, t in doc["targets"].items():
+        state = "[green]met[/]" if t["met"] else "[red]not met[/]"
+        console.print(f"target {name}: {b.fmt_ratio(t['value'])} (goal {t['goal']}x) {state}")
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    if interrupted:
+        err.print("[yellow]interrupted:[/] the figures cover the measurements made so far.")
+        raise typer.Exit(130)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

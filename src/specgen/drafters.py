@@ -26,6 +26,8 @@ METHODS = ("draft-model", "prompt-lookup", "hybrid")
 class Drafter(Protocol):
     def reset(self) -> None: ...
 
+    def prefill(self, tokens: Tensor) -> None: ...
+
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]: ...
@@ -42,6 +44,11 @@ def forward(model: PreTrainedModel, ids: Tensor, cache: DynamicCache, n_logits: 
     return out.logits[0]
 
 
+def hidden(model: PreTrainedModel, ids: Tensor, cache: DynamicCache) -> Tensor:
+    """One cached forward of the model's body (no output layer): last hidden states [T, H]."""
+    return model.base_model(input_ids=ids[None], cache=cache, use_cache=True).last_hidden_state[0]
+
+
 def crop(cache: DynamicCache, length: int) -> None:
     """Drop cached positions beyond `length` (rejected drafts)."""
     extra = cache.get_seq_length() - length
@@ -54,14 +61,22 @@ class ModelDrafter:
 
     Its cache lags the context: after proposing d1..dK it holds d1..d(K-1) but not dK, and
     after a plain step it has not seen the newest tokens. `propose` feeds whatever is
-    missing in one forward, so catching up never costs an extra pass."""
+    missing in one forward, so catching up never costs an extra pass.
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int) -> None:
+    `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
+    by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
+    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
+    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int, head_rows: int | None = None) -> None:
         self.model = model
         self.device = model.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = min(vocab_size, model.config.get_text_config().vocab_size)
+        out = model.get_output_embeddings()
+        trim = head_rows is not None and head_rows < self.vocab_size and out.bias is None
+        self.head = out.weight[:head_rows] if trim else None  # a view: no copy
         self.reset()
 
     def reset(self) -> None:
@@ -72,15 +87,30 @@ class ModelDrafter:
     def forward_passes(self) -> int:
         return self._passes
 
+    def _missing(self, tokens: Tensor) -> Tensor:
+        # Ids past the draft's embedding rows (a target with a larger vocabulary) are
+        # clamped: that only worsens the guess, never the output's exactness.
+        return tokens[self.cache.get_seq_length():].to(self.device).clamp_max(self.input_vocab - 1)
+
+    def prefill(self, tokens: Tensor) -> None:
+        """Take in the context but its last token, alongside the target's prefill, so that
+        drafting steps (and the adaptive-K cost model) see only their own forwards."""
+        pending = self._missing(tokens[:-1])
+        if pending.numel():
+            hidden(self.model, pending, self.cache)
+
+    def _logits(self, ids: Tensor) -> Tensor:
+        if self.head is None:
+            return forward(self.model, ids, self.cache, 1)[-1, : self.vocab_size]
+        return torch.nn.functional.linear(hidden(self.model, ids, self.cache)[-1], self.head)
+
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        # Ids past the draft's embedding rows (a target with a larger vocabulary) are
-        # clamped: that only worsens the guess, never the output's exactness.
-        pending = tokens[self.cache.get_seq_length():].to(self.device).clamp_max(self.input_vocab - 1)
+        pending = self._missing(tokens)
         ids, qs = [], []
         for _ in range(k):
-            logits = forward(self.model, pending, self.cache, 1)[-1, : self.vocab_size]
+            logits = self._logits(pending)
             self._passes += 1
             if params.greedy:
                 token = logits.argmax(-1)
@@ -136,6 +166,9 @@ class PromptLookupDrafter:
     def reset(self) -> None:
         self.matches = 0
 
+    def prefill(self, tokens: Tensor) -> None:
+        pass
+
     @property
     def forward_passes(self) -> int:
         return 0
@@ -171,6 +204,9 @@ class HybridDrafter:
         self.model_drafter.reset()
         self.lookup_drafter.reset()
 
+    def prefill(self, tokens: Tensor) -> None:
+        self.model_drafter.prefill(tokens)
+
     @property
     def forward_passes(self) -> int:
         return self.model_drafter.forward_passes
@@ -194,6 +230,7 @@ def make_drafter(
     target_vocab: int,
     max_ngram: int = 3,
     min_ngram: int = 1,
+    head_rows: int | None = None,
 ) -> Drafter:
     """The drafter for a profile's `method`. A draft model is needed by "draft-model" and
     "hybrid" and ignored by "prompt-lookup". Pairing checks (same tokenizer as the target)
@@ -209,7 +246,7 @@ def make_drafter(
             f"method {method!r} needs a draft model; set one in the profile, or use "
             "method = \"prompt-lookup\", which needs none."
         )
-    model_drafter = ModelDrafter(draft_model, target_vocab)
+    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows)
     if method == "draft-model":
         return model_drafter
     return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))

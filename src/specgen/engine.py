@@ -18,7 +18,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from specgen.adaptive import AdaptiveK, FixedK
-from specgen.drafters import Drafter, ModelDrafter, crop, forward
+from specgen.drafters import Drafter, ModelDrafter, crop, forward, hidden
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 
@@ -189,7 +189,8 @@ class SpeculativeGenerator:
         crop(self._cache, same)
         self.drafter.rollback(same)
         if len(tokens) - 1 > same:
-            forward(self.target, tokens[same:-1], self._cache, 1)
+            hidden(self.target, tokens[same:-1], self._cache)  # no logits needed
+        self.drafter.prefill(tokens)
         self._tokens, self._reused = tokens, same
         return self._cache
     def generate(self, input_ids: Tensor | Sequence[int], **kwargs) -> GenerationResult:

@@ -55,6 +55,7 @@ class SpeculationSpec:
     method: str = "draft-model"
     max_ngram: int = 3
     min_ngram: int = 1
+    draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,9 @@ def _validate(p: Profile, where: Any) -> None:
     if s.num_speculative_tokens < 0:
         raise ConfigError(f"{where}: speculation.num_speculative_tokens must be >= 0 "
                           f"(0 turns speculation off), got {s.num_speculative_tokens}.")
+    if s.draft_vocab < 0:
+        raise ConfigError(f"{where}: speculation.draft_vocab must be >= 0 (0 drafts over the "
+                          f"whole vocabulary), got {s.draft_vocab}.")
     if not 1 <= s.min_ngram <= s.max_ngram:
         raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
                           f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")

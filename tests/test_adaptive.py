@@ -1,0 +1,57 @@
+"""The adaptive-K policy: its cost model and choices, on made-up measurements."""
+
+import pytest
+
+from specgen.adaptive import AdaptiveK, expected_tokens, verify_curve
+
+
+def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
+    costs = {0: 1.0, 4: 3.0, 8: 3.4}
+    assert verify_curve(costs, 2) == pytest.approx(2.0)  # between neighbours: linear
+    assert verify_curve(costs, 6) == pytest.approx(3.2)
+    assert verify_curve(costs, 12) == pytest.approx(3.4)  # beyond the widest: flat
+    assert verify_curve({4: 0.2}, 0) == pytest.approx(0.2)
+
+
+def test_the_plain_step_cost_is_measured_before_it_is_compared():
+    policy = AdaptiveK(4)
+    assert policy.choose(100) == 4  # a speculative step first
+    policy.update(4, 4, 0.4, 2.4)
+    assert policy.choose(100) == 0  # then one plain step, whatever the acceptance
+    policy.update(0, 0, 0.0, 0.7)
+    assert policy.verify_cost[0] == pytest.approx(0.7)
+
+
+def feed(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float, times: int = 30):
+    for _ in range(times):
+        policy.update(k, n, draft_s * k, verify_s)
+
+
+def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
+    policy = AdaptiveK(6)
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # nothing accepted
+    assert policy.choose(100) == 0
+
+
+def test_high_acceptance_and_a_flat_verify_cost_choose_long_drafts():
+    policy = AdaptiveK(6)
+    feed(policy, 6, 6, draft_s=0.02, verify_s=0.18)  # every draft accepted, draft cheap
+    policy.verify_cost[0] = 0.17
+    policy.verify_cost[1] = 0.175
+    assert policy.choose(100) == 6
+    assert policy.choose(2) == 2  # never more than are still wanted
+
+
+def test_dear_verification_shortens_drafts():
+    """fp32 on a CPU: a pass over k+1 tokens costs about k+1 steps, so long drafts lose."""
+    cheap, dear = AdaptiveK(6), AdaptiveK(6)
+    for policy, per_token in ((cheap, 0.002), (dear, 0.17)):
+        for k in (0, 1, 4, 6):
+            feed(policy, k, k - 1, draft_s=0.03, verify_s=0.17 + per_token * k, times=10)
+    assert dear.choose(100) < cheap.choose(100)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)

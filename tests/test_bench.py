@@ -1,0 +1,208 @@
+"""`specgen bench`: interleaving, ratios, geometric means, JSON shape and recording, on the
+tiny fp32 pair (no timed assertions: the figures themselves are the benchmark's business)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specgen import bench as b
+from specgen.cli import app
+from tiny import write_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-bench")
+    target, draft = write_tiny_pair(root, max_positions=1024)
+    profile = root / "tiny.toml"
+    profile.write_text(
+        f"""[target]
+model = "{target}"
+dtype = "float32"
+device = "cpu"
+[draft]
+model = "{draft}"
+dtype = "float32"
+device = "cpu"
+[speculation]
+num_speculative_tokens = 3
+"""
+    )
+    return profile
+
+
+@pytest.fixture(autouse=True)
+def isolated_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"category": "code-completion", "prompt": "def add(a, b):"},
+             {"category": "prose", "prompt": "Once upon a time"},
+             {"category": "grounded", "prompt": "abc abc abc abc"}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["bench", *args])
+
+
+# --- pure logic --------------------------------------------------------------------------------
+
+def test_schedule_interleaves_prompt_by_prompt_and_rotates_each_repeat():
+    order = b.schedule(2, ["a", "b", "c"], repeats=2)
+    assert order == [
+        (0, 0, "a"), (0, 0, "b"), (0, 0, "c"), (0, 1, "b"), (0, 1, "c"), (0, 1, "a"),
+        (1, 0, "a"), (1, 0, "b"), (1, 0, "c"), (1, 1, "b"), (1, 1, "c"), (1, 1, "a"),
+    ]
+
+
+def _m(prompt, category, name, tps, tokens=(1, 2, 3), repeat=0):
+    return b.Measurement(
+        prompt=prompt, category=category, contestant=name, repeat=repeat, new_tokens=len(tokens),
+        seconds=len(tokens) / tps, tokens_per_second=tps, target_passes=1, draft_passes=0,
+        decode_tokens_per_second=tps, acceptance_rate=None, tau=1.0, draft_seconds=None, verify_seconds=None,
+        rest_seconds=None, prefill_seconds=None, peak_memory_bytes=100, token_ids=list(tokens))
+
+
+def test_ratios_use_medians_and_geometric_means_per_category():
+    prompts = [b.BenchPrompt("code-completion", "x"), b.BenchPrompt("code-explanation", "y"),
+               b.BenchPrompt("prose", "z")]
+    ms = [
+        _m(0, "code-completion", "baseline", 5.0), _m(0, "code-completion", "peer", 8.0),
+        _m(0, "code-completion", "adaptive", 10.0, repeat=0),
+        _m(0, "code-completion", "adaptive", 40.0, repeat=1),
+        _m(0, "code-completion", "adaptive", 20.0, repeat=2),  # median 20
+        _m(1, "code-explanation", "baseline", 4.0), _m(1, "code-explanation", "peer", 4.0),
+        _m(1, "code-explanation", "adaptive", 4.0, tokens=(1, 2, 4)),
+        _m(2, "prose", "baseline", 10.0), _m(2, "prose", "peer", 5.0),
+        _m(2, "prose", "adaptive", 9.0),
+    ]
+    names = ["baseline", "peer", "adaptive"]
+    rows = b.per_prompt(ms, prompts, names)
+    cell = {(r["prompt"], r["contestant"]): r for r in rows}
+    assert cell[0, "adaptive"]["tokens_per_second"] == 20.0
+    assert cell[0, "adaptive"]["tokens_per_second_all"] == [10.0, 40.0, 20.0]
+    assert cell[0, "adaptive"]["speedup"] == pytest.approx(4.0)
+    assert cell[0, "adaptive"]["vs_peer"] == pytest.approx(2.5)
+    assert cell[1, "adaptive"]["equal_to_baseline"] is False
+    assert cell[1, "adaptive"]["common_prefix_with_baseline"] == 2
+    assert cell[0, "baseline"]["speedup"] == pytest.approx(1.0)
+
+    s = b.summarize(rows, names)["adaptive"]
+    assert s["speedup_by_category"] == pytest.approx(
+        {"code-completion": 4.0, "code-explanation": 1.0, "prose": 0.9})
+    assert s["speedup_code"] == pytest.approx(2.0)  # sqrt(4 * 1)
+    assert s["speedup"] == pytest.approx((4.0 * 1.0 * 0.9) ** (1 / 3))
+    assert s["vs_peer"] == pytest.approx((2.5 * 1.0 * 1.8) ** (1 / 3))
+    assert s["min_speedup"] == pytest.approx(0.9)
+    assert s["equal_to_baseline"] == "2/3"
+
+    t = b.targets(b.summarize(rows, names))
+    assert t["code_speedup"]["met"] and not t["min_speedup"]["met"] and t["vs_peer"]["met"]
+
+
+def test_geomean_ignores_missing_values():
+    assert b.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
+    assert b.geomean([]) is None
+    assert math.isclose(b.geomean([3.0]), 3.0)
+
+
+def test_builtin_prompt_set_covers_every_category():
+    prompts = b.builtin_prompts()
+    assert len(prompts) >= 12
+    assert {p.category for p in prompts} == set(b.CATEGORIES)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"category": "x"}', "each line must be an object"),
+    ("not json", "not valid JSON"),
+    ("", "holds no prompts"),
+])
+def test_bad_prompt_files_are_one_clear_error(tmp_path, text, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(text)
+    with pytest.raises(b.ConfigError, match=message):
+        b.read_prompts(path)
+
+
+# --- end to end on the tiny pair ---------------------------------------------------------------
+
+def test_bench_json_shape_exactness_and_recording(tiny_profile, prompts_file, tmp_path):
+    from specgen.store import load_runs
+
+    out = tmp_path / "bench.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "12",
+                    "--repeats", "2", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    names = ["baseline", "peer", "k2", "k4", "k6", "adaptive", "lookup", "hybrid"]
+    assert doc["contestants"] == names
+    assert set(doc) == {"config", "machine", "prompts", "contestants", "summary", "targets",
+                        "per_prompt", "measurements"}
+    assert len(doc["measurements"]) == 3 * 2 * len(names)
+    assert len(doc["per_prompt"]) == 3 * len(names)
+    # Interleaved: the first prompt's measurements all come before the second's.
+    assert [m["prompt"] for m in doc["measurements"]] == sorted(m["prompt"] for m in doc["measurements"])
+    for row in doc["per_prompt"]:
+        # fp32 tiny models: every contestant's greedy output is the baseline's.
+        assert row["equal_to_baseline"] is True, row
+        assert row["speedup"] > 0 and row["vs_peer"] > 0
+        assert row["repeats"] == 2 and row["peak_memory_bytes"] > 0
+        if row["contestant"] in ("baseline", "peer"):
+            assert row["draft_seconds"] is None
+        else:
+            assert row["draft_seconds"] + row["verify_seconds"] + row["rest_seconds"] == \
+                pytest.approx(row["seconds"], rel=1e-6)
+    base = [r for r in doc["per_prompt"] if r["contestant"] == "baseline"]
+    assert all(r["speedup"] == pytest.approx(1.0) and r["tau"] == pytest.approx(1.0) for r in base)
+    assert doc["summary"]["k4"]["equal_to_baseline"] == "3/3"
+    assert set(doc["targets"]) == {"code_speedup", "min_speedup", "vs_peer"}
+    assert doc["config"]["max_new_tokens"] == 12 and doc["config"]["complete"] is True
+    assert doc["machine"]["torch"] and doc["machine"]["cores"] >= 1
+    for row in doc["per_prompt"]:
+        if row["contestant"] == "peer":
+            assert row["decode_tokens_per_second"] is None  # not separable inside generate
+        else:
+            assert row["decode_tokens_per_second"] > 0 and row["prefill_seconds"] > 0
+
+    rows = load_runs(tmp_path / "history.sqlite3")
+    assert len(rows) == len(doc["measurements"])
+    assert {r["command"] for r in rows} == {"bench"}
+    assert {r["method"] for r in rows} == {"none", "transformers-assisted", "draft-model",
+                                           "prompt-lookup", "hybrid"}
+    assert "tokens/s" in result.stdout and "summary" in result.stdout
+
+
+def test_a_chosen_subset_runs_only_those(tiny_profile, prompts_file, tmp_path):
+    out = tmp_path / "b.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "6",
+                    "--contestants", "baseline,lookup", "--method", "prompt-lookup",
+                    "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["contestants"] == ["baseline", "lookup"]
+    assert {m["contestant"] for m in doc["measurements"]} == {"baseline", "lookup"}
+    assert doc["targets"] == {}  # no adaptive contestant to check
+    assert doc["summary"]["lookup"]["vs_peer"] is None  # no peer to compare with
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--contestants", "baseline,turbo"], "Unknown contestant(s) turbo"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--method", "magic"], "magic"),
+    (["--prompts", "/no/such.jsonl"], "Cannot read the prompts file"),
+])
+def test_bad_options_are_one_clear_error(tiny_profile, args, message):
+    result = invoke("-p", str(tiny_profile), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
