@@ -19,33 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from tiny import write_tiny_pair
+from tiny import write_tiny_profile
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny-run")
-    target, draft = write_tiny_pair(root, max_positions=4096)
-    profile = root / "tiny.toml"
-    profile.write_text(
-        f"""description = "tiny fp32 pair for tests"
-[target]
-model = "{target}"
-dtype = "float32"
-device = "cpu"
-[draft]
-model = "{draft}"
-dtype = "float32"
-device = "cpu"
-[speculation]
-num_speculative_tokens = 3
-[generation]
-max_new_tokens = 24
-"""
-    )
-    return profile
+    return write_tiny_profile(tmp_path_factory.mktemp("tiny-run"))
 
 
 @pytest.fixture(autouse=True)
@@ -160,9 +141,16 @@ def test_pipe_gets_plain_text_and_summary_on_stderr(tiny_profile, tmp_path):
     assert "tokens in" in proc.stderr and "tokens in" not in proc.stdout
 
 
+def default_sigint() -> None:
+    """A shell running the suite in the background starts children with SIGINT ignored, and
+    Python then never raises KeyboardInterrupt: give the child the default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def read_pty(cmd, env, timeout=300) -> tuple[int, str]:
     master, slave = pty.openpty()
-    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env)
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env,
+                            preexec_fn=default_sigint)
     os.close(slave)
     out = b""
     deadline = time.time() + timeout
@@ -202,6 +190,7 @@ def test_ctrl_c_keeps_partial_output_and_exits_130(tiny_profile, tmp_path):
         [sys.executable, "-m", "specgen", "run", "-p", str(tiny_profile), "--raw",
          "--max-new-tokens", "3000", "--k", "2", "go"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(SPECGEN_STATS_DB=str(db)),
+        preexec_fn=default_sigint,
     )
     first = proc.stdout.read(1)  # generation has started
     time.sleep(0.5)

@@ -1,6 +1,8 @@
 """Drafters without a draft model: the n-gram matcher, prompt lookup, the hybrid drafter,
 make_drafter, and greedy exactness of the engine with each of them."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from specgen.drafters import (
 from specgen.engine import SpeculativeGenerator
 from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams
+from test_exactness import ALPHA, SAMPLES, VOCAB, chi_square_pvalue, target_joint, tiny_pair
 from tiny import sharpen, tiny_model
 
 GREEDY = SamplingParams()
@@ -223,6 +226,46 @@ def test_hybrid_exact_across_chat_turns(pair):
     reference = target.generate(second[None], do_sample=False, max_new_tokens=20)
     assert result.token_ids == reference[0, len(second) :].tolist()
     assert result.stats.prefill_tokens < len(second) - 1  # the cache really was reused
+
+
+# --- exactness: sampled output has the target's distribution --------------------------------
+
+def lookup_prompt(target) -> torch.Tensor:
+    """The target's own greedy text after (3, 9), then (3, 9) again: lookup proposes that
+    text from step one, and the target agrees with it often enough to accept some."""
+    head = torch.tensor([[3, 9]])
+    return torch.cat([target.generate(head, do_sample=False, max_new_tokens=6), head], 1)
+
+
+@pytest.mark.parametrize(
+    "method, family, k, n, params",
+    [
+        ("prompt-lookup", "llama", 3, 3, SamplingParams(1.0)),
+        ("prompt-lookup", "qwen2", 2, 4, SamplingParams(0.8, top_k=4)),
+        ("hybrid", "llama", 4, 3, SamplingParams(1.3, top_p=0.7)),
+        ("hybrid", "qwen2", 3, 3, SamplingParams(1.0, top_k=3, top_p=0.9)),
+    ],
+)
+def test_sampled_output_has_the_target_distribution(method, family, k, n, params):
+    target, draft = tiny_pair(family)
+    prompt = lookup_prompt(target)
+    joint = target_joint(target, prompt, n, params)
+    drafter = make_drafter(method, draft, VOCAB)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=k, adaptive=False)
+    kw = dict(max_new_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    samples, sources = Counter(), Counter()
+    draft_passes = 0
+    for i in range(SAMPLES):
+        result = gen.generate(prompt, seed=i, **kw)
+        samples[tuple(result.token_ids)] += 1
+        sources.update(result.sources)
+        draft_passes += result.stats.draft_passes
+    # Lookup's one-hot drafts were both kept and replaced; the hybrid also ran its model.
+    assert min(sources["accepted"], sources["resampled"], sources["bonus"]) > SAMPLES // 50
+    assert drafter.lookup_drafter.matches if method == "hybrid" else drafter.matches
+    assert (draft_passes > 0) == (method == "hybrid")
+    pvalue = chi_square_pvalue(samples, joint)
+    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
 
 
 def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expected):

@@ -293,11 +293,22 @@ def test_bitsandbytes_missing(tmp_path, pair_dirs, monkeypatch):
         load(path)
 
 
-def test_weight_only_without_its_module(tmp_path, pair_dirs, monkeypatch):
-    monkeypatch.setitem(sys.modules, "specgen.quantize", None)
-    path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "int4-wo"')
-    with pytest.raises(ModelError, match="not available yet"):
-        load(path)
+def test_weight_only_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch):
+    from specgen import quantize
+    from specgen.quantize import QuantLinear
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "int8-wo"',
+                   f'model = "{pair_dirs[1]}"\nquantization = "int4-wo"')
+    first = load(path)
+    assert isinstance(first.target.lm_head, QuantLinear) and isinstance(first.draft.lm_head, QuantLinear)
+    assert first.quantization == "int8-wo" and first.draft_quantization == "int4-wo"
+    before = quantize.quantized_layers
+    second = load(path)
+    assert quantize.quantized_layers == before  # packed weights came from the cache
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(first.target(ids).logits, second.target(ids).logits)
 
 
 # --- GGUF ------------------------------------------------------------------------------------------------------
@@ -421,3 +432,10 @@ def test_hub_model_loads_from_the_hub_cache(tmp_path, pair_dirs, monkeypatch):
     pair = load(profile(tmp_path, 'model = "org/tiny"\nrevision = "v1"'))
     assert calls == [("org/tiny", "v1", False), ("org/tiny", "v1", True)]
     assert pair.target_name == "org/tiny"
+
+
+def test_gguf_then_bitsandbytes(tmp_path, gguf_file):
+    """GGUF weights load dequantised, so they can be re-quantized (here nf4 on CPU)."""
+    pair = load(profile(tmp_path, f'model = "{gguf_file}"\nquantization = "nf4"'))
+    assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
+    assert torch.isfinite(pair.target(torch.tensor([[3, 4, 5]])).logits).all()

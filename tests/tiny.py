@@ -112,3 +112,18 @@ def write_tiny_pair(root: Path, family: str = "llama", max_positions: int = 512)
         tok.save_pretrained(root / name)
         paths.append(root / name)
     return paths[0], paths[1]
+
+
+def write_tiny_profile(root: Path, name: str = "tiny", max_new_tokens: int = 24) -> Path:
+    """A profile for the CLI on a tiny fp32 pair saved under `root` (4096 positions, so that
+    long generations can be interrupted)."""
+    target, draft = write_tiny_pair(root, max_positions=4096)
+    profile = root / f"{name}.toml"
+    profile.write_text(
+        f'description = "tiny fp32 pair for tests"\n'
+        f'[target]\nmodel = "{target}"\ndtype = "float32"\ndevice = "cpu"\n'
+        f'[draft]\nmodel = "{draft}"\ndtype = "float32"\ndevice = "cpu"\n'
+        f"[speculation]\nnum_speculative_tokens = 3\n"
+        f"[generation]\nmax_new_tokens = {max_new_tokens}\n"
+    )
+    return profile

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -16,9 +16,12 @@ from typer.core import TyperGroup
 from specgen import __version__
 from specgen import cli_profiles, cli_stats
 from specgen.errors import ConfigError, SpecgenError
-from specgen.profiles import DEFAULT_PROFILE, METHODS, load_profile, with_overrides
+from specgen.profiles import DEFAULT_PROFILE, METHODS, Profile, load_profile, with_overrides
 from specgen.render import IncrementalDecoder, TokenPrinter, make_console, summary_line
 from specgen.store import record_run
+
+if TYPE_CHECKING:
+    from specgen.session import Session
 
 
 class _Group(TyperGroup):
@@ -70,6 +73,32 @@ def _root(
     """specgen: faster local generation that never changes what the model says."""
 
 
+# Options shared by run and chat.
+PROFILE = typer.Option(
+    DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
+)
+MAX_NEW_TOKENS = typer.Option(None, "--max-new-tokens", "-n", help="Most tokens to generate.")
+TEMPERATURE = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
+TOP_P = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1].")
+TOP_K = typer.Option(None, "--top-k", help="Sample from the k likeliest tokens (0: off).")
+SEED = typer.Option(None, "--seed", help="Seed for reproducible sampling.")
+K = typer.Option(None, "--k", help="Speculative tokens per step (the most, when adaptive).")
+NO_ADAPTIVE = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens.")
+METHOD = typer.Option(None, "--method", help="draft-model, prompt-lookup or hybrid.")
+DEVICE = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models).")
+TARGET_QUANTIZATION = typer.Option(
+    None, "--target-quantization", help="none, nf4, fp4, int8, int8-wo or int4-wo."
+)
+DRAFT_QUANTIZATION = typer.Option(
+    None, "--draft-quantization", help="Same choices, for the draft model."
+)
+SYSTEM = typer.Option(None, "--system", help="System prompt (chat template only).")
+NO_COLOR = typer.Option(False, "--no-color", help="No colours (NO_COLOR is honoured too).")
+STATS_DB = typer.Option(None, "--stats-db", help="Run-history database to record into.")
+RECORD_PROMPT = typer.Option(False, "--record-prompt", help="Store the prompt text in the history.")
+DEBUG = typer.Option(False, "--debug", help="Show tracebacks for errors.")
+
+
 RUN_HELP = """Generate an answer with speculative decoding, streamed as it is verified.
 
 In a terminal each token is coloured by where it came from: [green]accepted[/] (a draft token
@@ -91,53 +120,39 @@ target's extra token). A summary line follows on stderr. Piped output is plain t
 @app.command(help=RUN_HELP, no_args_is_help=False)
 def run(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' (or a pipe) reads stdin."),
-    profile: str = typer.Option(
-        DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
-    ),
+    profile: str = PROFILE,
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", help="Most tokens to generate."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="0 is greedy."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample from the k likeliest tokens (0: off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
-    k: Optional[int] = typer.Option(None, "--k", help="Speculative tokens per step (the most, when adaptive)."),
-    no_adaptive: bool = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens."),
-    method: Optional[str] = typer.Option(
-        None, "--method", help="draft-model, prompt-lookup or hybrid."
-    ),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models)."),
-    target_quantization: Optional[str] = typer.Option(
-        None, "--target-quantization", help="none, nf4, fp4, int8, int8-wo or int4-wo."
-    ),
-    draft_quantization: Optional[str] = typer.Option(
-        None, "--draft-quantization", help="Same choices, for the draft model."
-    ),
+    max_new_tokens: Optional[int] = MAX_NEW_TOKENS,
+    temperature: Optional[float] = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    top_k: Optional[int] = TOP_K,
+    seed: Optional[int] = SEED,
+    k: Optional[int] = K,
+    no_adaptive: bool = NO_ADAPTIVE,
+    method: Optional[str] = METHOD,
+    device: Optional[str] = DEVICE,
+    target_quantization: Optional[str] = TARGET_QUANTIZATION,
+    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt (chat template only)."),
+    system: Optional[str] = SYSTEM,
     output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
-    no_color: bool = typer.Option(False, "--no-color", help="No colours (NO_COLOR is honoured too)."),
-    stats_db: Optional[Path] = typer.Option(None, "--stats-db", help="Run-history database to record into."),
-    record_prompt: bool = typer.Option(False, "--record-prompt", help="Store the prompt text in the history."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    no_color: bool = NO_COLOR,
+    stats_db: Optional[Path] = STATS_DB,
+    record_prompt: bool = RECORD_PROMPT,
+    debug: bool = DEBUG,
 ) -> None:
     if output_format not in ("text", "json"):
         raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
     err.no_color = no_color or bool(os.environ.get("NO_COLOR"))
     text = read_prompt(prompt, file)
-    prof = with_overrides(
-        load_profile(profile),
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        num_speculative_tokens=k, adaptive=False if no_adaptive else None, method=method,
-        system_prompt=system, chat_template=False if raw else None, device=device,
-        target_quantization=target_quantization, draft_quantization=draft_quantization,
+    prof = profile_with_options(
+        profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system, raw,
+        device=device, target_quantization=target_quantization,
+        draft_quantization=draft_quantization,
     )
-    from specgen.session import encode_messages, messages_for, open_session  # loads torch
-    from transformers.utils import logging as hf_logging
+    from specgen.session import encode_messages, messages_for  # loads torch
 
-    hf_logging.disable_progress_bar()  # our own status line says what is loading
-
-    with err.status("Loading models…") as status:
-        session = open_session(prof, progress=lambda msg: status.update(msg))
+    session = load_session(prof)
     gen = prof.generation
     input_ids = encode_messages(
         session.tokenizer, messages_for(text, gen.system_prompt), gen.chat_template
@@ -188,6 +203,96 @@ def run(
         raise typer.Exit(130)
 
 
+def profile_with_options(
+    profile: str, max_new_tokens: int | None, temperature: float | None, top_p: float | None,
+    top_k: int | None, k: int | None, no_adaptive: bool, method: str | None,
+    system: str | None, raw: bool = False, **models: str | None,
+) -> Profile:
+    """The named profile with the shared command-line options applied; `models` takes
+    device, target_quantization and draft_quantization."""
+    return with_overrides(
+        load_profile(profile),
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        num_speculative_tokens=k, adaptive=False if no_adaptive else None, method=method,
+        system_prompt=system, chat_template=False if raw else None, **models,
+    )
+
+
+def load_session(prof: Profile) -> "Session":
+    """Load the profile's models behind a status line."""
+    from specgen.session import open_session  # loads torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own status line says what is loading
+    with err.status("Loading models…") as status:
+        return open_session(prof, progress=lambda msg: status.update(msg))
+
+
+CHAT_HELP = """Chat with the model pair: a multi-turn conversation streamed as it is verified.
+
+Each turn is coloured like [bold]specgen run[/]. The models stay loaded and their caches
+are kept between turns, so a new turn only prefills its own tokens. Commands: /help,
+/reset, /system TEXT, /k N, /adaptive on|off, /temperature X, /stats, /save FILE, /exit.
+A line of \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer, Ctrl-D leaves.
+With stdin not a terminal, each line is a turn and only the answers go to stdout.
+
+[bold]Examples[/]
+
+  specgen chat
+
+  specgen chat --profile llama3-8b --system "You are a terse senior engineer."
+
+  printf 'hi\\nand in French?\\n' | specgen chat > answers.txt
+"""
+
+
+@app.command(help=CHAT_HELP)
+def chat(
+    profile: str = PROFILE,
+    max_new_tokens: Optional[int] = MAX_NEW_TOKENS,
+    temperature: Optional[float] = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    top_k: Optional[int] = TOP_K,
+    seed: Optional[int] = SEED,
+    k: Optional[int] = K,
+    no_adaptive: bool = NO_ADAPTIVE,
+    method: Optional[str] = METHOD,
+    device: Optional[str] = DEVICE,
+    target_quantization: Optional[str] = TARGET_QUANTIZATION,
+    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    system: Optional[str] = SYSTEM,
+    no_color: bool = NO_COLOR,
+    stats_db: Optional[Path] = STATS_DB,
+    record_prompt: bool = RECORD_PROMPT,
+    debug: bool = DEBUG,
+) -> None:
+    err.no_color = no_color or bool(os.environ.get("NO_COLOR"))
+    prof = profile_with_options(
+        profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
+        device=device, target_quantization=target_quantization,
+        draft_quantization=draft_quantization,
+    )
+    from specgen import chat as chat_mod  # loads torch
+
+    session = load_session(prof)
+    conversation = chat_mod.Chat(session, prof.generation.system_prompt, seed)
+    out = make_console(no_color=no_color)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        pair = session.pair
+        err.print(f"[bold]specgen chat[/] · {prof.name}: {pair.draft_name or 'no draft'} → "
+                  f"{pair.target_name}", highlight=False)
+        err.print('/help for commands · \"\"\" for multi-line input · Ctrl-C stops an answer · '
+                  "Ctrl-D leaves", style="dim", highlight=False)
+        printer = TokenPrinter(out)
+        if printer.styled:
+            err.print(printer.legend())
+        with chat_mod.line_editing(chat_mod.history_file()):
+            chat_mod.repl(conversation, input, out, err, stats_db, record_prompt)
+    else:
+        chat_mod.repl(conversation, chat_mod.pipe_line, out, err, stats_db, record_prompt)
+
+
 BENCH_HELP = """Measure specgen against plain decoding and transformers' assisted generation.
 
 All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
@@ -208,9 +313,7 @@ tokens/s and speedups per prompt and a summary; --out writes every figure as JSO
 
 @app.command(help=BENCH_HELP)
 def bench(
-    profile: str = typer.Option(
-        DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
-    ),
+    profile: str = PROFILE,
     prompts: Optional[Path] = typer.Option(
         None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: built-in set).'
     ),
@@ -229,16 +332,12 @@ def bench(
     draft_vocab: Optional[int] = typer.Option(
         None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
     ),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models)."),
-    target_quantization: Optional[str] = typer.Option(
-        None, "--target-quantization", help="none, nf4, fp4, int8, int8-wo or int4-wo."
-    ),
-    draft_quantization: Optional[str] = typer.Option(
-        None, "--draft-quantization", help="Same choices, for the draft model."
-    ),
+    device: Optional[str] = DEVICE,
+    target_quantization: Optional[str] = TARGET_QUANTIZATION,
+    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
-    stats_db: Optional[Path] = typer.Option(None, "--stats-db", help="Run-history database to record into."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    stats_db: Optional[Path] = STATS_DB,
+    debug: bool = DEBUG,
 ) -> None:
     from specgen import bench as b
 
@@ -274,15 +373,13 @@ def bench(
                           draft_quantization=draft_quantization)
     import torch
 
-    from specgen.session import encode_messages, messages_for, open_session
+    from specgen.session import encode_messages, messages_for
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
     if threads is not None:
         torch.set_num_threads(threads)
-    with err.status("Loading models…") as status:
-        session = open_session(prof, progress=lambda msg: status.update(msg))
+    session = load_session(prof)
     gen = prof.generation
     inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
                               gen.chat_template) for p in prompt_set]

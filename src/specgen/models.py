@@ -8,6 +8,7 @@ A GGUF file is dequantised once into bf16/fp16/fp32 safetensors kept in the cach
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -85,16 +86,19 @@ def resolve_device(device: str, role: str = "target") -> str:
 
 
 def cpu_has_bf16() -> bool:
-    """bf16 is only fast on CPUs with native support (x86 avx512_bf16/amx, Arm bf16)."""
+    """Whether bf16 beats fp32 on this CPU. Decoding is bound by memory bandwidth, so half the
+    bytes pays even without native bf16 instructions: measured on an AVX2-only EPYC, a
+    1536x8960 matvec took 2.6 ms in bf16 vs 5.5 ms in fp32. Older x86 and unknown CPUs get fp32."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16|bf16)\b", flags))
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16|avx512f|avx2|bf16)\b", flags))
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """"auto": bf16 where the hardware computes it natively, else fp16 on GPU, fp32 on CPU."""
+    """"auto": bf16 where it is fast (CUDA with bf16, AVX2/AVX-512/Arm-bf16 CPUs), else fp16
+    on GPU and fp32 on CPU."""
     if dtype != "auto":
         return DTYPES[dtype]
     if device.startswith("cuda"):
@@ -440,13 +444,21 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _weight_only(model: PreTrainedModel, scheme: str) -> None:
-    try:
-        from specgen import quantize
-    except ImportError:
-        raise ModelError(f"quantization = {scheme!r} (specgen's weight-only kernels) is not "
-                         "available yet in this version; use nf4, fp4 or int8.") from None
-    quantize.apply(model, scheme)
+def _weight_only(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype) -> None:
+    """specgen's weight-only kernels; the packed weights are cached, keyed by the source
+    weights' identity and dtype, so only the first load pays for quantizing."""
+    from specgen import quantize
+
+    quantize.apply(model, scheme, cache_dir() / "quantized", _weights_key(source, dtype))
+
+
+def _weights_key(source: Source, dtype: torch.dtype) -> str:
+    """The sha256 of a GGUF source, else the weight files' paths, sizes and times."""
+    ident = source.sha256
+    if ident is None:
+        files = sorted(source.path.glob("*.safetensors")) or sorted(source.path.glob("*.bin"))
+        ident = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
 
 
 def _device_map(device: str) -> str | dict[str, str]:
@@ -476,7 +488,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     except (OSError, ValueError) as e:
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in WEIGHT_ONLY:
-        _weight_only(model, spec.quantization)
+        _weight_only(model, spec.quantization, source, dtype)
     return model.eval()
 
 

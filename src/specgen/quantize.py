@@ -1,0 +1,197 @@
+"""Weight-only int8/int4 quantization of a model's linear layers, for fast CPU decoding.
+
+Decoding one token reads every weight once, so on a CPU its speed is set by the bytes of the
+weights: int8 reads half of bf16's, int4 a quarter. The kernels are PyTorch's packed
+weight-only matmuls (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`); activations stay
+in floating point (bf16 inside the kernel), only the weights are quantized.
+
+Verification runs the target over K+1 tokens at once, and these kernels process the rows of
+the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
+each thread reading the whole weight. Calling the kernel once per block of 4 rows keeps both
+threads on every call (see bench/NOTES.md for the measurements behind this).
+
+Packed weights can be cached on disk, keyed by the source weights, the scheme, the dtype, the
+CPU kernel flavour and a format version, so that a later load skips quantization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from specgen.errors import ConfigError, ResourceError
+
+SCHEMES = ("int8-wo", "int4-wo")
+FORMAT_VERSION = 1
+INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
+ROWS_PER_CALL = 4  # the kernels' row block: more rows per call re-read the weights per block
+
+# Quantization work done (layers quantized) in this process: tests use it to check that a
+# cached load did not quantize again.
+quantized_layers = 0
+
+
+# --- quantization math (pure functions) -------------------------------------------------
+
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-output-row int8: w [N, K] ~= q * scale[:, None]. Returns (q int8 [N, K],
+    scale bf16 [N]). The scale is rounded to bf16 first, since the kernel reads it in bf16."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(w / scale.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: Tensor, scale: Tensor) -> Tensor:
+    return q.float() * scale.float()[:, None]
+
+
+def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Asymmetric int4 per group of `group_size` inputs: w ~= q * scale + min with q in 0..15.
+    Returns (q int32 [N, K], scales_and_zeros bf16 [K / group, N, 2]) in the kernel's
+    convention, where the kernel dequantizes (q - 8) * scale + zero, so zero = min + 8 * scale."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
+    zero = (lo + 8 * scale).to(torch.bfloat16).float()
+    # Round against the stored (bf16) scale and zero so that dequantization matches exactly.
+    q = torch.round((g - zero[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.int32)
+    scales_and_zeros = torch.stack([scale, zero], dim=2).transpose(0, 1).contiguous()
+    return q.reshape(n, k), scales_and_zeros.to(torch.bfloat16)
+
+
+def dequantize_int4(q: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
+    n, k = q.shape
+    sz = scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
+    g = q.float().reshape(n, k // group_size, group_size) - 8
+    return (g * sz[..., :1] + sz[..., 1:]).reshape(n, k)
+
+
+def int4_group_size(in_features: int, out_features: int) -> int | None:
+    """The largest supported group that divides the input dimension, or None where the CPU
+    kernel cannot take the layer (it needs out_features divisible by 16): such a layer is
+    quantized to int8 instead."""
+    if out_features % 16:
+        return None
+    return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+
+
+# --- the quantized linear ------------------------------------------------------------------
+
+class QuantLinear(nn.Module):
+    """A weight-only quantized replacement for nn.Linear (inference only).
+
+    kind "int8": `weight` int8 [N, K], `scales` bf16 [N].
+    kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
+    Inputs of any float dtype; the kernel computes in bf16 (its vectorised path) and the
+    output is cast back to the input's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
+                 weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.kind, self.group_size = kind, group_size
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: str) -> QuantLinear:
+        global quantized_layers
+        w = linear.weight.detach()
+        n, k = w.shape
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        group = int4_group_size(k, n) if scheme == "int4-wo" else None
+        quantized_layers += 1
+        if group is None:  # int8, or int4 on an input the kernel's groups cannot divide
+            q, scale = quantize_int8(w)
+            return cls(k, n, "int8", 0, q, scale, bias)
+        q, sz = quantize_int4(w, group)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
+        return cls(k, n, "int4", group, packed, sz, bias)
+
+    def _mm(self, x: Tensor) -> Tensor:
+        if self.kind == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        if x2.shape[0] <= ROWS_PER_CALL:
+            y = self._mm(x2)
+        else:
+            y = torch.cat([self._mm(c) for c in x2.split(ROWS_PER_CALL)])
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.kind == "int4" else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"kind={self.kind}{group}, bias={self.bias is not None}")
+
+
+# --- applying to a model, with an on-disk cache ------------------------------------------
+
+def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
+          source_key: str | None = None) -> nn.Module:
+    """Replace every nn.Linear of `model` (lm_head included) in place with a weight-only
+    quantized QuantLinear for `scheme` ("int8-wo" or "int4-wo"), and return the model.
+
+    With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
+    the packed weights are saved there the first time and loaded on later calls instead of
+    quantizing again. CPU only: the packed kernels have no CUDA path here."""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"Unknown quantization scheme {scheme!r}: choose one of {', '.join(SCHEMES)}.")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    devices = {p.device.type for m in linears.values() for p in m.parameters()}
+    if devices - {"cpu"}:
+        raise ResourceError(
+            f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
+            "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+    path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
+    layers = load_layers(path) if path is not None and path.exists() else None
+    if layers is None or set(layers) != set(linears):  # absent, or stale: quantize (again)
+        layers = {name: QuantLinear.from_linear(m, scheme) for name, m in linears.items()}
+        if path is not None:
+            save_layers(layers, path)
+    for name, layer in layers.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, layer)
+    return model
+
+
+def cache_path(cache_dir: Path, source_key: str, scheme: str, model: nn.Module) -> Path:
+    """One file per (source, scheme, dtype, kernel flavour, format version). The int4 packing
+    differs between CPU kernel builds (AVX512 packs 64 columns, AVX2 32), so it is in the key."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    flavour = f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__.split('+')[0]}"
+    key = f"{source_key}|{scheme}|{dtype}|{flavour}|v{FORMAT_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"{scheme}-{dtype}-{digest}.pt"
+
+
+def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
+    """Write atomically (temporary file, then rename) so a crash never leaves half a cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {name: {"in": m.in_features, "out": m.out_features, "kind": m.kind,
+                    "group": m.group_size, "weight": m.weight, "scales": m.scales, "bias": m.bias}
+             for name, m in layers.items()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save({"format": FORMAT_VERSION, "layers": state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_layers(path: Path) -> dict[str, QuantLinear]:
+    blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if blob.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"The quantized cache {path} has an old format; delete it and retry.")
+    return {name: QuantLinear(s["in"], s["out"], s["kind"], s["group"], s["weight"], s["scales"], s["bias"])
+            for name, s in blob["layers"].items()}
