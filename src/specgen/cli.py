@@ -196,7 +196,7 @@ def run(
         out.file.write(json.dumps(answer, ensure_ascii=False) + "\n")
     else:
         out.file.write("\n")
-    err.print(summary_line(stats), style="dim", soft_wrap=True)
+    err.print(summary_line(stats), style="dim", soft_wrap=True, highlight=False)
     if warning:
         err.print(f"[yellow]warning:[/] {warning}")
     if ended == "interrupted":
