@@ -12,28 +12,12 @@ from typer.testing import CliRunner
 
 from specgen import bench as b
 from specgen.cli import app
-from tiny import write_tiny_pair
+from tiny import write_tiny_profile
 
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny-bench")
-    target, draft = write_tiny_pair(root, max_positions=1024)
-    profile = root / "tiny.toml"
-    profile.write_text(
-        f"""[target]
-model = "{target}"
-dtype = "float32"
-device = "cpu"
-[draft]
-model = "{draft}"
-dtype = "float32"
-device = "cpu"
-[speculation]
-num_speculative_tokens = 3
-"""
-    )
-    return profile
+    return write_tiny_profile(tmp_path_factory.mktemp("tiny-bench"))
 
 
 @pytest.fixture(autouse=True)
