@@ -14,7 +14,6 @@ from specgen.profiles import (DEFAULT_PROFILE, Profile, bundled_profile_dir, lis
                               load_profile, user_profile_dir)
 
 app = typer.Typer(help="List, show and check model profiles.", no_args_is_help=True)
-out = Console()
 
 
 def _where(path: Path | None) -> str:
@@ -48,17 +47,19 @@ def list_cmd() -> None:
         quant = p.target.quantization + (f" / {p.draft.quantization}" if p.draft else "")
         label = f"{name} (default)" if name == DEFAULT_PROFILE else name
         table.add_row(label, p.target.model, draft, quant, _memory(p), _where(path))
-    out.print(table)
-    out.print(f"User profiles go in {user_profile_dir()} (or $SPECGEN_PROFILE_DIR).",
-              highlight=False)
+    # A console per command, not per module: its width follows $COLUMNS at call time.
+    console = Console()
+    console.print(table)
+    console.print(f"User profiles go in {user_profile_dir()} (or $SPECGEN_PROFILE_DIR).",
+                  highlight=False)
 
 
 @app.command("show")
 def show_cmd(name: str = typer.Argument(DEFAULT_PROFILE, help="Profile name or .toml path.")) -> None:
     """The resolved profile (after `extends` and defaults), as TOML."""
     p = load_profile(name)
-    out.print(f"# {p.name}  ({_where(p.path)})", highlight=False)
-    out.print(to_toml(p.to_dict()), highlight=False, markup=False, soft_wrap=True)
+    Console().print(f"# {p.name}  ({_where(p.path)})", highlight=False)
+    Console().print(to_toml(p.to_dict()), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("validate")
@@ -66,7 +67,7 @@ def validate_cmd(file: Path = typer.Argument(..., help="A profile .toml file."))
     """Check a profile file: syntax, keys, types and allowed values."""
     p = load_profile(str(file) if str(file).endswith(".toml") or "/" in str(file) else f"./{file}")
     draft = f", draft {p.draft.model}" if p.draft else ""
-    out.print(f"ok: {file} is a valid profile (target {p.target.model}{draft})", highlight=False)
+    Console().print(f"ok: {file} is a valid profile (target {p.target.model}{draft})", highlight=False)
 
 
 def to_toml(data: dict) -> str:

@@ -26,6 +26,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretr
                           PreTrainedModel, PreTrainedTokenizerBase)
 
 from specgen import demo
+from specgen.cpu_linear import use_weight_major_linears
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.profiles import ModelSpec, Profile
 
@@ -489,6 +490,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in WEIGHT_ONLY:
         _weight_only(model, spec.quantization, source, dtype)
+    use_weight_major_linears(model)  # cheap verify passes on fp32 CPU layers
     return model.eval()
 
 
