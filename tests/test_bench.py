@@ -183,6 +183,7 @@ def test_a_chosen_subset_runs_only_those(tiny_profile, prompts_file, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--contestants", "baseline,turbo"], "Unknown contestant(s) turbo"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--draft-confidence", "1.5"], "--draft-confidence must be in [0, 1)"),
     (["--method", "magic"], "magic"),
     (["--prompts", "/no/such.jsonl"], "Cannot read the prompts file"),
 ])

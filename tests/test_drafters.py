@@ -293,3 +293,23 @@ def test_the_draft_model_takes_in_the_prompt_during_prefill(pair):
     drafter._logits = lambda ids: (seen.append(ids.numel()), original(ids))[1]
     gen.generate(prompt, max_new_tokens=8)
     assert seen[0] == 1 and max(seen) <= 2
+
+
+def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):
+    """A draft stops after its first token whose draft probability is below the threshold;
+    what it proposes is a prefix of the uncut draft, and greedy output stays the target's."""
+    target, draft = pair
+    context = repetitive_prompt(0)
+    full, _ = ModelDrafter(draft, 64).propose(context, 8, GREEDY, None)
+    probs = []
+    cut = ModelDrafter(draft, 64, confidence=0.6)
+    original = cut._logits
+    cut._logits = lambda ids: (lambda out: (probs.append(torch.softmax(out, -1).max().item()), out)[1])(original(ids))
+    ids, _ = cut.propose(context, 8, GREEDY, None)
+    assert ids.tolist() == full[: len(ids)].tolist()
+    first_low = next((i for i, p in enumerate(probs) if p < 0.6), None)
+    assert first_low is not None and first_low < 7, probs  # the fixture must exercise the stop
+    assert len(ids) == first_low + 1 and cut.forward_passes == first_low + 1
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, 64, confidence=0.6), 8, adaptive=True)
+    for seed in PROMPT_SEEDS:
+        assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]

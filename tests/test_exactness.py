@@ -148,3 +148,24 @@ def test_a_draft_over_part_of_the_vocabulary_keeps_the_target_distribution():
     assert any(tok >= 10 for cell in samples for tok in cell)  # ids the draft cannot propose
     pvalue = chi_square_pvalue(samples, joint)
     assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+
+
+def test_ending_drafts_at_low_draft_confidence_keeps_the_target_distribution():
+    """Where a draft ends depends on the draft's own probabilities; every position is still
+    either verified or drawn by the target, so the distribution must not move."""
+    from specgen.drafters import ModelDrafter
+
+    target, draft = tiny_pair("llama")
+    params = SamplingParams(1.0)
+    joint = target_joint(target, PROMPT, 3, params)
+    drafter = ModelDrafter(draft, VOCAB, confidence=0.08)
+    gen = SpeculativeGenerator(target, drafter, 3, adaptive=False)
+    # Some drafts really end early: the first step asks for 2 (3 tokens wanted) and gets 1.
+    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=3, temperature=1.0).stats.k_per_step[0]
+               for i in range(50)]
+    assert 1 in first_k and 2 in first_k
+    samples, sources = draw(gen, 3, params)
+    assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
+    pvalue = chi_square_pvalue(samples, joint)
+    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+

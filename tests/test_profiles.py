@@ -195,6 +195,7 @@ def test_weight_only_quantization_names_are_accepted(tmp_path):
     ("[speculation]\nmethod = \"medusa\"\n", "speculation.method = 'medusa' is not allowed"),
     ("[speculation]\nnum_speculative_tokens = -1\n", "must be >= 0"),
     ("[speculation]\nmin_ngram = 4\n", "min_ngram <= max_ngram"),
+    ("[speculation]\ndraft_confidence = 1.0\n", "draft_confidence must be in [0, 1)"),
     ("[generation]\ntop_p = 1.5\n", "top_p must be in (0, 1]"),
     ("[generation]\nmax_new_tokens = 0\n", "max_new_tokens must be >= 1"),
 ])

@@ -181,11 +181,12 @@ class Bench:
     """Runs contestants on a loaded target (and draft) and returns Measurements."""
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
-                 max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None) -> None:
+                 max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
+                 confidence: float = 0.0) -> None:
         self.target, self.draft = target, draft
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
-        self.drafter_options = (max_ngram, min_ngram, head_rows)
+        self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
         self.memory = PeakMemory(target.device)
         self.generators: dict[str, SpeculativeGenerator] = {}
         self.last_stats: dict[str, Stats] = {}

@@ -332,6 +332,10 @@ def bench(
     draft_vocab: Optional[int] = typer.Option(
         None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
     ),
+    draft_confidence: Optional[float] = typer.Option(
+        None, "--draft-confidence",
+        help="End a draft when the draft's probability of its token falls below this (0: never; default: the profile's).",
+    ),
     device: Optional[str] = DEVICE,
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
@@ -347,6 +351,8 @@ def bench(
         raise ConfigError(f"--repeats must be >= 1, got {repeats}.")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}.")
+    if draft_confidence is not None and not 0.0 <= draft_confidence < 1.0:
+        raise ConfigError(f"--draft-confidence must be in [0, 1), got {draft_confidence}.")
     prompt_set = b.read_prompts(prompts) if prompts else b.builtin_prompts()
     prof = load_profile(profile)
     spec_method = method or prof.speculation.method
@@ -385,7 +391,8 @@ def bench(
                               gen.chat_template) for p in prompt_set]
     runner = b.Bench(session.pair.target, session.pair.draft, max_new_tokens, session.eos_ids(),
                      prof.speculation.max_ngram, prof.speculation.min_ngram,
-                     (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None)
+                     (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None,
+                     prof.speculation.draft_confidence if draft_confidence is None else draft_confidence)
     total = len(prompt_set) * repeats * len(picked)
     warnings: list[str] = []
 
@@ -398,7 +405,7 @@ def bench(
               "draft_quantization": session.pair.draft_quantization,
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
-              "draft_vocab": runner.drafter_options[2] or 0,
+              "draft_vocab": runner.drafter_options[2] or 0, "draft_confidence": runner.drafter_options[3],
               "command": "specgen " + " ".join(sys.argv[1:]), "complete": False}
     measurements: list = []
 

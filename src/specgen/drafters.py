@@ -66,10 +66,18 @@ class ModelDrafter:
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
     output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
-    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+    on the other ids, which rejection sampling handles exactly; only acceptance can suffer.
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int, head_rows: int | None = None) -> None:
+    `confidence` ends a draft early: once the draft gives its own token a probability below
+    it, later guesses are unlikely to survive and would only cost draft passes (the cut-off of
+    transformers' assisted generation). The stop depends on the draft's outputs alone, never
+    on the target's, so every position is still either verified by rejection sampling or
+    drawn by the target: the output distribution is unchanged."""
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int, head_rows: int | None = None,
+                 confidence: float = 0.0) -> None:
         self.model = model
+        self.confidence = confidence
         self.device = model.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.input_vocab = model.get_input_embeddings().num_embeddings
@@ -114,12 +122,15 @@ class ModelDrafter:
             self._passes += 1
             if params.greedy:
                 token = logits.argmax(-1)
+                q = torch.softmax(logits.float(), -1) if self.confidence else None
             else:
                 q = probs_from_logits(logits, params)
                 token = sample(q, generator)
                 qs.append(q)
             ids.append(token)
             pending = token[None]
+            if self.confidence and q[token] < self.confidence:
+                break
         if not ids:
             return tokens.new_empty(0), None
         return torch.stack(ids), (torch.stack(qs) if qs else None)
@@ -231,6 +242,7 @@ def make_drafter(
     max_ngram: int = 3,
     min_ngram: int = 1,
     head_rows: int | None = None,
+    confidence: float = 0.0,
 ) -> Drafter:
     """The drafter for a profile's `method`. A draft model is needed by "draft-model" and
     "hybrid" and ignored by "prompt-lookup". Pairing checks (same tokenizer as the target)
@@ -246,7 +258,7 @@ def make_drafter(
             f"method {method!r} needs a draft model; set one in the profile, or use "
             "method = \"prompt-lookup\", which needs none."
         )
-    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows)
+    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
     if method == "draft-model":
         return model_drafter
     return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))

@@ -56,6 +56,7 @@ class SpeculationSpec:
     max_ngram: int = 3
     min_ngram: int = 1
     draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
+    draft_confidence: float = 0.0  # end a draft below this draft probability (0: never)
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,9 @@ def _validate(p: Profile, where: Any) -> None:
     if s.draft_vocab < 0:
         raise ConfigError(f"{where}: speculation.draft_vocab must be >= 0 (0 drafts over the "
                           f"whole vocabulary), got {s.draft_vocab}.")
+    if not 0.0 <= s.draft_confidence < 1.0:
+        raise ConfigError(f"{where}: speculation.draft_confidence must be in [0, 1) (0 never "
+                          f"ends a draft early; 0.4 is a good start), got {s.draft_confidence}.")
     if not 1 <= s.min_ngram <= s.max_ngram:
         raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
                           f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")

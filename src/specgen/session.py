@@ -69,6 +69,7 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         max_ngram=spec.max_ngram,
         min_ngram=spec.min_ngram,
         head_rows=spec.draft_vocab or None,
+        confidence=spec.draft_confidence,
     )
     generator = SpeculativeGenerator(
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive
