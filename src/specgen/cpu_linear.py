@@ -1,11 +1,11 @@
-"""fp32 linear layers on a CPU, computed as W @ x.T so that a verify pass costs about one step.
+"""fp32 linear layers on a CPU, computed as W @ x.T so that verifying K drafts stays cheap.
 
 `F.linear(x, W)` over a few rows (the pending token plus K drafts) runs a GEMM that is far
 dearer than the one-row matvec: measured on an AVX2 CPU (torch 2.13, 2 threads), a 1536->8960
 fp32 layer took 5.9 ms for one row and 22.6 ms for five. The same product taken the other way
 round, `W @ x.T`, streams the weight once for all rows: 5.7 ms for one row, 6.5 ms for five,
 and it was no slower at any row count measured (1 to 1024). On the demo target a whole forward
-over five tokens fell from 3.6 to 1.6 single-token forwards. bf16 is left alone: there the
+over five tokens fell from 3.3–3.9 to 1.6–1.7 single-token forwards. bf16 is left alone: there the
 swapped product was slower. Numbers and method: bench/NOTES.md.
 """
 
