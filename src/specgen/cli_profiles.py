@@ -58,8 +58,9 @@ def list_cmd() -> None:
 def show_cmd(name: str = typer.Argument(DEFAULT_PROFILE, help="Profile name or .toml path.")) -> None:
     """The resolved profile (after `extends` and defaults), as TOML."""
     p = load_profile(name)
-    Console().print(f"# {p.name}  ({_where(p.path)})", highlight=False)
-    Console().print(to_toml(p.to_dict()), highlight=False, markup=False, soft_wrap=True)
+    console = Console()
+    console.print(f"# {p.name}  ({_where(p.path)})", highlight=False)
+    console.print(to_toml(p.to_dict()), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("validate")
