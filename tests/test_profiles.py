@@ -13,7 +13,7 @@ from specgen.errors import ConfigError
 from specgen.profiles import (DEFAULT_PROFILE, bundled_profile_dir, list_profiles, load_profile,
                               with_overrides)
 
-BUNDLED = {"qwen-coder-demo", "qwen-coder-fp32", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
+BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
 
 MINIMAL = """
 description = "test pair"
@@ -71,7 +71,7 @@ def test_large_profiles_quantize_the_target():
     # Pairs come from one family, so they share a tokenizer.
     assert "Llama-3.2" in load_profile("llama3-8b").draft.model
     assert "Coder-0.5B" in load_profile("qwen2.5-coder-7b").draft.model
-    fp32 = load_profile("qwen-coder-fp32")  # the demo pair, target in fp32
+    fp32 = load_profile("qwen-coder-demo-fp32")  # the demo pair, target in fp32
     assert (fp32.target.dtype, fp32.draft.dtype) == ("float32", "bfloat16")
     assert fp32.target.sha256 == load_profile("qwen-coder-demo").target.sha256
 
