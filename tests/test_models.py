@@ -299,16 +299,17 @@ def test_bitsandbytes_missing(tmp_path, pair_dirs, monkeypatch):
         load(path)
 
 
-def test_weight_only_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch):
+@pytest.mark.parametrize("schemes", [("int8-wo", "int4-wo"), ("int8-dyn", "int8-dyn")])
+def test_cpu_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch, schemes):
     from specgen import quantize
     from specgen.quantize import QuantLinear
 
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "int8-wo"',
-                   f'model = "{pair_dirs[1]}"\nquantization = "int4-wo"')
+    path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "{schemes[0]}"',
+                   f'model = "{pair_dirs[1]}"\nquantization = "{schemes[1]}"')
     first = load(path)
     assert isinstance(first.target.lm_head, QuantLinear) and isinstance(first.draft.lm_head, QuantLinear)
-    assert first.quantization == "int8-wo" and first.draft_quantization == "int4-wo"
+    assert (first.quantization, first.draft_quantization) == schemes
     before = quantize.quantized_layers
     second = load(path)
     assert quantize.quantized_layers == before  # packed weights came from the cache

@@ -188,8 +188,8 @@ def test_unknown_values(tmp_path, key, value, expected):
         assert "Allowed: auto, bfloat16, float16, float32" in msg
 
 
-def test_weight_only_quantization_names_are_accepted(tmp_path):
-    for q in ("int8-wo", "int4-wo", "fp4", "int8"):
+def test_quantization_names_are_accepted(tmp_path):
+    for q in ("int8-wo", "int4-wo", "int8-dyn", "fp4", "int8"):
         text = MINIMAL.replace('model = "org/big"', f'model = "org/big"\nquantization = "{q}"')
         assert load_profile(str(write(tmp_path, "q", text))).target.quantization == q
 

@@ -33,10 +33,11 @@ from specgen.profiles import ModelSpec, Profile
 Progress = Callable[[str], None]
 
 BNB = ("nf4", "fp4", "int8")
-WEIGHT_ONLY = ("int8-wo", "int4-wo")
+CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn")  # specgen.quantize
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Bytes per weight of a quantized linear layer (4-bit counts its block scales).
-QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53}
+QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
+               "int8-dyn": 1.0}
 OVERHEAD = 1.1  # activations, KV cache for a few thousand tokens, allocator slack
 # Files a hub model needs besides its weights (no .bin/.pth/.gguf: only safetensors load).
 META_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -445,8 +446,8 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _weight_only(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype) -> None:
-    """specgen's weight-only kernels; the packed weights are cached, keyed by the source
+def _quantize_on_cpu(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype) -> None:
+    """specgen's CPU kernels; the packed weights are cached, keyed by the source
     weights' identity and dtype, so only the first load pays for quantizing."""
     from specgen import quantize
 
@@ -488,8 +489,8 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelError(f"Cannot load {source.name}: {e}") from None
-    if spec.quantization in WEIGHT_ONLY:
-        _weight_only(model, spec.quantization, source, dtype)
+    if spec.quantization in CPU_SCHEMES:
+        _quantize_on_cpu(model, spec.quantization, source, dtype)
     use_weight_major_linears(model)  # cheap verify passes on fp32 CPU layers
     return model.eval()
 

@@ -29,8 +29,8 @@ else:  # pragma: no cover
 DEFAULT_PROFILE = "qwen-coder-demo"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-# bitsandbytes (nf4, fp4, int8) and specgen's own weight-only kernels (int8-wo, int4-wo).
-QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo")
+# bitsandbytes (nf4, fp4, int8) and specgen's own CPU kernels (int8-wo, int4-wo, int8-dyn).
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo", "int8-dyn")
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

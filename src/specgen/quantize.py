@@ -1,9 +1,12 @@
-"""Weight-only int8/int4 quantization of a model's linear layers, for fast CPU decoding.
+"""int8/int4 quantization of a model's linear layers, for fast CPU decoding.
 
 Decoding one token reads every weight once, so on a CPU its speed is set by the bytes of the
-weights: int8 reads half of bf16's, int4 a quarter. The kernels are PyTorch's packed
-weight-only matmuls (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`); activations stay
-in floating point (bf16 inside the kernel), only the weights are quantized.
+weights: int8 reads half of bf16's, int4 a quarter. Three schemes:
+- `int8-wo`, `int4-wo`: weight-only, PyTorch's packed matmuls (`_weight_int8pack_mm`,
+  `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
+- `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
+  by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
+  fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
 
 Verification runs the target over K+1 tokens at once, and these kernels process the rows of
 the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,7 +29,7 @@ from torch import Tensor, nn
 
 from specgen.errors import ConfigError, ResourceError
 
-SCHEMES = ("int8-wo", "int4-wo")
+SCHEMES = ("int8-wo", "int4-wo", "int8-dyn")
 FORMAT_VERSION = 1
 INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
 ROWS_PER_CALL = 4  # the kernels' row block: more rows per call re-read the weights per block
@@ -83,19 +87,61 @@ def int4_group_size(in_features: int, out_features: int) -> int | None:
 
 # --- the quantized linear ------------------------------------------------------------------
 
+def prepack_int8(q: Tensor, scale: Tensor):
+    """fbgemm's packed form of a per-row int8 weight (q int8 [N, K], scale [N])."""
+    if "fbgemm" not in supported_engines():
+        raise ResourceError("int8-dyn needs fbgemm, PyTorch's x86 integer kernels, which this "
+                            "CPU or build lacks: use int8-wo instead.")
+    with warnings.catch_warnings():  # PyTorch marks quantized tensors deprecated; 2.13 has them
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(
+            q, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"  # prepacking picks its layout by the engine
+    try:
+        return torch.ops.quantized.linear_prepack(qw, None)
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def supported_engines() -> list[str]:
+    return torch.backends.quantized.supported_engines
+
+
+def unpack_int8(packed) -> tuple[Tensor, Tensor]:
+    qw, _ = torch.ops.quantized.linear_unpack(packed)
+    return qw.int_repr(), qw.q_per_channel_scales().to(torch.bfloat16)
+
+
+def row_anchor(in_features: int) -> Tensor:
+    """One extra input row [1, -1, 0, ...]. fbgemm quantizes the activations with one scale
+    for the whole batch, from its min and max; with every real row scaled into [-1, 1] and
+    this row present, min and max are always -1 and 1, so each row is quantized the same
+    whatever else is in the batch, and a verify pass gives each token bit-identical results
+    to a single-token pass (integer accumulation is exact)."""
+    anchor = torch.zeros(1, in_features)
+    anchor[0, 0], anchor[0, 1] = 1.0, -1.0
+    return anchor
+
+
 class QuantLinear(nn.Module):
-    """A weight-only quantized replacement for nn.Linear (inference only).
+    """A quantized replacement for nn.Linear (inference only).
 
     kind "int8": `weight` int8 [N, K], `scales` bf16 [N].
     kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
-    Inputs of any float dtype; the kernel computes in bf16 (its vectorised path) and the
-    output is cast back to the input's dtype."""
+    Both compute in bf16 (the kernels' vectorised path).
+    kind "int8-dyn": fbgemm's packed int8 weight (`packed`; `weight` and `scales` are None),
+    activations quantized to int8 per token in fp32.
+    Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
                  weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
+        if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
+            self.packed, self.anchor = prepack_int8(weight, scales), row_anchor(in_features)
+            weight = scales = None
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
@@ -108,12 +154,23 @@ class QuantLinear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         group = int4_group_size(k, n) if scheme == "int4-wo" else None
         quantized_layers += 1
+        if scheme == "int8-dyn":
+            return cls(k, n, "int8-dyn", 0, *quantize_int8(w), bias)
         if group is None:  # int8, or int4 on an input the kernel's groups cannot divide
             q, scale = quantize_int8(w)
             return cls(k, n, "int8", 0, q, scale, bias)
         q, sz = quantize_int4(w, group)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
         return cls(k, n, "int4", group, packed, sz, bias)
+
+    def stored(self) -> tuple[Tensor, Tensor]:
+        """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
+        return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
+
+    def _dyn(self, x: Tensor) -> Tensor:
+        amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+        rows = torch.cat([x / amax, self.anchor])
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, True)[:-1] * amax
 
     def _mm(self, x: Tensor) -> Tensor:
         if self.kind == "int8":
@@ -122,6 +179,12 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
+        if self.kind == "int8-dyn":
+            # reduce_range (7-bit activations) keeps vpmaddubsw's int16 pair sums from saturating
+            y = self._dyn(x.reshape(-1, self.in_features).float()).to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias.to(x.dtype)
+            return y.reshape(*shape[:-1], self.out_features)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
         if x2.shape[0] <= ROWS_PER_CALL:
             y = self._mm(x2)
@@ -142,8 +205,8 @@ class QuantLinear(nn.Module):
 
 def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
           source_key: str | None = None) -> nn.Module:
-    """Replace every nn.Linear of `model` (lm_head included) in place with a weight-only
-    quantized QuantLinear for `scheme` ("int8-wo" or "int4-wo"), and return the model.
+    """Replace every nn.Linear of `model` (lm_head included) in place with a QuantLinear for
+    `scheme` ("int8-wo", "int4-wo" or "int8-dyn"), and return the model.
 
     With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
     the packed weights are saved there the first time and loaded on later calls instead of
@@ -182,7 +245,8 @@ def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
     """Write atomically (temporary file, then rename) so a crash never leaves half a cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {name: {"in": m.in_features, "out": m.out_features, "kind": m.kind,
-                    "group": m.group_size, "weight": m.weight, "scales": m.scales, "bias": m.bias}
+                    "group": m.group_size, "weight": m.stored()[0], "scales": m.stored()[1],
+                    "bias": m.bias}
              for name, m in layers.items()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"format": FORMAT_VERSION, "layers": state}, tmp)
