@@ -191,3 +191,33 @@ def test_bad_options_are_one_clear_error(tiny_profile, args, message):
     result = invoke("-p", str(tiny_profile), *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_a_quantized_target_is_measured_beside_bf16(tiny_profile, prompts_file, tmp_path):
+    from specgen.store import load_runs
+
+    out = tmp_path / "q.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "8",
+                    "--target-quantization", "int8-dyn", "--draft-quantization", "int8-dyn",
+                    "--contestants", "baseline,adaptive,bf16", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["config"]["quantization"] == "int8-dyn"
+    bf16 = [r for r in doc["per_prompt"] if r["contestant"] == "bf16"]
+    assert len(bf16) == 3 and all(r["vs_bf16"] == pytest.approx(1.0) for r in bf16)
+    assert all(r["common_prefix_with_baseline"] is not None for r in bf16)
+    base = doc["summary"]["baseline"]
+    assert base["vs_bf16"] > 0 and doc["targets"]["plain_vs_bf16"]["goal"] == 3.0
+    # int8-dyn verifies each token as a one-token pass would: speculation stays exact.
+    assert doc["summary"]["adaptive"]["equal_to_baseline"] == "3/3"
+    assert "vs bf16" in result.stdout
+    rows = [r for r in load_runs(tmp_path / "history.sqlite3") if r["dtype"] == "bfloat16"]
+    assert len(rows) == 3 and {(r["quantization"], r["method"]) for r in rows} == {("none", "none")}
+
+
+def test_bf16_joins_the_default_contestants_only_for_a_quantized_target(tiny_profile, prompts_file, tmp_path):
+    out = tmp_path / "d.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "4",
+                    "--target-quantization", "int8-wo", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["contestants"][-1] == "bf16"

@@ -298,8 +298,11 @@ BENCH_HELP = """Measure specgen against plain decoding and transformers' assiste
 All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
 greedy: [bold]baseline[/] (the target's own generate), [bold]peer[/] (generate with
 assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] (specgen,
-adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting). Prints
-tokens/s and speedups per prompt and a summary; --out writes every figure as JSON.
+adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting), and,
+by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
+unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
+quantized target's tokens agree with it). Prints tokens/s and speedups per prompt and a
+summary; --out writes every figure as JSON.
 
 [bold]Examples[/]
 
@@ -308,6 +311,8 @@ tokens/s and speedups per prompt and a summary; --out writes every figure as JSO
   specgen bench --contestants baseline,peer,adaptive --repeats 3 --out bench.json
 
   specgen bench --prompts my_prompts.jsonl --max-new-tokens 64
+
+  specgen bench --target-quantization int8-dyn --draft-quantization int8-dyn
 """
 
 
@@ -322,7 +327,7 @@ def bench(
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
     chosen: Optional[str] = typer.Option(
         None, "--contestants", "-c",
-        help="Comma-separated subset of baseline,peer,k2,k4,k6,adaptive,lookup,hybrid.",
+        help="Comma-separated subset of baseline,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help="Drafting method of k2/k4/k6/adaptive: draft-model, prompt-lookup or hybrid."
@@ -360,7 +365,9 @@ def bench(
         raise ConfigError(f"--method {spec_method!r} is not a drafting method; choose one of "
                           f"{', '.join(METHODS)}.")
     everyone = b.contestants(spec_method, k if k is not None else prof.speculation.num_speculative_tokens)
-    names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else list(everyone)
+    quantized = (target_quantization or prof.target.quantization) != "none"
+    default = [n for n in everyone if n != "bf16" or quantized]
+    names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
     if unknown or not names:
         raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
@@ -386,13 +393,18 @@ def bench(
     if threads is not None:
         torch.set_num_threads(threads)
     session = load_session(prof)
+    reference = None
+    if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
+        reference = load_session(with_overrides(
+            prof, method="prompt-lookup", target_quantization="none", target_dtype="bfloat16")).pair.target
     gen = prof.generation
     inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
                               gen.chat_template) for p in prompt_set]
     runner = b.Bench(session.pair.target, session.pair.draft, max_new_tokens, session.eos_ids(),
                      prof.speculation.max_ngram, prof.speculation.min_ngram,
                      (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None,
-                     prof.speculation.draft_confidence if draft_confidence is None else draft_confidence)
+                     prof.speculation.draft_confidence if draft_confidence is None else draft_confidence,
+                     reference)
     total = len(prompt_set) * repeats * len(picked)
     warnings: list[str] = []
 

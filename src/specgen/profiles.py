@@ -320,6 +320,7 @@ _OVERRIDES = {
     "adaptive": ("speculation", "adaptive"),
     "method": ("speculation", "method"),
     "target_quantization": ("target", "quantization"),
+    "target_dtype": ("target", "dtype"),
     "draft_quantization": ("draft", "quantization"),
 }
 
