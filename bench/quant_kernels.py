@@ -4,7 +4,8 @@
     flock /tmp/specgen-heavy.lock python bench/quant_kernels.py model --model DIR [--schemes ...]
 
 `layers`: milliseconds per call of one linear over M tokens (M = 1, 2, 3, 5, 9) for the demo
-target's layer shapes, bf16 vs int8 vs int4, with each arrangement of the M > 4 path, and the
+target's layer shapes, bf16 vs int8 vs int4 vs int8-dyn, with each arrangement of the
+weight-only kernels' M > 4 path, and the
 relative output error of each scheme. Weights are rotated over several copies so that they
 stream from memory as in decoding instead of sitting in the 32 MB L3.
 `model`: a whole cached forward over M new tokens after a 64-token context, relative to M = 1;
@@ -94,6 +95,8 @@ def layers(reps: int) -> None:
         def chunked(mm):
             return lambda x: torch.cat([mm(c) for c in x.split(quantize.ROWS_PER_CALL)])
 
+        dyn = rotating(lambda: quantize.QuantLinear(k, n, "int8-dyn", 0, q8, s8, None), q8.nbytes)
+
         def dequant_bf16(x):  # dequantize int8 then a bf16 matmul
             qw, s = i8()
             return F.linear(x, qw.to(torch.bfloat16) * s[:, None])
@@ -101,7 +104,8 @@ def layers(reps: int) -> None:
         kernels = {"bf16 linear": lambda x: F.linear(x, bf16()),
                    "int8 one call": int8_mm, "int8 4-row calls": chunked(int8_mm),
                    "int4 g128 one call": int4_mm, "int4 g128 4-row calls": chunked(int4_mm),
-                   "int8 dequant+bf16 mm": dequant_bf16}
+                   "int8 dequant+bf16 mm": dequant_bf16,
+                   "int8-dyn (fbgemm, fp32 in)": lambda x: dyn()(x.float())}
         for name, fn in kernels.items():
             if "dequant" in name and n > 10_000:
                 continue  # materialising the 467 MB head per call is plainly hopeless
@@ -113,7 +117,8 @@ def layers(reps: int) -> None:
         ref = x @ w.t()
         for name, y in {"int8": x @ (q8.float() * s8.float()[:, None]).t(),
                         "int4 g128": x @ quantize.dequantize_int4(q4, sz4, 128).t(),
-                        "int4 g32": x @ quantize.dequantize_int4(*quantize_int4(w, 32), 32).t()}.items():
+                        "int4 g32": x @ quantize.dequantize_int4(*quantize_int4(w, 32), 32).t(),
+                        "int8-dyn": quantize.QuantLinear(k, n, "int8-dyn", 0, q8, s8, None)(x)}.items():
             print(f"|  | relative error {name} (random weights) | {((y - ref).norm() / ref.norm()).item():.4f} |", flush=True)
 
 
@@ -124,8 +129,9 @@ def load(model_dir: str, scheme: str, cache_dir: str) -> tuple[torch.nn.Module, 
     first (quantize and save) and a later (load from the cache) time are measured."""
     from transformers import AutoModelForCausalLM
 
-    def fresh():
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    def fresh():  # int8-dyn quantizes fp32 activations: its other layers stay fp32
+        dtype = torch.float32 if scheme == "int8-dyn" else torch.bfloat16
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     if scheme == "bf16":
         return fresh(), ""
     times = []
@@ -189,7 +195,7 @@ def model_bench(model_dir: str, schemes: list[str], reps: int, n_new: int) -> No
     for scheme in ["bf16"] + [s for s in schemes if s != "bf16"]:
         model, q_seconds = load(model_dir, scheme, cache_dir)
         costs = forward_costs(model, ctx, reps)
-        if scheme != "bf16":  # the other arrangement of M > 4 rows: one kernel call for all rows
+        if scheme in ("int8-wo", "int4-wo"):  # the other arrangement of M > 4 rows: one call for all
             default, quantize.ROWS_PER_CALL = quantize.ROWS_PER_CALL, 1 << 30
             one_call = forward_costs(model, ctx, reps)
             quantize.ROWS_PER_CALL = default

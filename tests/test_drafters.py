@@ -281,6 +281,19 @@ def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expecte
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
+def test_a_quantized_draft_head_is_not_trimmed(pair, expected):
+    from copy import deepcopy
+
+    from specgen import quantize
+
+    target, draft = pair
+    drafter = ModelDrafter(quantize.apply(deepcopy(draft), "int8-dyn"), 64, head_rows=40)
+    assert drafter.head is None  # drafts over every row of its int8 head
+    gen = SpeculativeGenerator(target, drafter, 4, adaptive=True)
+    for seed in PROMPT_SEEDS:
+        assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
+
+
 def test_the_draft_model_takes_in_the_prompt_during_prefill(pair):
     """The draft's cache is filled with the target's prefill, so that the first drafting
     step runs one single-token forward per draft token like every later step."""

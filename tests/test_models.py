@@ -264,6 +264,25 @@ def test_not_enough_memory_names_the_numbers(tmp_path, pair_dirs, monkeypatch):
     assert "quantization" in msg  # says what to do
 
 
+def test_loading_peak_counts_a_model_loaded_whole_before_quantizing():
+    assert models.loading_peak([(4, 4), (2, 2)]) == 6  # nothing transient: the sum
+    assert models.loading_peak([(8, 2), (3, 3)]) == 8  # the target, whole, before quantizing
+    assert models.loading_peak([(8, 2), (8, 2)]) == 10  # the draft, whole, beside the kept target
+    demo = models.profile_rough_bytes(load_profile("qwen-coder-demo-int8"))
+    fp32 = models.profile_rough_bytes(load_profile("qwen-coder-demo-fp32"))
+    assert fp32 > demo > 1.5e9 * 4  # at least the fp32 target, loaded whole
+
+
+def test_cpu_quantization_is_refused_when_the_whole_model_cannot_load(tmp_path, pair_dirs, monkeypatch):
+    path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "int8-dyn"',
+                   f'model = "{pair_dirs[1]}"\nquantization = "int8-dyn"')
+    whole = {"none": 1000, "int8-dyn": 300}
+    monkeypatch.setattr(models, "estimate_bytes", lambda config, dtype, q, *a: whole[q])
+    monkeypatch.setattr(models, "free_bytes", lambda device: 1200)  # 600 kept, 1300 at the peak
+    with pytest.raises(ResourceError, match=r"while quantizing"):
+        load(path)
+
+
 def test_memory_refusal_suggests_a_profile_that_fits(tmp_path, pair_dirs, monkeypatch):
     # 6 GB free: the bf16 demo pair (~4.4 GB) fits, its fp32 variant (~7.7 GB) does not.
     monkeypatch.setattr(models, "free_bytes", lambda device: 6e9)

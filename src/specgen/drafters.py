@@ -83,7 +83,9 @@ class ModelDrafter:
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = min(vocab_size, model.config.get_text_config().vocab_size)
         out = model.get_output_embeddings()
-        trim = head_rows is not None and head_rows < self.vocab_size and out.bias is None
+        # Only a float head can be cut to its first rows; a quantized head drafts in full.
+        trim = (head_rows is not None and head_rows < self.vocab_size
+                and isinstance(out, torch.nn.Linear) and out.bias is None)
         self.head = out.weight[:head_rows] if trim else None  # a view: no copy
         self.reset()
 

@@ -311,11 +311,12 @@ def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizer
 def estimate_bytes(config: PretrainedConfig, dtype: torch.dtype, quantization: str,
                    trust_remote_code: bool = False) -> int:
     """Bytes the loaded model will take: its parameters (counted on the meta device, so
-    nothing is allocated) at the dtype's size, quantized linear layers (not the output
-    head, which bitsandbytes keeps) at the scheme's size, plus a margin."""
+    nothing is allocated) at the dtype's size, quantized linear layers (bitsandbytes keeps
+    the output head; specgen's CPU schemes quantize it too) at the scheme's size, plus a
+    margin."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    head = model.get_output_embeddings()
+    head = None if quantization in CPU_SCHEMES else model.get_output_embeddings()
     quantized = set()
     if quantization != "none":
         quantized = {id(m.weight) for m in model.modules()
@@ -324,6 +325,15 @@ def estimate_bytes(config: PretrainedConfig, dtype: torch.dtype, quantization: s
     total = sum(p.numel() * (QUANT_BYTES[quantization] if id(p) in quantized else size)
                 for p in model.parameters())
     return int(total * OVERHEAD)
+
+
+def loading_peak(models: list[tuple[float, float]]) -> float:
+    """Peak bytes of loading models one after another, each given as (bytes while loading,
+    bytes kept): a model that specgen quantizes on the CPU is loaded whole first."""
+    held = peak = 0.0
+    for loading, kept in models:
+        peak, held = max(peak, held + loading), held + kept
+    return max(peak, held)
 
 
 def free_bytes(device: str) -> int:
@@ -365,20 +375,22 @@ def rough_params(model: str) -> float | None:
     return float(m[-1]) * 1e9 if m else None
 
 
-def rough_bytes(spec: ModelSpec) -> float | None:
+def rough_bytes(spec: ModelSpec) -> tuple[float, float] | None:
+    """Rough (bytes while loading, bytes kept) of one model."""
     params = rough_params(spec.model) or rough_params(spec.gguf_file or "")
     if params is None:
         return None
-    per = QUANT_BYTES.get(spec.quantization, 4 if spec.dtype == "float32" else 2)
-    return params * per * OVERHEAD
+    whole = params * (4 if spec.dtype == "float32" else 2) * OVERHEAD
+    kept = params * QUANT_BYTES[spec.quantization] * OVERHEAD if spec.quantization != "none" else whole
+    return (whole if spec.quantization in CPU_SCHEMES else kept), kept
 
 
 def profile_rough_bytes(profile: Profile) -> float | None:
-    """Rough memory of a whole profile (None when a model's size is unknown)."""
+    """Rough peak memory of a whole profile (None when a model's size is unknown)."""
     parts = [rough_bytes(s) for s in (profile.target, profile.draft) if s is not None]
     if profile.speculation.method == "prompt-lookup":
         parts = parts[:1]
-    return None if None in parts else sum(parts)
+    return None if None in parts else loading_peak(parts)
 
 
 def _smaller_profiles(free: float, current: str) -> str:
@@ -521,11 +533,16 @@ def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
 
-    needs = []
+    needs, loads = [], []
     for role, spec in roles:
         config = load_config(sources[role], spec.trust_remote_code)
         n = estimate_bytes(config, dtypes[role], spec.quantization, spec.trust_remote_code)
         needs.append((f"{role} {sources[role].name}", devices[role], n))
+        whole = estimate_bytes(config, dtypes[role], "none", spec.trust_remote_code)
+        loads.append((whole if spec.quantization in CPU_SCHEMES else n, n))
+    extra = int(loading_peak(loads) - sum(n for _, n in loads))
+    if extra > 0:  # CPU quantization loads a model whole first
+        needs.append(("while quantizing", "cpu", extra))
     if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") != "1":
         try:
             check_memory(needs)

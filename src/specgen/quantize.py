@@ -6,7 +6,9 @@ weights: int8 reads half of bf16's, int4 a quarter. Three schemes:
   `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
 - `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
   by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
-  fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
+  fast one: about 2.4x bf16 per token, and a pass over 5 tokens costs about one pass over one.
+  Its models also get row-by-row attention (row_attention.py), so that a verify pass and a
+  one-token pass give each token bit-identical logits.
 
 Verification runs the target over K+1 tokens at once, and these kernels process the rows of
 the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from specgen.errors import ConfigError, ResourceError
+from specgen.row_attention import use_row_attention
 
 SCHEMES = ("int8-wo", "int4-wo", "int8-dyn")
 FORMAT_VERSION = 1
@@ -163,6 +166,10 @@ class QuantLinear(nn.Module):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
         return cls(k, n, "int4", group, packed, sz, bias)
 
+    @classmethod
+    def from_state(cls, s: dict) -> QuantLinear:
+        return cls(s["in"], s["out"], s["kind"], s["group"], s["weight"], s["scales"], s["bias"])
+
     def stored(self) -> tuple[Tensor, Tensor]:
         """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
         return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
@@ -220,14 +227,20 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
             f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
             "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
     path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
-    layers = load_layers(path) if path is not None and path.exists() else None
-    if layers is None or set(layers) != set(linears):  # absent, or stale: quantize (again)
-        layers = {name: QuantLinear.from_linear(m, scheme) for name, m in linears.items()}
-        if path is not None:
-            save_layers(layers, path)
-    for name, layer in layers.items():
+    saved = load_states(path) if path is not None and path.exists() else None
+    fresh = saved is None or set(saved) != set(linears)  # absent, or stale: quantize (again)
+    names = list(linears)
+    del linears  # each float layer is freed as soon as it is replaced: the peak stays one model
+    for name in names:
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, layer)
+        owner = model.get_submodule(parent) if parent else model
+        layer = (QuantLinear.from_linear(getattr(owner, attr), scheme) if fresh
+                 else QuantLinear.from_state(saved[name]))
+        setattr(owner, attr, layer)
+    if fresh and path is not None:
+        save_layers({name: model.get_submodule(name) for name in names}, path)
+    if scheme == "int8-dyn":  # the linears are batch-invariant; attention must be too
+        use_row_attention(model)
     return model
 
 
@@ -253,9 +266,9 @@ def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_layers(path: Path) -> dict[str, QuantLinear]:
+def load_states(path: Path) -> dict[str, dict]:
+    """The saved layers (memory-mapped), by name, for QuantLinear.from_state."""
     blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if blob.get("format") != FORMAT_VERSION:
         raise ConfigError(f"The quantized cache {path} has an old format; delete it and retry.")
-    return {name: QuantLinear(s["in"], s["out"], s["kind"], s["group"], s["weight"], s["scales"], s["bias"])
-            for name, s in blob["layers"].items()}
+    return blob["layers"]
