@@ -26,14 +26,16 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' attention-function signature: query [B, H, M, D], key and value
     [B, H_kv, T, D] with the M new positions last; returns [B, M, H, D]."""
-    m, t = query.shape[2], key.shape[2]
-    gqa = query.shape[1] != key.shape[1]
-    rows = [F.scaled_dot_product_attention(query[:, :, i:i + 1], key[:, :, :t - m + i + 1],
-                                           value[:, :, :t - m + i + 1], scale=scaling,
-                                           enable_gqa=gqa)
+    b, h, m, d = query.shape
+    t, h_kv = key.shape[2], key.shape[1]
+    # The query heads that share a key/value head become rows of one call (no copies of
+    # the cache, as repeating the key/value heads would make).
+    grouped = query.transpose(1, 2).reshape(b, m, h_kv, h // h_kv, d)
+    rows = [F.scaled_dot_product_attention(grouped[:, i], key[:, :, :t - m + i + 1],
+                                           value[:, :, :t - m + i + 1], scale=scaling)
             for i in range(m)]
-    out = rows[0] if m == 1 else torch.cat(rows, dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    out = torch.stack(rows, dim=1)  # [B, M, H_kv, H / H_kv, D]
+    return out.reshape(b, m, h, d), None
 
 
 def use_row_attention(model: nn.Module) -> None:
