@@ -15,8 +15,9 @@ def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
 
 def test_the_plain_step_cost_is_measured_before_it_is_compared():
     policy = AdaptiveK(4)
-    assert policy.choose(100) == 4  # a speculative step first
-    policy.update(4, 4, 0.4, 2.4)
+    assert policy.choose(100) == 2  # a short speculative step first
+    assert AdaptiveK(1).choose(100) == 1 and AdaptiveK(0).choose(100) == 0
+    policy.update(2, 2, 0.4, 2.4)
     assert policy.choose(100) == 0  # then one plain step, whatever the acceptance
     policy.update(0, 0, 0.0, 0.7)
     assert policy.verify_cost[0] == pytest.approx(0.7)
@@ -49,6 +50,27 @@ def test_dear_verification_shortens_drafts():
         for k in (0, 1, 4, 6):
             feed(policy, k, k - 1, draft_s=0.03, verify_s=0.17 + per_token * k, times=10)
     assert dear.choose(100) < cheap.choose(100)
+
+
+def test_failed_probes_wait_longer_and_probe_with_one_draft():
+    policy = AdaptiveK(6)
+    assert [policy.wait] + [policy.update(1, 0, 0.08, 0.18) or policy.wait for _ in range(4)] == \
+        [16, 32, 64, 128, 128]  # each step that keeps no draft doubles the wait, up to 128
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # the draft never guesses right
+    policy.update(0, 0, 0.0, 0.17)
+    assert policy.choose(100) == 0
+    ks = [policy.choose(100) for _ in range(600)]
+    assert sorted(set(ks)) == [0, 1]  # a probe drafts one token
+    assert sum(ks) == 4  # one probe per 128 plain steps, not per 16
+
+
+def test_a_probe_that_succeeds_resets_the_wait():
+    policy = AdaptiveK(6)
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
+    policy.update(0, 0, 0.0, 0.17)
+    assert policy.wait == policy.max_probe_every
+    policy.update(1, 1, 0.08, 0.18)
+    assert policy.wait == policy.probe_every
 
 
 def test_expected_tokens():

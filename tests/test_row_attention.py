@@ -14,10 +14,10 @@ from tiny import tiny_model
 def many_vs_one(model, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits of positions split.. from one pass over everything, and from one-token passes."""
     with torch.inference_mode():
-        full = model(ids, past_key_values=DynamicCache(config=model.config), use_cache=True).logits[0, split:]
+        full = model(ids, cache=DynamicCache(config=model.config), use_cache=True).logits[0, split:]
         cache = DynamicCache(config=model.config)
-        model(ids[:, :split], past_key_values=cache, use_cache=True)
-        steps = [model(ids[:, j:j + 1], past_key_values=cache, use_cache=True).logits[0, 0]
+        model(ids[:, :split], cache=cache, use_cache=True)
+        steps = [model(ids[:, j:j + 1], cache=cache, use_cache=True).logits[0, 0]
                  for j in range(split, ids.shape[1])]
     return full, torch.stack(steps)
 

@@ -49,9 +49,12 @@ def pair():
 def test_recorded_figures_equal_engine_stats(pair, tmp_path, temperature, adaptive):
     target, draft = pair
     gen = SpeculativeGenerator(target, draft, num_speculative_tokens=4, adaptive=adaptive)
-    result = gen.generate([1, 2, 3, 4, 5], max_new_tokens=32, temperature=temperature, seed=3)
-    s = result.stats
-    assert 0 < s.accepted < s.proposed  # both branches of verification were exercised
+    # A run that exercised both branches of verification (adaptive K follows timings, so a
+    # given seed may draft little).
+    runs = (gen.generate([1, 2, 3, 4, 5], max_new_tokens=32, temperature=temperature, seed=seed).stats
+            for seed in range(3, 23))
+    s = next((s for s in runs if 0 < s.accepted < s.proposed), None)
+    assert s is not None, "no run both accepted and rejected drafts"
     db = tmp_path / "h.sqlite3"
     record = make_record(stats=s.to_dict(), adaptive=adaptive, temperature=temperature,
                          top_p=0.9, top_k=20, prompt="hello")

@@ -3,11 +3,15 @@
 With per-token acceptance rate alpha, a step that drafts K tokens yields on average
 (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K draft passes plus one target pass over
 K+1 tokens. Both costs are measured as the run goes. K = 0 is plain target decoding, so
-speculation that does not pay switches itself off; every `probe_every` plain steps one
-speculative step probes whether the draft has become useful again.
+speculation that does not pay switches itself off; after `probe_every` plain steps a
+one-token draft probes whether the draft has become useful again, and each probe that fails
+doubles the wait (up to `max_probe_every`), so text the draft cannot guess costs few probes.
 """
 
 from __future__ import annotations
+
+
+FIRST_K = 2
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -48,11 +52,13 @@ class AdaptiveK:
     """Pick K in [0, k_max] from the running acceptance rate and measured costs."""
 
     def __init__(
-        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7, probe_every: int = 16
+        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7, probe_every: int = 16,
+        max_probe_every: int = 128,
     ) -> None:
         self.k_max = k_max
         self.decay = decay
-        self.probe_every = probe_every
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.wait = probe_every  # plain steps before the next probe
         # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
         self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
         self.draft_cost: float | None = None  # seconds per draft forward
@@ -76,14 +82,17 @@ class AdaptiveK:
     def choose(self, limit: int) -> int:
         top = min(self.k_max, limit)
         if top == 0 or self.draft_cost is None or not self.verify_cost:
-            return top  # measure a full speculative step first
+            # Measure a short speculative step first: cheap if the draft is useless or the
+            # answer is short, and wider drafts look cheap until measured (verify_curve).
+            return min(top, FIRST_K)
         if 0 not in self.verify_cost:
             return 0  # then a plain step: the cost speculation has to beat, never assumed
         best = max(range(top + 1), key=self.rate)
         if best == 0:
             self.plain_steps += 1
-            if self.plain_steps % self.probe_every == 0:
-                return max(range(1, top + 1), key=self.rate)
+            if self.plain_steps >= self.wait:
+                self.plain_steps = 0
+                return 1  # the cheapest probe: does the draft guess the next token?
         return best
 
     def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
@@ -92,6 +101,8 @@ class AdaptiveK:
         if k == 0:
             return
         self.draft_cost = ema(self.draft_cost, draft_seconds / k)
+        # Every draft rejected: wait twice as long before the next probe; any kept: reset.
+        self.wait = min(2 * self.wait, self.max_probe_every) if n_accepted == 0 else self.probe_every
         rejected = 1.0 if n_accepted < k else 0.0
         self.hits = self.decay * self.hits + n_accepted
         self.misses = self.decay * self.misses + rejected
