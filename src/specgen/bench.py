@@ -461,7 +461,7 @@ def report(measurements: Sequence[Measurement], prompts: Sequence[BenchPrompt],
 def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) -> str | None:
     """One history row for one measurement (command "bench")."""
     p = session.profile
-    method = {"peer": "transformers-assisted"}.get(c.kind, "none" if c.kind != "specgen" else c.method)
+    method = c.method if c.kind == "specgen" else {"peer": "transformers-assisted"}.get(c.kind, "none")
     reference = c.kind == "reference"
     return record_run(RunRecord(
         command="bench", profile=p.name, target=session.pair.target_name,

@@ -6,7 +6,7 @@ weights: int8 reads half of bf16's, int4 a quarter. Three schemes:
   `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
 - `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
   by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
-  fast one: about 2.4x bf16 per token, and a pass over 5 tokens costs about one pass over one.
+  fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
   Its models also get row-by-row attention (row_attention.py), so that a verify pass and a
   one-token pass give each token bit-identical logits.
 
@@ -257,10 +257,11 @@ def cache_path(cache_dir: Path, source_key: str, scheme: str, model: nn.Module) 
 def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
     """Write atomically (temporary file, then rename) so a crash never leaves half a cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {name: {"in": m.in_features, "out": m.out_features, "kind": m.kind,
-                    "group": m.group_size, "weight": m.stored()[0], "scales": m.stored()[1],
-                    "bias": m.bias}
-             for name, m in layers.items()}
+    state = {}
+    for name, m in layers.items():
+        weight, scales = m.stored()
+        state[name] = {"in": m.in_features, "out": m.out_features, "kind": m.kind,
+                       "group": m.group_size, "weight": weight, "scales": scales, "bias": m.bias}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"format": FORMAT_VERSION, "layers": state}, tmp)
     os.replace(tmp, path)
