@@ -51,3 +51,16 @@ def test_row_attention_computes_causal_attention(model):
         want = model(ids).logits
         got = rows(ids).logits
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sliding_window_is_respected():
+    torch.manual_seed(0)
+    windowed = tiny_model("qwen2", vocab=64, hidden=64, layers=2, use_sliding_window=True,
+                          sliding_window=4, max_window_layers=0)
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
+    rows = deepcopy(windowed)
+    use_row_attention(rows)
+    with torch.inference_mode():
+        want = windowed(ids).logits
+        got = rows(ids).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

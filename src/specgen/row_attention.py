@@ -31,9 +31,11 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     # The query heads that share a key/value head become rows of one call (no copies of
     # the cache, as repeating the key/value heads would make).
     grouped = query.transpose(1, 2).reshape(b, m, h_kv, h // h_kv, d)
-    rows = [F.scaled_dot_product_attention(grouped[:, i], key[:, :, :t - m + i + 1],
-                                           value[:, :, :t - m + i + 1], scale=scaling)
-            for i in range(m)]
+    window = kwargs.get("sliding_window") or t  # a sliding-window layer sees its last keys only
+    spans = [(max(0, end - window), end) for end in range(t - m + 1, t + 1)]
+    rows = [F.scaled_dot_product_attention(grouped[:, i], key[:, :, lo:hi], value[:, :, lo:hi],
+                                           scale=scaling)
+            for i, (lo, hi) in enumerate(spans)]
     out = torch.stack(rows, dim=1)  # [B, M, H_kv, H / H_kv, D]
     return out.reshape(b, m, h, d), None
 
