@@ -4,8 +4,9 @@ With per-token acceptance rate alpha, a step that drafts K tokens yields on aver
 (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K draft passes plus one target pass over
 K+1 tokens. Both costs are measured as the run goes. K = 0 is plain target decoding, so
 speculation that does not pay switches itself off; after `probe_every` plain steps a
-one-token draft probes whether the draft has become useful again, and each probe that fails
-doubles the wait (up to `max_probe_every`), so text the draft cannot guess costs few probes.
+one-token draft probes whether the draft has become useful again, and each speculative step
+that keeps no draft doubles the wait (up to `max_probe_every`), so text the draft cannot
+guess costs few probes.
 """
 
 from __future__ import annotations
