@@ -42,9 +42,9 @@ def test_a_many_token_pass_equals_one_token_passes_bit_for_bit(model):
         assert torch.equal(full, steps)
 
 
-def test_row_attention_computes_causal_attention(model):
-    # Same model, same weights: row attention agrees with the stock attention to rounding.
-    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
+def assert_same_as_stock_attention(model, length: int, seed: int) -> None:
+    """Same weights: row attention agrees with the model's own attention to rounding."""
+    ids = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(seed))
     rows = deepcopy(model)
     use_row_attention(rows)
     with torch.inference_mode():
@@ -53,14 +53,12 @@ def test_row_attention_computes_causal_attention(model):
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_row_attention_computes_causal_attention(model):
+    assert_same_as_stock_attention(model, 24, seed=2)
+
+
 def test_a_sliding_window_is_respected():
     torch.manual_seed(0)
     windowed = tiny_model("qwen2", vocab=64, hidden=64, layers=2, use_sliding_window=True,
                           sliding_window=4, max_window_layers=0)
-    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
-    rows = deepcopy(windowed)
-    use_row_attention(rows)
-    with torch.inference_mode():
-        want = windowed(ids).logits
-        got = rows(ids).logits
-    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert_same_as_stock_attention(windowed, 16, seed=3)
