@@ -3,11 +3,14 @@ tiny fp32 pair (no timed assertions: the figures themselves are the benchmark's 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 
 import pytest
+import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from specgen import bench as b
@@ -221,3 +224,98 @@ def test_bf16_joins_the_default_contestants_only_for_a_quantized_target(tiny_pro
                     "--target-quantization", "int8-wo", "--out", str(out))
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["contestants"][-1] == "bf16"
+
+
+# --- llama.cpp as a peer -----------------------------------------------------------------------
+
+class ScriptedLlama:
+    """Stands in for llama_cpp.Llama where llama-cpp-python is not installed (CI): yields a
+    fixed token script and records how it was called."""
+
+    def __init__(self, script):
+        self.script, self.resets, self.calls = list(script), 0, []
+
+    def reset(self):
+        self.resets += 1
+
+    def generate(self, tokens, **kwargs):
+        self.calls.append((list(tokens), kwargs))
+        yield from self.script
+
+
+def test_llamacpp_generate_is_greedy_fresh_and_stops_at_eos_or_the_limit():
+    from specgen import llamacpp
+
+    llm = ScriptedLlama([5, 6, 7, 2, 9])
+    tokens, first, seconds = llamacpp.generate(llm, [1, 2, 3], 10, eos_ids=[2])
+    assert tokens == [5, 6, 7, 2] and 0 <= first <= seconds
+    prompt, kwargs = llm.calls[0]
+    assert prompt == [1, 2, 3] and llm.resets == 1  # no prompt prefix reused from a last call
+    assert kwargs["temp"] == 0.0 and kwargs["top_k"] == 1 and kwargs["repeat_penalty"] == 1.0
+    assert llamacpp.generate(llm, [1], 2, eos_ids=[2])[0] == [5, 6]
+
+
+def test_llamacpp_measurements_and_the_moonshot_target():
+    from tiny import tiny_pair
+
+    target, draft = tiny_pair()
+    prompts = [b.BenchPrompt("code-completion", "x"), b.BenchPrompt("prose", "y")]
+    inputs = [torch.tensor([3, 4, 5]), torch.tensor([6, 7])]
+    runner = b.Bench(target, draft, 4, eos_ids=[], llama=ScriptedLlama([8, 9, 10, 11, 12]))
+    chosen = [b.contestants()[n] for n in ("baseline", "adaptive", "llamacpp")]
+    ms = b.run_bench(runner, prompts, inputs, chosen)
+    llama = [m for m in ms if m.contestant == "llamacpp"]
+    assert [m.token_ids for m in llama] == [[8, 9, 10, 11]] * 2  # capped at max_new_tokens
+    assert all(m.target_passes == 4 and m.decode_tokens_per_second > 0 for m in llama)
+    doc = b.report(ms, prompts, [c.name for c in chosen], {})
+    rows = {(r["prompt"], r["contestant"]): r for r in doc["per_prompt"]}
+    assert rows[0, "llamacpp"]["vs_llamacpp"] == pytest.approx(1.0)
+    ratio = rows[0, "adaptive"]["tokens_per_second"] / rows[0, "llamacpp"]["tokens_per_second"]
+    assert doc["summary"]["adaptive"]["vs_llamacpp_code"] == pytest.approx(ratio)  # code prompts only
+    assert doc["targets"]["code_vs_llamacpp"] == {"value": pytest.approx(ratio), "goal": 1.0,
+                                                  "met": ratio >= 1.0}
+    console = Console(file=io.StringIO(), width=200)
+    console.print(b.tables(doc)[1])
+    assert "vs llama.cpp, code" in console.file.getvalue()
+
+
+def test_llamacpp_joins_the_defaults_only_when_installed_for_a_gguf_target():
+    everyone = b.contestants()
+    assert "llamacpp" not in b.default_names(everyone, quantized=True, with_llama=False)
+    assert b.default_names(everyone, quantized=False, with_llama=True)[-1] == "llamacpp"
+
+
+def test_asking_for_llamacpp_without_it_or_without_a_gguf_is_one_clear_error(tiny_profile, monkeypatch):
+    from specgen import llamacpp
+
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    result = invoke("-p", str(tiny_profile), "--contestants", "baseline,llamacpp")
+    assert result.exit_code == 2 and "pip install llama-cpp-python" in result.stderr
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    result = invoke("-p", str(tiny_profile), "--contestants", "baseline,llamacpp")
+    assert result.exit_code == 2 and "is not a GGUF model" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_the_llamacpp_contestant_runs_on_the_targets_gguf(tmp_path, prompts_file, monkeypatch):
+    from specgen import llamacpp
+    from test_models import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    profile = tmp_path / "g.toml"
+    profile.write_text(f'[target]\nmodel = "{gguf}"\ndtype = "float32"\ndevice = "cpu"\n'
+                       f'[draft]\nmodel = "{gguf}"\ndtype = "float32"\ndevice = "cpu"\n'
+                       '[generation]\nchat_template = false\n')
+    loaded = []
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    monkeypatch.setattr(llamacpp, "load", lambda path, threads, n_ctx: (
+        loaded.append((path, threads, n_ctx)), ScriptedLlama([5, 6, 7]))[1])
+    out = tmp_path / "l.json"
+    result = invoke("-p", str(profile), "--prompts", str(prompts_file), "-n", "3",
+                    "--contestants", "baseline,adaptive,llamacpp", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert loaded and loaded[0][0] == gguf and loaded[0][2] >= 3
+    doc = json.loads(out.read_text())
+    assert doc["config"]["llamacpp_gguf"] == str(gguf)
+    assert {m["contestant"] for m in doc["measurements"]} == {"baseline", "adaptive", "llamacpp"}
+    assert "code_vs_llamacpp" in doc["targets"]

@@ -4,9 +4,10 @@ machine drift hits all of them alike.
 
 Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
-(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, and `bf16`: plain
+(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
-quantized target. Every figure of a prompt is the median over repeats; summaries are
+quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
+llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
 geometric means of per-prompt ratios.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from specgen import llamacpp
 from specgen.bench_prompts import CATEGORIES, CODE_CATEGORIES, PROMPTS
 from specgen.drafters import make_drafter
 from specgen.engine import SpeculativeGenerator, Stats
@@ -43,7 +45,7 @@ class BenchPrompt:
 @dataclass(frozen=True)
 class Contestant:
     name: str
-    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target)
+    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp"
     method: str = "draft-model"
     k: int = 0
     adaptive: bool = False
@@ -64,7 +66,14 @@ def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contes
         "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
         "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
         "bf16": Contestant("bf16", "reference"),
+        "llamacpp": Contestant("llamacpp", "llamacpp"),
     }
+
+
+def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
+    """Every contestant but `bf16` (only beside a quantized target) and `llamacpp` (only when
+    llama-cpp-python is installed and the target is a GGUF file)."""
+    return [n for n in everyone if (n != "bf16" or quantized) and (n != "llamacpp" or with_llama)]
 
 
 def builtin_prompts() -> list[BenchPrompt]:
@@ -185,8 +194,8 @@ class Bench:
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
-                 confidence: float = 0.0, reference=None) -> None:
-        self.target, self.draft, self.reference = target, draft, reference
+                 confidence: float = 0.0, reference=None, llama=None) -> None:
+        self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
         self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
@@ -210,7 +219,19 @@ class Bench:
             gen.reset()  # no KV reuse across measurements: every contestant prefills
             result = gen.generate(input_ids, max_new_tokens=n, eos_token_ids=self.eos_ids)
             return result.token_ids, result.stats
+        if c.kind == "llamacpp":
+            return self._llamacpp_generate(input_ids, n)
         return self._hf_generate(c, input_ids, n)
+
+    def _llamacpp_generate(self, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
+        if self.llama is None:
+            raise ConfigError("The llamacpp contestant needs llama.cpp loaded on the target's GGUF file.")
+        tokens, first, seconds = llamacpp.generate(self.llama, input_ids.tolist(), n, self.eos_ids)
+        stats = Stats(k_max=0, adaptive=False, prompt_tokens=len(input_ids),
+                      prefill_tokens=len(input_ids), new_tokens=len(tokens), total_seconds=seconds,
+                      prefill_seconds=first, target_passes=len(tokens))
+        stats.stop_reason = "eos" if tokens and tokens[-1] in self.eos_ids else "max_new_tokens"
+        return tokens, stats
 
     def _hf_generate(self, c: Contestant, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
         """transformers' own generate: plain greedy (baseline, reference) or assisted (peer).
@@ -261,7 +282,7 @@ class Bench:
         split = (stats.draft_seconds, stats.verify_seconds,
                  seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
         # Decode speed: specgen's prefill yields no token, the baseline's yields the first.
-        decoded = len(tokens) - (c.kind in ("baseline", "reference"))
+        decoded = len(tokens) - (c.kind in ("baseline", "reference", "llamacpp"))
         decode_s = seconds - stats.prefill_seconds
         decode_tps = decoded / decode_s if c.kind != "peer" and decode_s > 0 and decoded else None
         return Measurement(
@@ -322,7 +343,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPrompt],
                names: Sequence[str]) -> list[dict]:
     """One row per (prompt, contestant): medians over repeats, ratios against the baseline,
-    the peer and bf16 of the same prompt, and whether the tokens equal the baseline's."""
+    the peer, bf16 and llama.cpp of the same prompt, and whether the tokens equal the baseline's."""
     groups: dict[tuple[int, str], list[Measurement]] = {}
     for m in measurements:
         groups.setdefault((m.prompt, m.contestant), []).append(m)
@@ -335,6 +356,8 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
         peer_tps = _median([m.tokens_per_second for m in peer]) if peer else None
         bf16 = groups.get((p, "bf16"))
         bf16_tps = _median([m.tokens_per_second for m in bf16]) if bf16 else None
+        llama = groups.get((p, "llamacpp"))
+        llama_tps = _median([m.tokens_per_second for m in llama]) if llama else None
         for name in names:
             ms = groups.get((p, name))
             if not ms:
@@ -353,6 +376,7 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "decode_speedup": decode / base_decode if decode and base_decode else None,
                 "vs_peer": tps / peer_tps if peer_tps else None,
                 "vs_bf16": tps / bf16_tps if bf16_tps else None,
+                "vs_llamacpp": tps / llama_tps if llama_tps else None,
                 "acceptance_rate": _median([m.acceptance_rate for m in ms]),
                 "tau": _median([m.tau for m in ms]),
                 "draft_seconds": _median([m.draft_seconds for m in ms]),
@@ -390,6 +414,8 @@ def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
                                      if r["category"] in CODE_CATEGORIES and r["speedup"]]),
             "vs_peer": geomean([r["vs_peer"] for r in mine if r["vs_peer"]]),
             "vs_bf16": geomean([r["vs_bf16"] for r in mine if r["vs_bf16"]]),
+            "vs_llamacpp_code": geomean([r["vs_llamacpp"] for r in mine if r["vs_llamacpp"]
+                                         and r["category"] in CODE_CATEGORIES]),
             "decode_speedup": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]]),
             "decode_speedup_code": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]
                                             and r["category"] in CODE_CATEGORIES]),
@@ -408,8 +434,9 @@ def _category_order(category: str) -> tuple[int, str]:
 
 def targets(summary: dict[str, dict]) -> dict[str, dict]:
     """The speed targets of the demo pair, checked on `adaptive` (issue 7): >= 1.6x the
-    baseline on the code categories, never below 0.97x on one prompt, >= 1.3x the peer; and
-    with a quantized target beside `bf16` (issue 9): its plain decoding >= 3x bf16's."""
+    baseline on the code categories, never below 0.97x on one prompt, >= 1.3x the peer; with
+    a quantized target beside `bf16` (issue 9): its plain decoding >= 3x bf16's; and beside
+    `llamacpp` (issue 9's moonshot): adaptive at or above llama.cpp on the code categories."""
     a, base = summary.get("adaptive"), summary.get("baseline")
     checks = {}
     if a is not None:
@@ -418,6 +445,8 @@ def targets(summary: dict[str, dict]) -> dict[str, dict]:
             "min_speedup": (a["min_speedup"], 0.97),
             "vs_peer": (a["vs_peer"], 1.3),
         })
+        if a["vs_llamacpp_code"] is not None:
+            checks["code_vs_llamacpp"] = (a["vs_llamacpp_code"], 1.0)
     if base is not None and base["vs_bf16"] is not None:
         checks["plain_vs_bf16"] = (base["vs_bf16"], 3.0)
     return {k: {"value": v, "goal": goal, "met": v is not None and v >= goal}
@@ -438,6 +467,8 @@ def machine_info() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+    if llamacpp.version():
+        info["llama_cpp_python"] = llamacpp.version()
     return info
 
 
@@ -461,13 +492,18 @@ def report(measurements: Sequence[Measurement], prompts: Sequence[BenchPrompt],
 def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) -> str | None:
     """One history row for one measurement (command "bench")."""
     p = session.profile
-    method = c.method if c.kind == "specgen" else {"peer": "transformers-assisted"}.get(c.kind, "none")
+    method = c.method if c.kind == "specgen" else {"peer": "transformers-assisted",
+                                                   "llamacpp": "llama.cpp"}.get(c.kind, "none")
     reference = c.kind == "reference"
+    dtype = "bfloat16" if reference else session.pair.dtype
+    quantization = "none" if reference else session.pair.quantization
+    if c.kind == "llamacpp":  # llama.cpp runs the GGUF's own quantized weights
+        dtype = quantization = "gguf"
     return record_run(RunRecord(
         command="bench", profile=p.name, target=session.pair.target_name,
         draft=session.pair.draft_name if c.needs_draft_model else None, method=method,
-        device=session.pair.device, dtype="bfloat16" if reference else session.pair.dtype,
-        quantization="none" if reference else session.pair.quantization,
+        device="cpu" if c.kind == "llamacpp" else session.pair.device, dtype=dtype,
+        quantization=quantization,
         adaptive=c.adaptive, k_max=c.k,
         temperature=0.0, top_p=1.0, top_k=0, ended="completed", stats=stats.to_dict(),
     ), db_path)
@@ -523,6 +559,8 @@ def tables(doc: dict):
         ("decode speedup", lambda s: fmt_ratio(s["decode_speedup"])),
         ("vs peer", lambda s: fmt_ratio(s["vs_peer"])),
         *([("vs bf16", lambda s: fmt_ratio(s["vs_bf16"]))] if "bf16" in summary else []),
+        *([("vs llama.cpp, code", lambda s: fmt_ratio(s["vs_llamacpp_code"]))]
+          if "llamacpp" in summary else []),
         ("acceptance", lambda s: _f(s["acceptance_rate"])),
         ("tau", lambda s: _f(s["tau"])),
         ("= baseline", lambda s: s["equal_to_baseline"] or "–"),

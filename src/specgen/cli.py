@@ -301,8 +301,10 @@ assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] 
 adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting), and,
 by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
-quantized target's tokens agree with it). Prints tokens/s and speedups per prompt and a
-summary; --out writes every figure as JSON.
+quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
+and the target is a GGUF file, [bold]llamacpp[/] (llama.cpp's plain decoding of that file, on
+the CPU). Prints tokens/s and speedups per prompt and a summary; --out writes every figure as
+JSON.
 
 [bold]Examples[/]
 
@@ -327,7 +329,7 @@ def bench(
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
     chosen: Optional[str] = typer.Option(
         None, "--contestants", "-c",
-        help="Comma-separated subset of baseline,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16.",
+        help="Comma-separated subset of baseline,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16,llamacpp.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help="Drafting method of k2/k4/k6/adaptive: draft-model, prompt-lookup or hybrid."
@@ -349,6 +351,8 @@ def bench(
     debug: bool = DEBUG,
 ) -> None:
     from specgen import bench as b
+    from specgen import llamacpp
+    from specgen.models import gguf_file
 
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}.")
@@ -366,13 +370,23 @@ def bench(
                           f"{', '.join(METHODS)}.")
     everyone = b.contestants(spec_method, k if k is not None else prof.speculation.num_speculative_tokens)
     quantized = (target_quantization or prof.target.quantization) != "none"
-    default = [n for n in everyone if n != "bf16" or quantized]
+    base_dir = prof.path.parent if prof.path else None
+    with_llama = llamacpp.available() and (prof.target.gguf_file or prof.target.model.endswith(".gguf"))
+    default = b.default_names(everyone, quantized, bool(with_llama))
     names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
     if unknown or not names:
         raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
                           f"from {', '.join(everyone)}.")
     picked = [everyone[n] for n in dict.fromkeys(names)]
+    gguf = None
+    if "llamacpp" in names:
+        if not llamacpp.available():
+            raise ConfigError(f"The llamacpp contestant needs llama-cpp-python: {llamacpp.INSTALL_HINT}.")
+        gguf = gguf_file(prof.target, "target", base_dir)
+        if gguf is None:
+            raise ConfigError(f"The llamacpp contestant runs the target's GGUF file, but profile "
+                              f"{prof.name!r}'s target {prof.target.model!r} is not a GGUF model.")
     needs_draft = any(c.needs_draft_model for c in picked)
     if needs_draft and prof.draft is None:
         if chosen:
@@ -405,6 +419,9 @@ def bench(
                      (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None,
                      prof.speculation.draft_confidence if draft_confidence is None else draft_confidence,
                      reference)
+    if gguf is not None:  # the same threads as torch, room for the longest prompt
+        runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
+                                     max(len(i) for i in inputs) + max_new_tokens + 16)
     total = len(prompt_set) * repeats * len(picked)
     warnings: list[str] = []
 
@@ -418,7 +435,8 @@ def bench(
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0, "draft_confidence": runner.drafter_options[3],
-              "command": "specgen " + " ".join(sys.argv[1:]), "complete": False}
+              "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
+              **({"llamacpp_gguf": str(gguf)} if gguf is not None else {})}
     measurements: list = []
 
     def write_json() -> dict:

@@ -148,6 +148,15 @@ def locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | 
     return source
 
 
+def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -> Path | None:
+    """The GGUF file a model entry names (found, assembled or downloaded as `locate` does), or
+    None for a model that is not a GGUF: for programs that read the GGUF itself (llama.cpp)."""
+    if spec.gguf_file is None and not spec.model.endswith(".gguf"):
+        return None
+    source = _find(spec, role, None, base)
+    return source.path / source.gguf
+
+
 def _find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | None) -> Source:
     name = spec.model
     raw = Path(spec.model).expanduser()
