@@ -52,23 +52,39 @@ def test_dear_verification_shortens_drafts():
     assert dear.choose(100) < cheap.choose(100)
 
 
-def test_failed_probes_wait_longer_and_probe_with_one_draft():
-    policy = AdaptiveK(6)
-    assert [policy.wait] + [policy.update(1, 0, 0.08, 0.18) or policy.wait for _ in range(4)] == \
-        [16, 32, 64, 128, 128]  # each step that keeps no draft doubles the wait, up to 128
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # the draft never guesses right
+def switched_off(k_max: int = 6) -> AdaptiveK:
+    """A policy that has seen the draft never guess right, and has measured a plain step."""
+    policy = AdaptiveK(k_max)
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
     policy.update(0, 0, 0.0, 0.17)
-    assert policy.choose(100) == 0
-    ks = [policy.choose(100) for _ in range(600)]
+    return policy
+
+
+def test_failed_probes_wait_longer_and_probe_with_one_draft():
+    policy = switched_off()
+    assert policy.wait == policy.probe_every
+    ks = []
+    for _ in range(600):
+        k = policy.choose(100)
+        ks.append(k)
+        if k:
+            policy.update(k, 0, 0.08, 0.18)  # the probe fails
     assert sorted(set(ks)) == [0, 1]  # a probe drafts one token
-    assert sum(ks) == 4  # one probe per 128 plain steps, not per 16
+    probes = [i for i, k in enumerate(ks) if k]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == 15 and gaps[:4] == [32, 64, 128, 128]  # each failed probe doubles the wait, up to 128
+
+
+def test_rejections_while_speculating_do_not_delay_the_first_probe():
+    policy = switched_off()  # every one of its 30 speculative steps was rejected
+    assert policy.wait == policy.probe_every
+    ks = [policy.choose(100) for _ in range(policy.probe_every)]
+    assert ks[-1] == 1 and sum(ks) == 1  # the 16th step is the first probe
 
 
 def test_a_probe_that_succeeds_resets_the_wait():
-    policy = AdaptiveK(6)
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
-    policy.update(0, 0, 0.0, 0.17)
-    assert policy.wait == policy.max_probe_every
+    policy = switched_off()
+    policy.wait = policy.max_probe_every
     policy.update(1, 1, 0.08, 0.18)
     assert policy.wait == policy.probe_every
 

@@ -4,9 +4,10 @@ With per-token acceptance rate alpha, a step that drafts K tokens yields on aver
 (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K draft passes plus one target pass over
 K+1 tokens. Both costs are measured as the run goes. K = 0 is plain target decoding, so
 speculation that does not pay switches itself off; after `probe_every` plain steps a
-one-token draft probes whether the draft has become useful again, and each speculative step
-that keeps no draft doubles the wait (up to `max_probe_every`), so text the draft cannot
-guess costs few probes.
+one-token draft probes whether the draft has become useful again. Each failed probe doubles
+the wait (up to `max_probe_every`), so text the draft cannot guess costs few probes; a kept
+draft resets it. Rejections while speculation is on leave the wait alone: they say nothing
+about how soon after switching off the draft may be worth another try.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class AdaptiveK:
         self.draft_cost: float | None = None  # seconds per draft forward
         self.verify_cost: dict[int, float] = {}  # seconds per target pass over k+1 tokens
         self.plain_steps = 0
+        self.probing = False  # the step in flight is a probe
 
     @property
     def alpha(self) -> float:
@@ -93,6 +95,7 @@ class AdaptiveK:
             self.plain_steps += 1
             if self.plain_steps >= self.wait:
                 self.plain_steps = 0
+                self.probing = True
                 return 1  # the cheapest probe: does the draft guess the next token?
         return best
 
@@ -102,8 +105,11 @@ class AdaptiveK:
         if k == 0:
             return
         self.draft_cost = ema(self.draft_cost, draft_seconds / k)
-        # Every draft rejected: wait twice as long before the next probe; any kept: reset.
-        self.wait = min(2 * self.wait, self.max_probe_every) if n_accepted == 0 else self.probe_every
+        if n_accepted:
+            self.wait = self.probe_every
+        elif self.probing:  # a failed probe: wait twice as long before the next
+            self.wait = min(2 * self.wait, self.max_probe_every)
+        self.probing = False
         rejected = 1.0 if n_accepted < k else 0.0
         self.hits = self.decay * self.hits + n_accepted
         self.misses = self.decay * self.misses + rejected
