@@ -2,7 +2,7 @@
 
 import pytest
 
-from specgen.adaptive import AdaptiveK, expected_tokens, verify_curve
+from specgen.adaptive import AdaptiveK, FixedK, choose_guesser, expected_tokens, verify_curve
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -87,6 +87,17 @@ def test_a_probe_that_succeeds_resets_the_wait():
     policy.wait = policy.max_probe_every
     policy.update(1, 1, 0.08, 0.18)
     assert policy.wait == policy.probe_every
+
+
+def test_the_next_guesser_drafts_when_the_first_declines():
+    keen = AdaptiveK(6)
+    feed(keen, 4, 4, draft_s=0.01, verify_s=0.18)  # every draft kept, drafting cheap
+    keen.update(0, 0, 0.0, 0.17)
+    policies = {"lookup": switched_off(), "model": keen}
+    guesser, k = choose_guesser(policies, ("lookup", "model"), 100)
+    assert guesser == "model" and k > 0
+    assert choose_guesser({"lookup": FixedK(3), "model": keen}, ("lookup", "model"), 100) == ("lookup", 3)
+    assert choose_guesser({"model": switched_off()}, ("model",), 100) == ("model", 0)  # a plain step
 
 
 def test_expected_tokens():

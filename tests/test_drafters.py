@@ -148,6 +148,17 @@ def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
     assert torch.equal(ids, fresh)
 
 
+def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser():
+    hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
+    assert hybrid.guessers(torch.arange(10, 20)) == ("model",)
+    context = torch.tensor([10, 11, 12, 13, 10, 11])
+    assert hybrid.guessers(context) == ("lookup", "model")
+    ids, q = hybrid.propose(context, 2, GREEDY, None, "lookup")
+    assert ids.tolist() == [12, 13] and q is None and hybrid.forward_passes == 0
+    ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")  # a match, but the model drafts
+    assert hybrid.forward_passes == 2 and hybrid.lookup_drafter.matches == 1
+
+
 # --- exactness: greedy output is the target's, token for token ------------------------------
 
 

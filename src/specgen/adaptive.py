@@ -12,6 +12,9 @@ about how soon after switching off the draft may be worth another try.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
 
 FIRST_K = 2
 
@@ -35,6 +38,25 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
         return costs[max(below) if below else min(above)]
     lo, hi = max(below), min(above)
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
+
+
+class Policy(Protocol):
+    k_max: int
+
+    def choose(self, limit: int) -> int: ...
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+
+
+def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int
+                   ) -> tuple[str, int]:
+    """The first of `guessers` whose policy drafts this step, with its K; else (the last
+    guesser, 0): a plain step."""
+    for guesser in guessers:
+        k = policies[guesser].choose(limit)
+        if k:
+            return guesser, k
+    return guessers[-1], 0
 
 
 class FixedK:

@@ -3,6 +3,9 @@
 A drafter answers `propose(tokens, k)` with up to k token ids and the distribution each was
 drawn from (None means one-hot: a deterministic guess, exact under rejection sampling), and
 `rollback(n_valid)` when only the first n_valid context tokens survived verification.
+`guessers(tokens)` names who could draft the next step, in order of preference ("model",
+"lookup"): the engine keeps one K policy per guesser, since their costs and acceptance differ,
+and passes the one it chose back to `propose`.
 
 Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
 guess is already in the context, e.g. code being edited; no model, no forward passes), and
@@ -28,8 +31,11 @@ class Drafter(Protocol):
 
     def prefill(self, tokens: Tensor) -> None: ...
 
+    def guessers(self, tokens: Tensor) -> tuple[str, ...]: ...
+
     def propose(
-        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        guesser: str | None = None,
     ) -> tuple[Tensor, Tensor | None]: ...
 
     def rollback(self, n_valid: int) -> None: ...
@@ -114,8 +120,12 @@ class ModelDrafter:
             return forward(self.model, ids, self.cache, 1)[-1, : self.vocab_size]
         return torch.nn.functional.linear(hidden(self.model, ids, self.cache)[-1], self.head)
 
+    def guessers(self, tokens: Tensor) -> tuple[str, ...]:
+        return ("model",)
+
     def propose(
-        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        guesser: str | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         pending = self._missing(tokens)
         ids, qs = [], []
@@ -186,8 +196,15 @@ class PromptLookupDrafter:
     def forward_passes(self) -> int:
         return 0
 
+    def guessers(self, tokens: Tensor) -> tuple[str, ...]:
+        return ("lookup",)
+
+    def has_match(self, tokens: Tensor) -> bool:
+        return ngram_match(tokens, self.max_ngram, self.min_ngram)[0] > 0
+
     def propose(
-        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        guesser: str | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         if k < 1:
             return tokens.new_empty(0), None
@@ -202,7 +219,9 @@ class PromptLookupDrafter:
 
 
 class HybridDrafter:
-    """Prompt lookup when the context has a match, the draft model otherwise.
+    """Prompt lookup when the context has a match, the draft model otherwise. With adaptive
+    K each has its own policy, so the model still drafts where lookup matches but its
+    guesses do not pay (prose), and lookup drafts long where they do (edits).
 
     The model drafter skips the steps lookup drafts, so its cache falls behind the context;
     its next `propose` feeds every missing token in one forward (ModelDrafter catches up
@@ -224,12 +243,17 @@ class HybridDrafter:
     def forward_passes(self) -> int:
         return self.model_drafter.forward_passes
 
+    def guessers(self, tokens: Tensor) -> tuple[str, ...]:
+        return ("lookup", "model") if self.lookup_drafter.has_match(tokens) else ("model",)
+
     def propose(
-        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        guesser: str | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
-        if ids.numel() or k < 1:
-            return ids, q
+        if guesser != "model":  # None: lookup when it matches, else the model
+            ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
+            if ids.numel() or k < 1 or guesser == "lookup":
+                return ids, q
         return self.model_drafter.propose(tokens, k, params, generator)
 
     def rollback(self, n_valid: int) -> None:

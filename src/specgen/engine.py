@@ -9,6 +9,7 @@ tokens as they are decided and knows nothing of terminals, files or tokenizer di
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from specgen.adaptive import AdaptiveK, FixedK
+from specgen.adaptive import AdaptiveK, FixedK, choose_guesser
 from specgen.drafters import Drafter, ModelDrafter, crop, forward, hidden
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
@@ -220,7 +221,8 @@ class SpeculativeGenerator:
             raise ConfigError("stop_strings need a tokenizer to read the text; pass tokenizer=.")
         stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
         gen_t, gen_d = self._generators(seed)
-        policy = AdaptiveK(self.k_max) if self.adaptive else FixedK(self.k_max)
+        # One K policy per guesser (a hybrid's lookup and model differ in cost and acceptance).
+        policies = defaultdict(lambda: AdaptiveK(self.k_max) if self.adaptive else FixedK(self.k_max))
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         context_limit = self._context_limit()
@@ -240,10 +242,12 @@ class SpeculativeGenerator:
 
         try:
             while stats.new_tokens < max_new_tokens:
-                # 1. Draft: propose up to K tokens (never more than are still wanted).
+                # 1. Draft: pick the guesser and its K, then propose up to K tokens (never
+                #    more than are still wanted).
                 t0 = time.perf_counter()
-                k = policy.choose(max_new_tokens - stats.new_tokens - 1)
-                drafts, q = self.drafter.propose(tokens, k, params, gen_d)
+                guesser, k = choose_guesser(policies, self.drafter.guessers(tokens),
+                                            max_new_tokens - stats.new_tokens - 1)
+                drafts, q = self.drafter.propose(tokens, k, params, gen_d, guesser)
                 drafts = drafts.to(self.device)
                 k = drafts.shape[0]  # a drafter may find fewer than asked
                 if self.device.type == "cuda":
@@ -265,7 +269,8 @@ class SpeculativeGenerator:
                 self.drafter.rollback(len(tokens) + n)
                 new = torch.cat([drafts[:n], nxt[None]])
                 tokens = self._tokens = torch.cat([tokens, new])
-                policy.update(k, n, t1 - t0, t2 - t1)
+                for name in [guesser] if k else list(policies):  # a plain step costs all alike
+                    policies[name].update(k, n, t1 - t0, t2 - t1)
                 stats.record_step(k, n)
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
                 stats.draft_seconds += t1 - t0
