@@ -335,6 +335,10 @@ def test_cpu_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert torch.equal(first.target(ids).logits, second.target(ids).logits)
+    if schemes[0] == "int8-dyn":  # only the model that verifies needs batch-invariant attention
+        from specgen.row_attention import NAME
+        assert first.target.config._attn_implementation == NAME
+        assert first.draft.config._attn_implementation != NAME
 
 
 # --- GGUF ------------------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ def test_int8_dyn_models_get_row_attention(model):
     quantized = quantize.apply(deepcopy(model), "int8-dyn")
     assert quantized.config._attn_implementation == NAME
     assert quantize.apply(deepcopy(model), "int8-wo").config._attn_implementation != NAME
+    draft = quantize.apply(deepcopy(model), "int8-dyn", verifier=False)  # a draft needs none
+    assert draft.config._attn_implementation != NAME
 
 
 def test_a_many_token_pass_equals_one_token_passes_bit_for_bit(model):

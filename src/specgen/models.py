@@ -467,12 +467,13 @@ def _bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _quantize_on_cpu(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype) -> None:
+def _quantize_on_cpu(model: PreTrainedModel, scheme: str, source: Source, dtype: torch.dtype,
+                     verifier: bool) -> None:
     """specgen's CPU kernels; the packed weights are cached, keyed by the source
     weights' identity and dtype, so only the first load pays for quantizing."""
     from specgen import quantize
 
-    quantize.apply(model, scheme, cache_dir() / "quantized", _weights_key(source, dtype))
+    quantize.apply(model, scheme, cache_dir() / "quantized", _weights_key(source, dtype), verifier)
 
 
 def _weights_key(source: Source, dtype: torch.dtype) -> str:
@@ -492,8 +493,9 @@ def _device_map(device: str) -> str | dict[str, str]:
 
 
 def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
-               progress: Progress | None = None, label: str = "") -> PreTrainedModel:
-    """Load one located model (converting a GGUF first) with its dtype, quantization and device."""
+               progress: Progress | None = None, role: str = "target") -> PreTrainedModel:
+    """Load one located model (converting a GGUF first) with its dtype, quantization and
+    device, as the "target" (which verifies) or the "draft"."""
     if source.gguf:
         out = _converted_dir(source.sha256, dtype)
         if not _is_complete(out, source.sha256, dtype):  # the other role may have just made it
@@ -505,13 +507,13 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     if spec.quantization in BNB:
         kwargs["quantization_config"] = _bnb_config(spec.quantization, dtype)
     what = f" in {spec.quantization}" if spec.quantization != "none" else ""
-    _say(progress, f"Loading {label}{source.name}{what} on {device}")
+    _say(progress, f"Loading {role} {source.name}{what} on {device}")
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in CPU_SCHEMES:
-        _quantize_on_cpu(model, spec.quantization, source, dtype)
+        _quantize_on_cpu(model, spec.quantization, source, dtype, verifier=role == "target")
     use_weight_major_linears(model)  # cheap verify passes on fp32 CPU layers
     return model.eval()
 
@@ -559,8 +561,8 @@ def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {_smaller_profiles(free, profile.name)}") from None
 
-    models = {role: load_model(sources[role], spec, devices[role], dtypes[role], progress,
-                               f"{role} ") for role, spec in roles}
+    models = {role: load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
+              for role, spec in roles}
     draft_spec = profile.draft if "draft" in models else None
     return LoadedPair(
         target=models["target"], draft=models.get("draft"), tokenizer=tokenizers["target"],

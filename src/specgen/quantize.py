@@ -7,8 +7,8 @@ weights: int8 reads half of bf16's, int4 a quarter. Three schemes:
 - `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
   by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
   fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
-  Its models also get row-by-row attention (row_attention.py), so that a verify pass and a
-  one-token pass give each token bit-identical logits.
+  A target (the model that verifies) also gets row-by-row attention (row_attention.py), so
+  that a verify pass and a one-token pass give each token bit-identical logits.
 
 Verification runs the target over K+1 tokens at once, and these kernels process the rows of
 the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
@@ -211,9 +211,10 @@ class QuantLinear(nn.Module):
 # --- applying to a model, with an on-disk cache ------------------------------------------
 
 def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
-          source_key: str | None = None) -> nn.Module:
+          source_key: str | None = None, verifier: bool = True) -> nn.Module:
     """Replace every nn.Linear of `model` (lm_head included) in place with a QuantLinear for
-    `scheme` ("int8-wo", "int4-wo" or "int8-dyn"), and return the model.
+    `scheme` ("int8-wo", "int4-wo" or "int8-dyn"), and return the model. An int8-dyn model
+    that verifies (a target) also gets row-by-row attention; a draft needs no such care.
 
     With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
     the packed weights are saved there the first time and loaded on later calls instead of
@@ -239,7 +240,7 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         setattr(owner, attr, layer)
     if fresh and path is not None:
         save_layers({name: model.get_submodule(name) for name in names}, path)
-    if scheme == "int8-dyn":  # the linears are batch-invariant; attention must be too
+    if scheme == "int8-dyn" and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
     return model
 
