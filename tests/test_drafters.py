@@ -159,6 +159,21 @@ def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_g
     assert hybrid.forward_passes == 2 and hybrid.lookup_drafter.matches == 1
 
 
+def test_hybrid_searches_the_context_once_a_step(monkeypatch):
+    from specgen import drafters
+
+    calls = []
+    real = drafters.ngram_match
+    monkeypatch.setattr(drafters, "ngram_match", lambda *a: (calls.append(a), real(*a))[1])
+    hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
+    context = torch.tensor([10, 11, 12, 13, 10, 11])
+    assert hybrid.guessers(context) == ("lookup", "model")
+    assert hybrid.propose(context, 2, GREEDY, None, "lookup")[0].tolist() == [12, 13]
+    assert len(calls) == 1
+    hybrid.guessers(torch.cat([context, torch.tensor([12])]))  # a new context: a new search
+    assert len(calls) == 2
+
+
 # --- exactness: greedy output is the target's, token for token ------------------------------
 
 

@@ -352,7 +352,7 @@ def bench(
 ) -> None:
     from specgen import bench as b
     from specgen import llamacpp
-    from specgen.models import gguf_file
+    from specgen.models import gguf_file, is_gguf
 
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}.")
@@ -371,8 +371,7 @@ def bench(
     everyone = b.contestants(spec_method, k if k is not None else prof.speculation.num_speculative_tokens)
     quantized = (target_quantization or prof.target.quantization) != "none"
     base_dir = prof.path.parent if prof.path else None
-    with_llama = llamacpp.available() and (prof.target.gguf_file or prof.target.model.endswith(".gguf"))
-    default = b.default_names(everyone, quantized, bool(with_llama))
+    default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target))
     names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
     if unknown or not names:

@@ -185,9 +185,10 @@ class PromptLookupDrafter:
             )
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.matches = 0  # proposals made (steps with a match)
+        self._last: tuple[Tensor, tuple[int, int]] | None = None  # a hybrid asks twice a step
 
     def reset(self) -> None:
-        self.matches = 0
+        self.matches, self._last = 0, None
 
     def prefill(self, tokens: Tensor) -> None:
         pass
@@ -199,8 +200,11 @@ class PromptLookupDrafter:
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
         return ("lookup",)
 
-    def has_match(self, tokens: Tensor) -> bool:
-        return ngram_match(tokens, self.max_ngram, self.min_ngram)[0] > 0
+    def match(self, tokens: Tensor) -> tuple[int, int]:
+        """`ngram_match` on the context, remembered for the same context tensor."""
+        if self._last is None or self._last[0] is not tokens:
+            self._last = (tokens, ngram_match(tokens, self.max_ngram, self.min_ngram))
+        return self._last[1]
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
@@ -208,7 +212,7 @@ class PromptLookupDrafter:
     ) -> tuple[Tensor, Tensor | None]:
         if k < 1:
             return tokens.new_empty(0), None
-        n, start = ngram_match(tokens, self.max_ngram, self.min_ngram)
+        n, start = self.match(tokens)
         if n == 0:
             return tokens.new_empty(0), None
         self.matches += 1
@@ -244,7 +248,7 @@ class HybridDrafter:
         return self.model_drafter.forward_passes
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
-        return ("lookup", "model") if self.lookup_drafter.has_match(tokens) else ("model",)
+        return ("lookup", "model") if self.lookup_drafter.match(tokens)[0] else ("model",)
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,

@@ -132,6 +132,11 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.endswith(".gguf")
 
 
+def is_gguf(spec: ModelSpec) -> bool:
+    """The entry names a GGUF file (a local one, or `gguf_file` in a folder or hub repo)."""
+    return spec.gguf_file is not None or spec.model.endswith(".gguf")
+
+
 def locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | None = None,
            base: Path | None = None) -> Source:
     """Resolve a model entry to files on disk: a GGUF's converted copy when cached (found by
@@ -139,8 +144,7 @@ def locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | 
     (downloaded or assembled, sha256 verified); for a hub model its config and tokenizer
     only, the weights come later in `fetch_weights`."""
     name = spec.model
-    is_gguf = spec.gguf_file is not None or spec.model.endswith(".gguf")
-    if is_gguf and spec.sha256 and _is_complete(_converted_dir(spec.sha256, dtype), spec.sha256, dtype):
+    if is_gguf(spec) and spec.sha256 and _is_complete(_converted_dir(spec.sha256, dtype), spec.sha256, dtype):
         return Source(name, _converted_dir(spec.sha256, dtype))
     source = _find(spec, role, progress, base)
     if source.gguf:
@@ -151,7 +155,7 @@ def locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | 
 def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -> Path | None:
     """The GGUF file a model entry names (found, assembled or downloaded as `locate` does), or
     None for a model that is not a GGUF: for programs that read the GGUF itself (llama.cpp)."""
-    if spec.gguf_file is None and not spec.model.endswith(".gguf"):
+    if not is_gguf(spec):
         return None
     source = _find(spec, role, None, base)
     return source.path / source.gguf
