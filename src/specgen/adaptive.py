@@ -41,8 +41,6 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
 
 
 class Policy(Protocol):
-    k_max: int
-
     def choose(self, limit: int) -> int: ...
 
     def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...

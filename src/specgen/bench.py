@@ -467,8 +467,8 @@ def machine_info() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    if llamacpp.version():
-        info["llama_cpp_python"] = llamacpp.version()
+    if version := llamacpp.version():
+        info["llama_cpp_python"] = version
     return info
 
 
