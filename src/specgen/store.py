@@ -114,13 +114,26 @@ def connect(db_path: Path | None = None) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = NORMAL")  # WAL stays consistent; saves an fsync
         _check_version(conn, path)  # before any write: never touch a newer database
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")  # persistent: set once per file
+        _use_wal(conn)
         _migrate(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (persistent: once per file). SQLite refuses that switch at once,
+    without its busy timeout, while another process has the file open, as happens when several
+    processes open a fresh file together: retry until one of them has switched it."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _check_version(conn: sqlite3.Connection, path: Path) -> int:
