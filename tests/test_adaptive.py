@@ -2,7 +2,9 @@
 
 import pytest
 
-from specgen.adaptive import AdaptiveK, FixedK, choose_guesser, expected_tokens, verify_curve
+from specgen.adaptive import (
+    AdaptiveK, FixedK, choose_guesser, expected_tokens, record_pass, verify_curve,
+)
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -17,15 +19,25 @@ def test_the_plain_step_cost_is_measured_before_it_is_compared():
     policy = AdaptiveK(4)
     assert policy.choose(100) == 2  # a short speculative step first
     assert AdaptiveK(1).choose(100) == 1 and AdaptiveK(0).choose(100) == 0
-    policy.update(2, 2, 0.4, 2.4)
+    step(policy, 2, 2, 0.4, 2.4)
+    assert policy.choose(100) == 2 and policy.draft_cost is None  # the first one warmed up
+    step(policy, 2, 2, 0.4, 2.4)
+    assert policy.draft_cost == pytest.approx(0.2)
     assert policy.choose(100) == 0  # then one plain step, whatever the acceptance
-    policy.update(0, 0, 0.0, 0.7)
+    step(policy, 0, 0, 0.0, 0.7)
     assert policy.verify_cost[0] == pytest.approx(0.7)
+
+
+def step(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float) -> None:
+    """What the engine does after a step: the pass cost is the target's, the rest the policy's."""
+    record_pass(policy.verify_cost, k, verify_s)
+    if k:
+        policy.update(k, n, draft_s)
 
 
 def feed(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float, times: int = 30):
     for _ in range(times):
-        policy.update(k, n, draft_s * k, verify_s)
+        step(policy, k, n, draft_s * k, verify_s)
 
 
 def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
@@ -56,7 +68,7 @@ def switched_off(k_max: int = 6) -> AdaptiveK:
     """A policy that has seen the draft never guess right, and has measured a plain step."""
     policy = AdaptiveK(k_max)
     feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
-    policy.update(0, 0, 0.0, 0.17)
+    step(policy, 0, 0, 0.0, 0.17)
     return policy
 
 
@@ -68,7 +80,7 @@ def test_failed_probes_wait_longer_and_probe_with_one_draft():
         k = policy.choose(100)
         ks.append(k)
         if k:
-            policy.update(k, 0, 0.08, 0.18)  # the probe fails
+            step(policy, k, 0, 0.08, 0.18)  # the probe fails
     assert sorted(set(ks)) == [0, 1]  # a probe drafts one token
     probes = [i for i, k in enumerate(ks) if k]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
@@ -85,19 +97,62 @@ def test_rejections_while_speculating_do_not_delay_the_first_probe():
 def test_a_probe_that_succeeds_resets_the_wait():
     policy = switched_off()
     policy.wait = policy.max_probe_every
-    policy.update(1, 1, 0.08, 0.18)
+    step(policy, 1, 1, 0.08, 0.18)
     assert policy.wait == policy.probe_every
 
 
 def test_the_next_guesser_drafts_when_the_first_declines():
     keen = AdaptiveK(6)
     feed(keen, 4, 4, draft_s=0.01, verify_s=0.18)  # every draft kept, drafting cheap
-    keen.update(0, 0, 0.0, 0.17)
-    policies = {"lookup": switched_off(), "model": keen}
-    guesser, k = choose_guesser(policies, ("lookup", "model"), 100)
+    step(keen, 0, 0, 0.0, 0.17)
+    policies = {"lookup-1": switched_off(), "model": keen}
+    guesser, k = choose_guesser(policies, ("lookup-1", "model"), 100)
     assert guesser == "model" and k > 0
-    assert choose_guesser({"lookup": FixedK(3), "model": keen}, ("lookup", "model"), 100) == ("lookup", 3)
-    assert choose_guesser({"model": switched_off()}, ("model",), 100) == ("model", 0)  # a plain step
+    fixed = {"lookup-1": FixedK(3), "model": FixedK(4)}  # adaptive off: the order decides
+    assert choose_guesser(fixed, ("lookup-1", "model"), 100) == ("lookup-1", 3)
+    assert choose_guesser({"model": switched_off()}, ("model",), 100) == (None, 0)  # a plain step
+    assert choose_guesser({}, (), 100) == (None, 0)  # nobody to guess: a plain step
+
+
+def test_the_guesser_with_the_better_expected_rate_drafts():
+    """Both would draft; the one expected to yield more tokens per second gets the step."""
+    costs: dict[int, float] = {}
+    sloppy, sure = AdaptiveK(6, verify_cost=costs), AdaptiveK(6, verify_cost=costs)
+    feed(sloppy, 4, 1, draft_s=0.0, verify_s=0.18)  # lookup at a short match: free, often wrong
+    feed(sure, 4, 4, draft_s=0.01, verify_s=0.18)  # the model: dearer, always right
+    step(sure, 0, 0, 0.0, 0.17)
+    assert sloppy.verify_cost is sure.verify_cost and sloppy.choose(100) > 0
+    assert sure.rate(sure.choose(100)) > sloppy.rate(sloppy.choose(100))
+    assert choose_guesser({"lookup-1": sloppy, "model": sure}, ("lookup-1", "model"), 100)[0] == "model"
+
+
+def test_an_untried_guesser_drafts_only_where_it_could_beat_the_tried_ones():
+    """Untried, a guesser counts as free at the prior acceptance: a hybrid's model is not
+    woken (and does not read the prompt) while lookup guesses well, but is tried where
+    lookup guesses badly."""
+    costs: dict[int, float] = {}
+    good, bad = AdaptiveK(6, verify_cost=costs), AdaptiveK(6, verify_cost=costs)
+    feed(good, 4, 4, draft_s=0.0, verify_s=0.18)
+    feed(bad, 4, 0, draft_s=0.0, verify_s=0.18)
+    step(good, 0, 0, 0.0, 0.17)
+    untried = AdaptiveK(6, verify_cost=costs)
+    assert choose_guesser({"lookup-3": good, "model": untried}, ("lookup-3", "model"), 100)[0] == "lookup-3"
+    assert choose_guesser({"lookup-1": bad, "model": untried}, ("lookup-1", "model"), 100) == ("model", 2)
+    assert choose_guesser({"lookup-3": AdaptiveK(6), "model": AdaptiveK(6)}, ("lookup-3", "model"), 100
+                          ) == ("lookup-3", 2)  # nothing measured: the first in order
+
+
+def test_a_probe_not_taken_is_forgotten():
+    """A policy may offer a probe on a step another guesser wins; its next real draft that
+    fails must not count as a failed probe."""
+    policy = switched_off()
+    for _ in range(policy.probe_every):
+        k = policy.choose(100)
+    assert k == 1 and policy.probing  # offered a probe, but another guesser drafted
+    policy.wait = 32
+    assert policy.choose(100) == 0 and not policy.probing
+    policy.update(4, 0, 0.3)
+    assert policy.wait == 32
 
 
 def test_expected_tokens():

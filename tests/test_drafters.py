@@ -148,12 +148,25 @@ def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
     assert torch.equal(ids, fresh)
 
 
+def test_hybrid_model_reads_the_prompt_only_when_first_asked_to_draft():
+    draft = tiny_model("llama", seed=1)
+    hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
+    context = torch.tensor([10, 11, 12, 13, 10, 11])
+    hybrid.prefill(context)
+    assert hybrid.model_drafter.cache.get_seq_length() == 0 and hybrid.forward_passes == 0
+    ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")
+    assert hybrid.model_drafter.cache.get_seq_length() == len(context) + 1
+    fresh = ModelDrafter(draft, 64)
+    fresh.prefill(context)
+    assert torch.equal(ids, fresh.propose(context, 2, GREEDY, None)[0])
+
+
 def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser():
     hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
     assert hybrid.guessers(torch.arange(10, 20)) == ("model",)
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    assert hybrid.guessers(context) == ("lookup", "model")
-    ids, q = hybrid.propose(context, 2, GREEDY, None, "lookup")
+    assert hybrid.guessers(context) == ("lookup-2", "model")  # named by the match's length
+    ids, q = hybrid.propose(context, 2, GREEDY, None, "lookup-2")
     assert ids.tolist() == [12, 13] and q is None and hybrid.forward_passes == 0
     ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")  # a match, but the model drafts
     assert hybrid.forward_passes == 2 and hybrid.lookup_drafter.matches == 1
@@ -167,8 +180,8 @@ def test_hybrid_searches_the_context_once_a_step(monkeypatch):
     monkeypatch.setattr(drafters, "ngram_match", lambda *a: (calls.append(a), real(*a))[1])
     hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    assert hybrid.guessers(context) == ("lookup", "model")
-    assert hybrid.propose(context, 2, GREEDY, None, "lookup")[0].tolist() == [12, 13]
+    assert hybrid.guessers(context) == ("lookup-2", "model")
+    assert hybrid.propose(context, 2, GREEDY, None, "lookup-2")[0].tolist() == [12, 13]
     assert len(calls) == 1
     hybrid.guessers(torch.cat([context, torch.tensor([12])]))  # a new context: a new search
     assert len(calls) == 2

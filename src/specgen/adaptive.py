@@ -8,10 +8,15 @@ one-token draft probes whether the draft has become useful again. Each failed pr
 the wait (up to `max_probe_every`), so text the draft cannot guess costs few probes; a kept
 draft resets it. Rejections while speculation is on leave the wait alone: they say nothing
 about how soon after switching off the draft may be worth another try.
+
+Several guessers (a hybrid's prompt lookup and draft model) each get a policy of their own,
+since their costs and acceptance differ; each step goes to the one with the best expected
+rate. The target's pass costs are the target's, whoever drafted: the policies share them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -40,21 +45,31 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
+def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
+    """Fold one measured target pass over k+1 tokens into `costs` (a moving average)."""
+    costs[k] = seconds if k not in costs else 0.8 * costs[k] + 0.2 * seconds
+
+
 class Policy(Protocol):
     def choose(self, limit: int) -> int: ...
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+    def rate(self, k: int) -> float: ...
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None: ...
 
 
 def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int
-                   ) -> tuple[str, int]:
-    """The first of `guessers` whose policy drafts this step, with its K; else (the last
-    guesser, 0): a plain step."""
+                   ) -> tuple[str | None, int]:
+    """Of the `guessers` whose policy drafts this step, the one with the best expected rate
+    (the first of equals), with its K; (None, 0) when none drafts: a plain step."""
+    best: tuple[str | None, int] = (None, 0)
+    best_rate = -math.inf
     for guesser in guessers:
-        k = policies[guesser].choose(limit)
-        if k:
-            return guesser, k
-    return guessers[-1], 0
+        policy = policies[guesser]
+        k = policy.choose(limit)
+        if k and policy.rate(k) > best_rate:
+            best, best_rate = (guesser, k), policy.rate(k)
+    return best
 
 
 class FixedK:
@@ -66,7 +81,10 @@ class FixedK:
     def choose(self, limit: int) -> int:
         return min(self.k_max, limit)
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def rate(self, k: int) -> float:
+        return 0.0  # no estimate: guessers keep their order of preference
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
         pass
 
 
@@ -75,7 +93,7 @@ class AdaptiveK:
 
     def __init__(
         self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7, probe_every: int = 16,
-        max_probe_every: int = 128,
+        max_probe_every: int = 128, verify_cost: dict[int, float] | None = None,
     ) -> None:
         self.k_max = k_max
         self.decay = decay
@@ -84,7 +102,9 @@ class AdaptiveK:
         # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
         self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
         self.draft_cost: float | None = None  # seconds per draft forward
-        self.verify_cost: dict[int, float] = {}  # seconds per target pass over k+1 tokens
+        self.warm = False  # drafted once: the first step's cost includes warming up
+        # Seconds per target pass over k+1 tokens, shared by the policies of one generation.
+        self.verify_cost = {} if verify_cost is None else verify_cost
         self.plain_steps = 0
         self.probing = False  # the step in flight is a probe
 
@@ -98,11 +118,16 @@ class AdaptiveK:
         return verify_curve(self.verify_cost, k)
 
     def rate(self, k: int) -> float:
-        """Expected tokens per second when drafting k tokens."""
+        """Expected tokens per second when drafting k tokens. An untried guesser is taken
+        to guess at the prior rate for free: it gets a step to be measured only where the
+        others are expected to do worse than that."""
+        if not self.verify_cost:
+            return math.inf  # nothing measured yet
         cost = self._verify_cost(k) + k * (self.draft_cost or 0.0)
         return expected_tokens(self.alpha, k) / max(cost, 1e-9)
 
     def choose(self, limit: int) -> int:
+        self.probing = False  # a probe offered last step but not taken is forgotten
         top = min(self.k_max, limit)
         if top == 0 or self.draft_cost is None or not self.verify_cost:
             # Measure a short speculative step first: cheap if the draft is useless or the
@@ -119,12 +144,16 @@ class AdaptiveK:
                 return 1  # the cheapest probe: does the draft guess the next token?
         return best
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        ema = lambda old, new: new if old is None else 0.8 * old + 0.2 * new  # noqa: E731
-        self.verify_cost[k] = ema(self.verify_cost.get(k), verify_seconds)
-        if k == 0:
-            return
-        self.draft_cost = ema(self.draft_cost, draft_seconds / k)
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
+        """After a step this policy drafted (k >= 1); the pass itself goes to record_pass.
+        The first step's drafting time is not a cost of drafting: it may include the draft
+        model reading the prompt (a hybrid's model reads it when first asked) and first-call
+        warm-up, and taken as the cost it would switch a good draft off."""
+        if self.warm:
+            per_draft = draft_seconds / k
+            self.draft_cost = (per_draft if self.draft_cost is None
+                               else 0.8 * self.draft_cost + 0.2 * per_draft)
+        self.warm = True
         if n_accepted:
             self.wait = self.probe_every
         elif self.probing:  # a failed probe: wait twice as long before the next

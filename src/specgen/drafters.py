@@ -4,8 +4,11 @@ A drafter answers `propose(tokens, k)` with up to k token ids and the distributi
 drawn from (None means one-hot: a deterministic guess, exact under rejection sampling), and
 `rollback(n_valid)` when only the first n_valid context tokens survived verification.
 `guessers(tokens)` names who could draft the next step, in order of preference ("model",
-"lookup"): the engine keeps one K policy per guesser, since their costs and acceptance differ,
-and passes the one it chose back to `propose`.
+"lookup-3"): the engine keeps one K policy per guesser, since their costs and acceptance differ,
+and passes the one it chose back to `propose`. Prompt lookup names its guess by the length of
+the n-gram it matched: a 3-gram match is a far better guess than a 1-gram one (in prose a
+1-gram match is almost always there and almost always wrong), so each length learns its own
+acceptance and K.
 
 Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
 guess is already in the context, e.g. code being edited; no model, no forward passes), and
@@ -198,7 +201,8 @@ class PromptLookupDrafter:
         return 0
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
-        return ("lookup",)
+        n = self.match(tokens)[0]
+        return (f"lookup-{n}",) if n else ()
 
     def match(self, tokens: Tensor) -> tuple[int, int]:
         """`ngram_match` on the context, remembered for the same context tensor."""
@@ -224,13 +228,16 @@ class PromptLookupDrafter:
 
 class HybridDrafter:
     """Prompt lookup when the context has a match, the draft model otherwise. With adaptive
-    K each has its own policy, so the model still drafts where lookup matches but its
-    guesses do not pay (prose), and lookup drafts long where they do (edits).
+    K each guesser (the model, lookup at each match length) has its own policy and each step
+    goes to the best expected rate: the model drafts where lookup's matches are short and
+    wrong (prose), lookup drafts long where its guesses hold (edits).
 
     The model drafter skips the steps lookup drafts, so its cache falls behind the context;
     its next `propose` feeds every missing token in one forward (ModelDrafter catches up
-    lazily), and `rollback` crops it only where it ran ahead. Each step's q is either None
-    (lookup, one-hot) or the model's, never a mix."""
+    lazily), and `rollback` crops it only where it ran ahead. It reads the prompt the same
+    way, when first asked to draft, so that an answer lookup drafts alone never pays for the
+    model's prefill. Each step's q is either None (lookup, one-hot) or the model's, never a
+    mix."""
 
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
         self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
@@ -241,14 +248,14 @@ class HybridDrafter:
         self.lookup_drafter.reset()
 
     def prefill(self, tokens: Tensor) -> None:
-        self.model_drafter.prefill(tokens)
+        pass  # the model catches up when it first drafts
 
     @property
     def forward_passes(self) -> int:
         return self.model_drafter.forward_passes
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
-        return ("lookup", "model") if self.lookup_drafter.match(tokens)[0] else ("model",)
+        return self.lookup_drafter.guessers(tokens) + ("model",)
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
@@ -256,7 +263,7 @@ class HybridDrafter:
     ) -> tuple[Tensor, Tensor | None]:
         if guesser != "model":  # None: lookup when it matches, else the model
             ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
-            if ids.numel() or k < 1 or guesser == "lookup":
+            if ids.numel() or k < 1 or guesser is not None:
                 return ids, q
         return self.model_drafter.propose(tokens, k, params, generator)
 

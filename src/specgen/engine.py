@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from specgen.adaptive import AdaptiveK, FixedK, choose_guesser
+from specgen.adaptive import AdaptiveK, FixedK, choose_guesser, record_pass
 from specgen.drafters import Drafter, ModelDrafter, crop, forward, hidden
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
@@ -221,8 +221,11 @@ class SpeculativeGenerator:
             raise ConfigError("stop_strings need a tokenizer to read the text; pass tokenizer=.")
         stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
         gen_t, gen_d = self._generators(seed)
-        # One K policy per guesser (a hybrid's lookup and model differ in cost and acceptance).
-        policies = defaultdict(lambda: AdaptiveK(self.k_max) if self.adaptive else FixedK(self.k_max))
+        # One K policy per guesser (a hybrid's lookup and model differ in cost and acceptance);
+        # the target's pass costs are measured once for all of them.
+        verify_cost: dict[int, float] = {}
+        policies = defaultdict(lambda: AdaptiveK(self.k_max, verify_cost=verify_cost)
+                               if self.adaptive else FixedK(self.k_max))
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         context_limit = self._context_limit()
@@ -269,8 +272,9 @@ class SpeculativeGenerator:
                 self.drafter.rollback(len(tokens) + n)
                 new = torch.cat([drafts[:n], nxt[None]])
                 tokens = self._tokens = torch.cat([tokens, new])
-                for name in [guesser] if k else list(policies):  # a plain step costs all alike
-                    policies[name].update(k, n, t1 - t0, t2 - t1)
+                record_pass(verify_cost, k, t2 - t1)
+                if k:
+                    policies[guesser].update(k, n, t1 - t0)
                 stats.record_step(k, n)
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
                 stats.draft_seconds += t1 - t0
