@@ -45,9 +45,14 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
+def moving_average(old: float | None, new: float) -> float:
+    """Costs drift (caches grow, the machine's load changes): weight recent measurements."""
+    return new if old is None else 0.8 * old + 0.2 * new
+
+
 def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
-    """Fold one measured target pass over k+1 tokens into `costs` (a moving average)."""
-    costs[k] = seconds if k not in costs else 0.8 * costs[k] + 0.2 * seconds
+    """Fold one measured target pass over k+1 tokens into `costs`."""
+    costs[k] = moving_average(costs.get(k), seconds)
 
 
 class Policy(Protocol):
@@ -150,9 +155,7 @@ class AdaptiveK:
         model reading the prompt (a hybrid's model reads it when first asked) and first-call
         warm-up, and taken as the cost it would switch a good draft off."""
         if self.warm:
-            per_draft = draft_seconds / k
-            self.draft_cost = (per_draft if self.draft_cost is None
-                               else 0.8 * self.draft_cost + 0.2 * per_draft)
+            self.draft_cost = moving_average(self.draft_cost, draft_seconds / k)
         self.warm = True
         if n_accepted:
             self.wait = self.probe_every
