@@ -125,6 +125,26 @@ def test_turn_two_prefills_only_its_new_tokens_and_stays_exact(chat):
     assert out2 == target_greedy(chat, pending.ids, len(out2))  # reuse changed nothing
 
 
+def test_ctrl_c_outside_the_engines_frame_still_ends_the_turn_interrupted(chat, monkeypatch):
+    """Ctrl-C can arrive in code between the engine's generator and its consumer (torch's
+    inference-mode wrapper): the engine's stats still say "running" then."""
+    real = chat.session.generator.stream
+
+    def interrupted_stream(*args, **kwargs):
+        inner = real(*args, **kwargs)
+        for i, token in enumerate(inner):
+            if i == 3:
+                raise KeyboardInterrupt  # the engine's own frame never sees it
+            yield token
+
+    monkeypatch.setattr(chat.session.generator, "stream", interrupted_stream)
+    with pytest.raises(KeyboardInterrupt):
+        say(chat, "tell me a long story")
+    turn = chat.last
+    assert turn.ended == "interrupted" and turn.stats.stop_reason == "interrupted"
+    assert chat.turns == [turn]
+
+
 def test_ctrl_c_between_tokens_keeps_the_partial_answer(chat):
     answer = chat.answer(chat.prepare("tell me a long story"))
     partial = [next(answer).id for _ in range(3)]

@@ -195,6 +195,9 @@ class Chat:
             raise
         except BaseException:  # GeneratorExit from close(), KeyboardInterrupt in a forward
             stream.close()  # first, so that stats say "interrupted" and the time spent
+            # Ctrl-C can land in torch's inference-mode wrapper around the engine's generator,
+            # outside the engine's own frame, which then never hears of it: say it here.
+            generator.stats.stop_reason = "interrupted"
             self._finish(pending, out, generator.stats)
             raise
         self._finish(pending, out, generator.stats)
