@@ -3,8 +3,8 @@
 A drafter answers `propose(tokens, k)` with up to k token ids and the distribution each was
 drawn from (None means one-hot: a deterministic guess, exact under rejection sampling), and
 `rollback(n_valid)` when only the first n_valid context tokens survived verification.
-`guessers(tokens)` names who could draft the next step, in order of preference ("model",
-"lookup-3"): the engine keeps one K policy per guesser, since their costs and acceptance differ,
+`guessers(tokens)` names who could draft the next step, in order of preference ("lookup-3",
+"model"): the engine keeps one K policy per guesser, since their costs and acceptance differ,
 and passes the one it chose back to `propose`. Prompt lookup names its guess by the length of
 the n-gram it matched: a 3-gram match is a far better guess than a 1-gram one (in prose a
 1-gram match is almost always there and almost always wrong), so each length learns its own
