@@ -159,7 +159,7 @@ def timed(fn, device: str, reps: int) -> float:
 def step_kernels(dest: Path, wide: Path, device: str, reps: int) -> None:
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from specgen.drafters import crop
+    from specgen.decoder import crop
     from specgen.models import _bnb_config
 
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # int8 warns once per layer per call

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import quantize
-from specgen.drafters import crop
+from specgen.decoder import crop
 from specgen.quantize import quantize_int4, quantize_int8
 
 MS = (1, 2, 3, 5, 9)

@@ -153,9 +153,9 @@ def test_hybrid_model_reads_the_prompt_only_when_first_asked_to_draft():
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
     hybrid.prefill(context)
-    assert hybrid.model_drafter.cache.get_seq_length() == 0 and hybrid.forward_passes == 0
+    assert hybrid.model_drafter.decoder.length == 0 and hybrid.forward_passes == 0
     ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")
-    assert hybrid.model_drafter.cache.get_seq_length() == len(context) + 1
+    assert hybrid.model_drafter.decoder.length == len(context) + 1
     fresh = ModelDrafter(draft, 64)
     fresh.prefill(context)
     assert torch.equal(ids, fresh.propose(context, 2, GREEDY, None)[0])

@@ -143,6 +143,19 @@ def test_each_row_is_computed_the_same_whatever_the_batch(scheme):
         assert torch.equal(layer(x[i:i + 1]), full[i:i + 1])
 
 
+def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations():
+    # Only a verifier's layers need the anchor row (batch invariance); a draft's skip its ops.
+    torch.manual_seed(0)
+    draft = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", verifier=False)
+    x = torch.randn(3, 64)
+    head = draft.lm_head
+    assert torch.equal(head(x), torch.ops.quantized.linear_dynamic(x, head.packed, True))
+    target = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")
+    layers = [m for m in target.modules() if isinstance(m, QuantLinear)]
+    assert layers and all(m.batch_invariant for m in layers)
+    assert torch.equal(target.lm_head(x)[1:2], target.lm_head(x[1:2]))
+
+
 def test_int8_dyn_cache_round_trip_is_bit_identical(tmp_path):
     torch.manual_seed(0)
     first = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", tmp_path, "sha-dyn")

@@ -21,8 +21,9 @@ from typing import Protocol
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
+from specgen.decoder import make_decoder
 from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams, probs_from_logits, sample
 
@@ -45,24 +46,6 @@ class Drafter(Protocol):
 
     @property
     def forward_passes(self) -> int: ...
-
-
-def forward(model: PreTrainedModel, ids: Tensor, cache: DynamicCache, n_logits: int) -> Tensor:
-    """One cached forward over `ids` [T]; the logits of the last n_logits positions [n, V]."""
-    out = model(input_ids=ids[None], cache=cache, use_cache=True, logits_to_keep=n_logits)
-    return out.logits[0]
-
-
-def hidden(model: PreTrainedModel, ids: Tensor, cache: DynamicCache) -> Tensor:
-    """One cached forward of the model's body (no output layer): last hidden states [T, H]."""
-    return model.base_model(input_ids=ids[None], cache=cache, use_cache=True).last_hidden_state[0]
-
-
-def crop(cache: DynamicCache, length: int) -> None:
-    """Drop cached positions beyond `length` (rejected drafts)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
 
 
 class ModelDrafter:
@@ -99,7 +82,7 @@ class ModelDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.decoder = make_decoder(self.model)
         self._passes = 0
 
     @property
@@ -109,19 +92,20 @@ class ModelDrafter:
     def _missing(self, tokens: Tensor) -> Tensor:
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        return tokens[self.cache.get_seq_length():].to(self.device).clamp_max(self.input_vocab - 1)
+        return tokens[self.decoder.length:].to(self.device).clamp_max(self.input_vocab - 1)
 
     def prefill(self, tokens: Tensor) -> None:
         """Take in the context but its last token, alongside the target's prefill, so that
         drafting steps (and the adaptive-K cost model) see only their own forwards."""
         pending = self._missing(tokens[:-1])
         if pending.numel():
-            hidden(self.model, pending, self.cache)
+            self.decoder.hidden(pending)
 
     def _logits(self, ids: Tensor) -> Tensor:
+        h = self.decoder.hidden(ids)
         if self.head is None:
-            return forward(self.model, ids, self.cache, 1)[-1, : self.vocab_size]
-        return torch.nn.functional.linear(hidden(self.model, ids, self.cache)[-1], self.head)
+            return self.model.get_output_embeddings()(h)[: self.vocab_size]
+        return torch.nn.functional.linear(h, self.head)
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
         return ("model",)
@@ -151,7 +135,7 @@ class ModelDrafter:
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def rollback(self, n_valid: int) -> None:
-        crop(self.cache, n_valid)
+        self.decoder.crop(n_valid)
 
 
 def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:

@@ -19,7 +19,8 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from specgen.adaptive import AdaptiveK, FixedK, choose_guesser, record_pass
-from specgen.drafters import Drafter, ModelDrafter, crop, forward, hidden
+from specgen.decoder import crop, forward, hidden
+from specgen.drafters import Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 

@@ -134,7 +134,10 @@ class QuantLinear(nn.Module):
     kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
     Both compute in bf16 (the kernels' vectorised path).
     kind "int8-dyn": fbgemm's packed int8 weight (`packed`; `weight` and `scales` are None),
-    activations quantized to int8 per token in fp32.
+    activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
+    (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: ~30%
+    fewer small ops per layer, and nothing needs a draft token's result to be independent
+    of the others in its pass).
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
@@ -142,6 +145,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
+        self.batch_invariant = True
         if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
             self.packed, self.anchor = prepack_int8(weight, scales), row_anchor(in_features)
             weight = scales = None
@@ -175,6 +179,8 @@ class QuantLinear(nn.Module):
         return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
 
     def _dyn(self, x: Tensor) -> Tensor:
+        if not self.batch_invariant:
+            return torch.ops.quantized.linear_dynamic(x, self.packed, True)
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
         rows = torch.cat([x / amax, self.anchor])
         return torch.ops.quantized.linear_dynamic(rows, self.packed, True)[:-1] * amax
@@ -242,6 +248,8 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         save_layers({name: model.get_submodule(name) for name in names}, path)
     if scheme == "int8-dyn" and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
+    for name in names:
+        model.get_submodule(name).batch_invariant = verifier
     return model
 
 

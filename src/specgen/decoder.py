@@ -1,0 +1,130 @@
+"""Model forwards over a KV cache: transformers' own (the target's, and any draft's), and a
+lean one for Llama-family drafts.
+
+A draft pass over one token is mostly overhead around its matmuls. On the demo draft (0.5B,
+int8-dyn, 2 CPU threads) the model's own layers, called directly over a preallocated KV cache,
+take ~10 ms less than transformers' generic forward (cache objects, mask building, attention
+dispatch) of ~90 ms (bench/NOTES.md, Round 6). Only drafts use it: what the draft computes is
+what q is, so it need not match any other forward bit for bit (exactness is the target's).
+Both decoders answer `hidden(ids)` (the last position's final hidden state, after the last
+norm), `crop(length)` and `length`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
+
+
+def forward(model: PreTrainedModel, ids: Tensor, cache: DynamicCache, n_logits: int) -> Tensor:
+    """One cached forward over `ids` [T]; the logits of the last n_logits positions [n, V]."""
+    out = model(input_ids=ids[None], cache=cache, use_cache=True, logits_to_keep=n_logits)
+    return out.logits[0]
+
+
+def hidden(model: PreTrainedModel, ids: Tensor, cache: DynamicCache) -> Tensor:
+    """One cached forward of the model's body (no output layer): last hidden states [T, H]."""
+    return model.base_model(input_ids=ids[None], cache=cache, use_cache=True).last_hidden_state[0]
+
+
+def crop(cache: DynamicCache, length: int) -> None:
+    """Drop cached positions beyond `length` (rejected drafts)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class HFDecoder:
+    """transformers' own forward with a DynamicCache: any architecture."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def hidden(self, ids: Tensor) -> Tensor:
+        return hidden(self.model, ids, self.cache)[-1]
+
+    def crop(self, length: int) -> None:
+        crop(self.cache, length)
+
+
+def lean_supported(model: PreTrainedModel) -> bool:
+    """The decoders LeanDecoder computes exactly as transformers does (tested per family)."""
+    config = model.config
+    return (
+        config.model_type in LEAN_FAMILIES
+        and not getattr(config, "use_sliding_window", False)  # full causal attention only
+    )
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LeanDecoder:
+    """The model's layers called directly over a KV cache of its own: one preallocated
+    tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        body = model.base_model
+        self.embed, self.layers = body.embed_tokens, body.layers
+        self.norm, self.rotary = body.norm, body.rotary_emb
+        config = model.config
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
+        self.kv_heads = config.num_key_value_heads
+        self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def _reserve(self, needed: int, like: Tensor) -> None:
+        capacity = 0 if self.kv is None else self.kv.shape[4]
+        if needed <= capacity:
+            return
+        kv = like.new_zeros(len(self.layers), 2, 1, self.kv_heads, max(needed, 2 * capacity, 256),
+                            self.head_dim)
+        if self.kv is not None:
+            kv[..., : self.length, :] = self.kv[..., : self.length, :]
+        self.kv = kv
+
+    def hidden(self, ids: Tensor) -> Tensor:
+        m, start = ids.shape[0], self.length
+        end = start + m
+        x = self.embed(ids)[None]  # [1, m, hidden]
+        self._reserve(end, x)
+        cos, sin = self.rotary(x, torch.arange(start, end, device=ids.device)[None])
+        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        # Row i sees the cache and new tokens up to its own; one token sees everything.
+        mask = (None if m == 1 else
+                torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = (proj(h).view(1, m, -1, self.head_dim).transpose(1, 2)
+                       for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = self.kv[i, 0], self.kv[i, 1]
+            keys[:, :, start:end], values[:, :, start:end] = k, v
+            out = F.scaled_dot_product_attention(
+                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
+                enable_gqa=True)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(1, m, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.length = end
+        return self.norm(x[0, -1:])[0]
+
+
+def make_decoder(model: PreTrainedModel) -> HFDecoder | LeanDecoder:
+    return LeanDecoder(model) if lean_supported(model) else HFDecoder(model)
