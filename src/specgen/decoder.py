@@ -1,10 +1,11 @@
 """Model forwards over a KV cache: transformers' own (the target's, and any draft's), and a
 lean one for Llama-family drafts.
 
-A draft pass over one token is mostly overhead around its matmuls. On the demo draft (0.5B,
-int8-dyn, 2 CPU threads) the model's own layers, called directly over a preallocated KV cache,
-take ~10 ms less than transformers' generic forward (cache objects, mask building, attention
-dispatch) of ~90 ms (bench/NOTES.md, Round 6). Only drafts use it: what the draft computes is
+A draft pass over one token is small matmuls and much overhead around them. On the demo
+draft (0.5B, int8-dyn, 2 CPU threads) the model's own layers, called directly over a
+preallocated KV cache, took 3–9 ms less than transformers' generic forward (cache objects,
+mask building, attention dispatch) of 78–100 ms (bench/lean_draft_probe.py; bench/NOTES.md,
+Round 6). Only drafts use it: what the draft computes is
 what q is, so it need not match any other forward bit for bit (exactness is the target's).
 Both decoders answer `hidden(ids)` (the last position's final hidden state, after the last
 norm), `crop(length)` and `length`.
@@ -57,7 +58,7 @@ class HFDecoder:
 
 
 def lean_supported(model: PreTrainedModel) -> bool:
-    """The decoders LeanDecoder computes exactly as transformers does (tested per family)."""
+    """Whether LeanDecoder computes this model as transformers does (tested per family)."""
     config = model.config
     return (
         config.model_type in LEAN_FAMILIES

@@ -74,7 +74,7 @@ class ModelDrafter:
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = min(vocab_size, model.config.get_text_config().vocab_size)
-        out = model.get_output_embeddings()
+        out = self.output = model.get_output_embeddings()
         # Only a float head can be cut to its first rows; a quantized head drafts in full.
         trim = (head_rows is not None and head_rows < self.vocab_size
                 and isinstance(out, torch.nn.Linear) and out.bias is None)
@@ -104,7 +104,7 @@ class ModelDrafter:
     def _logits(self, ids: Tensor) -> Tensor:
         h = self.decoder.hidden(ids)
         if self.head is None:
-            return self.model.get_output_embeddings()(h)[: self.vocab_size]
+            return self.output(h[None])[0, : self.vocab_size]  # 2-D: bitsandbytes layers want it
         return torch.nn.functional.linear(h, self.head)
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:

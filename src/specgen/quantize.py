@@ -135,9 +135,9 @@ class QuantLinear(nn.Module):
     Both compute in bf16 (the kernels' vectorised path).
     kind "int8-dyn": fbgemm's packed int8 weight (`packed`; `weight` and `scales` are None),
     activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
-    (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: ~30%
-    fewer small ops per layer, and nothing needs a draft token's result to be independent
-    of the others in its pass).
+    (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
+    draft token's result need be independent of the others in its pass, and the demo draft's
+    one-token pass took 78–85 ms instead of 97–100, bench/lean_draft_probe.py).
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
@@ -243,13 +243,12 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         owner = model.get_submodule(parent) if parent else model
         layer = (QuantLinear.from_linear(getattr(owner, attr), scheme) if fresh
                  else QuantLinear.from_state(saved[name]))
+        layer.batch_invariant = verifier  # only a verifier needs the anchor row's care
         setattr(owner, attr, layer)
     if fresh and path is not None:
         save_layers({name: model.get_submodule(name) for name in names}, path)
     if scheme == "int8-dyn" and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
-    for name in names:
-        model.get_submodule(name).batch_invariant = verifier
     return model
 
 
