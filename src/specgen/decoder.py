@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
 
@@ -66,11 +67,6 @@ def lean_supported(model: PreTrainedModel) -> bool:
     )
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class LeanDecoder:
     """The model's layers called directly over a KV cache of its own: one preallocated
     tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
@@ -105,7 +101,6 @@ class LeanDecoder:
         x = self.embed(ids)[None]  # [1, m, hidden]
         self._reserve(end, x)
         cos, sin = self.rotary(x, torch.arange(start, end, device=ids.device)[None])
-        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         # Row i sees the cache and new tokens up to its own; one token sees everything.
         mask = (None if m == 1 else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
@@ -114,8 +109,7 @@ class LeanDecoder:
             h = layer.input_layernorm(x)
             q, k, v = (proj(h).view(1, m, -1, self.head_dim).transpose(1, 2)
                        for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = self.kv[i, 0], self.kv[i, 1]
             keys[:, :, start:end], values[:, :, start:end] = k, v
             out = F.scaled_dot_product_attention(
