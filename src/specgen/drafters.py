@@ -104,7 +104,7 @@ class ModelDrafter:
     def _logits(self, ids: Tensor) -> Tensor:
         h = self.decoder.hidden(ids)
         if self.head is None:
-            return self.output(h[None])[0, : self.vocab_size]  # 2-D: bitsandbytes layers want it
+            return self.output(h[None])[0, : self.vocab_size]  # one row, as layers are called elsewhere
         return torch.nn.functional.linear(h, self.head)
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
