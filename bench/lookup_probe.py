@@ -76,8 +76,8 @@ class CountingLookup(PromptLookupDrafter):
         self.asked: list[int] = []
         self.found: list[int] = []
 
-    def propose(self, tokens, k, params, generator):
-        ids, q = super().propose(tokens, k, params, generator)
+    def propose(self, tokens, k, params, generator, guesser=None, stop_below=0.0):
+        ids, q = super().propose(tokens, k, params, generator, guesser, stop_below)
         self.asked.append(k)
         self.found.append(ids.shape[0])
         return ids, q

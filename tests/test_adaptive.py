@@ -3,7 +3,8 @@
 import pytest
 
 from specgen.adaptive import (
-    AdaptiveK, FixedK, choose_guesser, expected_tokens, record_pass, verify_curve,
+    AdaptiveK, FixedK, Policies, choose_guesser, expected_tokens, marginal_verify_cost,
+    record_pass, verify_curve,
 )
 
 
@@ -13,6 +14,12 @@ def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
     assert verify_curve(costs, 6) == pytest.approx(3.2)
     assert verify_curve(costs, 12) == pytest.approx(3.4)  # beyond the widest: flat
     assert verify_curve({4: 0.2}, 0) == pytest.approx(0.2)
+
+
+def test_marginal_verify_cost_is_the_slope_over_the_measured_speculative_passes():
+    assert marginal_verify_cost({0: 0.5, 1: 1.0, 3: 1.2, 9: 1.8}) == pytest.approx(0.1)
+    assert marginal_verify_cost({0: 0.5, 2: 1.0}) == 0.0  # one width: no slope yet
+    assert marginal_verify_cost({1: 1.0, 4: 0.7}) == 0.0  # noise, never a negative cost
 
 
 def test_the_plain_step_cost_is_measured_before_it_is_compared():
@@ -159,3 +166,43 @@ def test_expected_tokens():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def measured(self_stopping: bool, k_max: int = 16) -> AdaptiveK:
+    """A policy that has measured everything: drafts of 4 mostly kept."""
+    policy = AdaptiveK(k_max, self_stopping=self_stopping)
+    feed(policy, 4, 3, draft_s=0.05, verify_s=0.8)
+    step(policy, 1, 1, 0.05, 0.7)
+    step(policy, 0, 0, 0.0, 0.6)
+    return policy
+
+
+def test_a_self_stopping_guesser_is_offered_k_max_and_a_stop_threshold():
+    policy, plain = measured(self_stopping=True), measured(self_stopping=False)
+    assert 0 < plain.choose(100) < 16 and plain.stop_below(8) == 0.0  # one K for every step
+    assert policy.choose(100) == 16 and policy.choose(5) == 5
+    # One more token costs a draft pass (0.05 s) plus the verify slope ((0.8 - 0.7) / 3 s);
+    # it must be worth that many seconds at the expected rate.
+    slope = (policy.verify_cost[4] - policy.verify_cost[1]) / 3
+    assert policy.stop_below(16) == pytest.approx(policy.rate(16) * (0.05 + slope))
+    assert 0 < policy.stop_below(16) < 1
+
+
+def test_a_self_stopping_guesser_drafts_freely_until_costs_are_measured():
+    policy = AdaptiveK(16, self_stopping=True)
+    assert policy.stop_below(2) == 0.0 and policy.choose(100) == 2  # a short first step
+    assert FixedK(4).stop_below(4) == 0.0
+
+
+def test_a_useless_self_stopping_draft_is_still_switched_off_and_probed():
+    policy = AdaptiveK(6, self_stopping=True)
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
+    step(policy, 0, 0, 0.0, 0.17)
+    ks = [policy.choose(100) for _ in range(policy.probe_every)]
+    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 1
+
+
+def test_policies_are_made_per_guesser_on_first_use():
+    policies = Policies(lambda guesser: AdaptiveK(4, self_stopping=guesser == "model"))
+    assert policies["model"].self_stopping and not policies["lookup-2"].self_stopping
+    assert policies["model"] is policies["model"] and len(policies) == 2

@@ -6,6 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
+import specgen.engine
+from specgen.adaptive import AdaptiveK
 from specgen.drafters import (
     HybridDrafter,
     ModelDrafter,
@@ -16,7 +18,9 @@ from specgen.drafters import (
 from specgen.engine import SpeculativeGenerator
 from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams
-from test_exactness import ALPHA, SAMPLES, VOCAB, chi_square_pvalue, target_joint, tiny_pair
+from test_exactness import (
+    ALPHA, SAMPLES, VOCAB, StopAt, chi_square_pvalue, target_joint, tiny_pair,
+)
 from tiny import sharpen, tiny_model
 
 GREEDY = SamplingParams()
@@ -365,3 +369,52 @@ def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):
     gen = SpeculativeGenerator(target, ModelDrafter(draft, 64, confidence=0.6), 8, adaptive=True)
     for seed in PROMPT_SEEDS:
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
+
+
+def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_below(pair, expected):
+    """Adaptive K's stop: the draft goes on while the product of its own token probabilities
+    stays above `stop_below`; it keeps the token that took it below. The hybrid passes the
+    threshold to its model; greedy output stays the target's."""
+    target, draft = pair
+    context = repetitive_prompt(0)
+    probs = []
+    full = ModelDrafter(draft, 64)
+    original = full._logits
+    full._logits = lambda ids: (lambda out: (probs.append(torch.softmax(out, -1).max().item()), out)[1])(original(ids))
+    uncut, _ = full.propose(context, 8, GREEDY, None)
+    sure = torch.tensor(probs).cumprod(0)
+    assert sure[3] < sure[2], probs  # the fixture must exercise the stop
+    threshold = float(sure[2] + sure[3]) / 2  # above the product of 4 tokens, below that of 3
+    ids, _ = ModelDrafter(draft, 64).propose(context, 8, GREEDY, None, stop_below=threshold)
+    assert ids.tolist() == uncut[:4].tolist()
+    hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
+    assert hybrid.propose(context, 8, GREEDY, None, "model", threshold)[0].tolist() == uncut[:4].tolist()
+    assert PromptLookupDrafter().propose(context, 8, GREEDY, None, stop_below=0.99)[0].numel() == 8
+    for seed in PROMPT_SEEDS:  # exact whatever the stop
+        gen = SpeculativeGenerator(target, StopAt(draft, 64, threshold), 8, adaptive=False)
+        assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
+
+
+def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, monkeypatch):
+    """The draft model's policy is the self-stopping kind; what it says goes to propose."""
+    target, draft = pair
+    made = {}
+
+    class Stub(AdaptiveK):
+        def __init__(self, k_max, **kwargs):
+            super().__init__(k_max, **kwargs)
+            made[len(made)] = kwargs["self_stopping"]
+
+        def choose(self, limit):
+            return min(self.k_max, limit)
+
+        def stop_below(self, k):
+            return 0.25
+
+    monkeypatch.setattr(specgen.engine, "AdaptiveK", Stub)
+    drafter = ModelDrafter(draft, 64)
+    asked = []
+    propose = drafter.propose
+    drafter.propose = lambda *a: (asked.append((a[1], a[5])), propose(*a))[1]
+    SpeculativeGenerator(target, drafter, 8).generate(repetitive_prompt(0), max_new_tokens=12)
+    assert made == {0: True} and asked[0] == (8, 0.25)

@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 
 import specgen.engine
 from specgen import SpeculativeGenerator
+from specgen.drafters import ModelDrafter
 from specgen.sampling import SamplingParams, probs_from_logits, sample
 from tiny import distill, sharpen, tiny_model
 
@@ -137,7 +138,6 @@ def test_chi_square_helper_pools_small_cells():
 def test_a_draft_over_part_of_the_vocabulary_keeps_the_target_distribution():
     """A trimmed draft head (head_rows) makes q zero on the other ids; rejection sampling
     must still emit exactly the target's distribution, including those ids."""
-    from specgen.drafters import ModelDrafter
 
     target, draft = tiny_pair("qwen2")
     params = SamplingParams(1.0)
@@ -150,10 +150,36 @@ def test_a_draft_over_part_of_the_vocabulary_keeps_the_target_distribution():
     assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
 
 
+class StopAt(ModelDrafter):
+    """A draft model that always ends its drafts at one `stop_below` threshold."""
+
+    def __init__(self, model, vocab: int, threshold: float) -> None:
+        super().__init__(model, vocab)
+        self.threshold = threshold
+
+    def propose(self, tokens, k, params, generator, guesser=None, stop_below=0.0):
+        return super().propose(tokens, k, params, generator, guesser, self.threshold)
+
+
+def test_ending_drafts_where_the_whole_draft_becomes_unlikely_keeps_the_target_distribution():
+    """Adaptive K's stop (the draft's probability of all its tokens so far) also depends on
+    the draft alone: the distribution must not move."""
+    target, draft = tiny_pair("llama")
+    params = SamplingParams(1.0)
+    joint = target_joint(target, PROMPT, 3, params)
+    gen = SpeculativeGenerator(target, StopAt(draft, VOCAB, 0.05), 3, adaptive=False)
+    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=3, temperature=1.0).stats.k_per_step[0]
+               for i in range(50)]
+    assert 1 in first_k and 2 in first_k  # some drafts really end early
+    samples, sources = draw(gen, 3, params)
+    assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
+    pvalue = chi_square_pvalue(samples, joint)
+    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+
+
 def test_ending_drafts_at_low_draft_confidence_keeps_the_target_distribution():
     """Where a draft ends depends on the draft's own probabilities; every position is still
     either verified or drawn by the target, so the distribution must not move."""
-    from specgen.drafters import ModelDrafter
 
     target, draft = tiny_pair("llama")
     params = SamplingParams(1.0)

@@ -12,12 +12,19 @@ about how soon after switching off the draft may be worth another try.
 Several guessers (a hybrid's prompt lookup and draft model) each get a policy of their own,
 since their costs and acceptance differ; each step goes to the one with the best expected
 rate. The target's pass costs are the target's, whoever drafted: the policies share them.
+
+A draft model knows how sure it is of each token, and the chance that a drafted prefix
+survives verification is about the product of its probabilities. So its policy offers it
+k_max and a threshold (`stop_below`) instead of one K for every step: the draft goes on
+while one more token could still pay for itself, which is long in boilerplate and short
+where the text turns. Acceptance measured over such self-ended drafts only decides whether
+to speculate at all.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 
@@ -45,6 +52,17 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
 
 
+def marginal_verify_cost(costs: dict[int, float]) -> float:
+    """Seconds one more draft token adds to a verify pass: the slope between the narrowest
+    and the widest measured speculative passes; 0 until two widths are measured (wider
+    drafts then look free, which gets them measured)."""
+    widths = sorted(k for k in costs if k >= 1)
+    if len(widths) < 2:
+        return 0.0
+    lo, hi = widths[0], widths[-1]
+    return max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
+
+
 def moving_average(old: float | None, new: float) -> float:
     """Costs drift (caches grow, the machine's load changes): weight recent measurements."""
     return new if old is None else 0.8 * old + 0.2 * new
@@ -61,6 +79,20 @@ class Policy(Protocol):
     def rate(self, k: int) -> float: ...
 
     def update(self, k: int, n_accepted: int, draft_seconds: float) -> None: ...
+
+    def stop_below(self, k: int) -> float: ...
+
+
+class Policies(dict):
+    """One policy per guesser, made on first use by `make(guesser)`."""
+
+    def __init__(self, make: Callable[[str], Policy]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, guesser: str) -> Policy:
+        policy = self[guesser] = self.make(guesser)
+        return policy
 
 
 def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int
@@ -92,15 +124,22 @@ class FixedK:
     def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
         pass
 
+    def stop_below(self, k: int) -> float:
+        return 0.0  # K is K
+
 
 class AdaptiveK:
-    """Pick K in [0, k_max] from the running acceptance rate and measured costs."""
+    """Pick K in [0, k_max] from the running acceptance rate and measured costs.
+    `self_stopping`: the guesser ends its drafts itself at `stop_below` (a draft model), so
+    when speculation pays it is offered k_max."""
 
     def __init__(
         self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7, probe_every: int = 16,
         max_probe_every: int = 128, verify_cost: dict[int, float] | None = None,
+        self_stopping: bool = False,
     ) -> None:
         self.k_max = k_max
+        self.self_stopping = self_stopping
         self.decay = decay
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.wait = probe_every  # plain steps before the next probe
@@ -147,7 +186,16 @@ class AdaptiveK:
                 self.plain_steps = 0
                 self.probing = True
                 return 1  # the cheapest probe: does the draft guess the next token?
-        return best
+        return top if best and self.self_stopping else best
+
+    def stop_below(self, k: int) -> float:
+        """End a self-ended draft once the draft's probability of every token so far
+        falls below this. The next token would add at most that probability in expected
+        tokens, for a draft pass and a wider verify pass: worth it only while that is more
+        than those seconds yield at the expected rate. 0 (no stop) until costs are measured."""
+        if not self.self_stopping or self.draft_cost is None or not self.verify_cost:
+            return 0.0
+        return self.rate(k) * (self.draft_cost + marginal_verify_cost(self.verify_cost))
 
     def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
         """After a step this policy drafted (k >= 1); the pass itself goes to record_pass.

@@ -28,6 +28,7 @@ from specgen.errors import ConfigError
 from specgen.sampling import SamplingParams, probs_from_logits, sample
 
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
+MODEL = "model"  # the draft model's guesser name; it ends its own drafts (stop_below)
 
 
 class Drafter(Protocol):
@@ -39,7 +40,7 @@ class Drafter(Protocol):
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        guesser: str | None = None,
+        guesser: str | None = None, stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]: ...
 
     def rollback(self, n_valid: int) -> None: ...
@@ -60,11 +61,14 @@ class ModelDrafter:
     output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
     on the other ids, which rejection sampling handles exactly; only acceptance can suffer.
 
-    `confidence` ends a draft early: once the draft gives its own token a probability below
-    it, later guesses are unlikely to survive and would only cost draft passes (the cut-off of
-    transformers' assisted generation). The stop depends on the draft's outputs alone, never
-    on the target's, so every position is still either verified by rejection sampling or
-    drawn by the target: the output distribution is unchanged."""
+    A draft ends early, after the token that brings it below either of two limits: the
+    draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
+    assisted generation has), or its probability of the whole draft so far under the
+    `stop_below` of a `propose` call (adaptive K's estimate of where drafting stops paying).
+    Later guesses are unlikely to survive and would only cost draft passes. The stop depends
+    on the draft's outputs alone, never on the target's, so every position is still either
+    verified by rejection sampling or drawn by the target: the output distribution is
+    unchanged."""
 
     def __init__(self, model: PreTrainedModel, vocab_size: int, head_rows: int | None = None,
                  confidence: float = 0.0) -> None:
@@ -108,28 +112,33 @@ class ModelDrafter:
         return torch.nn.functional.linear(h, self.head)
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
-        return ("model",)
+        return (MODEL,)
 
+    @torch.no_grad()  # when called outside the engine's inference mode, as tests do
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        guesser: str | None = None,
+        guesser: str | None = None, stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
         pending = self._missing(tokens)
         ids, qs = [], []
+        sure = 1.0  # the draft's probability of its whole draft so far
         for _ in range(k):
             logits = self._logits(pending)
             self._passes += 1
             if params.greedy:
                 token = logits.argmax(-1)
-                q = torch.softmax(logits.float(), -1) if self.confidence else None
+                q = torch.softmax(logits.float(), -1) if self.confidence or stop_below else None
             else:
                 q = probs_from_logits(logits, params)
                 token = sample(q, generator)
                 qs.append(q)
             ids.append(token)
             pending = token[None]
-            if self.confidence and q[token] < self.confidence:
-                break
+            if q is not None:
+                p = float(q[token])
+                sure *= p
+                if p < self.confidence or sure < stop_below:
+                    break
         if not ids:
             return tokens.new_empty(0), None
         return torch.stack(ids), (torch.stack(qs) if qs else None)
@@ -196,7 +205,7 @@ class PromptLookupDrafter:
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        guesser: str | None = None,
+        guesser: str | None = None, stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
         if k < 1:
             return tokens.new_empty(0), None
@@ -239,17 +248,17 @@ class HybridDrafter:
         return self.model_drafter.forward_passes
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
-        return self.lookup_drafter.guessers(tokens) + ("model",)
+        return self.lookup_drafter.guessers(tokens) + (MODEL,)
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        guesser: str | None = None,
+        guesser: str | None = None, stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
-        if guesser != "model":  # None: lookup when it matches, else the model
+        if guesser != MODEL:  # None: lookup when it matches, else the model
             ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
             if ids.numel() or k < 1 or guesser is not None:
                 return ids, q
-        return self.model_drafter.propose(tokens, k, params, generator)
+        return self.model_drafter.propose(tokens, k, params, generator, stop_below=stop_below)
 
     def rollback(self, n_valid: int) -> None:
         self.model_drafter.rollback(n_valid)

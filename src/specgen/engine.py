@@ -9,7 +9,6 @@ tokens as they are decided and knows nothing of terminals, files or tokenizer di
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -18,9 +17,9 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from specgen.adaptive import AdaptiveK, FixedK, choose_guesser, record_pass
+from specgen.adaptive import AdaptiveK, FixedK, Policies, choose_guesser, record_pass
 from specgen.decoder import crop, forward, hidden
-from specgen.drafters import Drafter, ModelDrafter
+from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 
@@ -225,8 +224,9 @@ class SpeculativeGenerator:
         # One K policy per guesser (a hybrid's lookup and model differ in cost and acceptance);
         # the target's pass costs are measured once for all of them.
         verify_cost: dict[int, float] = {}
-        policies = defaultdict(lambda: AdaptiveK(self.k_max, verify_cost=verify_cost)
-                               if self.adaptive else FixedK(self.k_max))
+        policies = Policies(lambda guesser: AdaptiveK(
+            self.k_max, verify_cost=verify_cost, self_stopping=guesser == MODEL,
+        ) if self.adaptive else FixedK(self.k_max))
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         context_limit = self._context_limit()
@@ -247,11 +247,12 @@ class SpeculativeGenerator:
         try:
             while stats.new_tokens < max_new_tokens:
                 # 1. Draft: pick the guesser and its K, then propose up to K tokens (never
-                #    more than are still wanted).
+                #    more than are still wanted; a draft model may end sooner).
                 t0 = time.perf_counter()
                 guesser, k = choose_guesser(policies, self.drafter.guessers(tokens),
                                             max_new_tokens - stats.new_tokens - 1)
-                drafts, q = self.drafter.propose(tokens, k, params, gen_d, guesser)
+                stop_below = policies[guesser].stop_below(k) if guesser else 0.0
+                drafts, q = self.drafter.propose(tokens, k, params, gen_d, guesser, stop_below)
                 drafts = drafts.to(self.device)
                 k = drafts.shape[0]  # a drafter may find fewer than asked
                 if self.device.type == "cuda":
