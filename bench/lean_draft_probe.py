@@ -1,11 +1,13 @@
 """Where a draft pass goes: one-token draft forwards after a 64-token context, transformers'
 forward (HFDecoder) against the lean one (LeanDecoder), with the int8-dyn layers scaled per
-row with an anchor (as a verifier's) or by fbgemm itself (as a draft's now are).
+row with an anchor (as a verifier's) or by fbgemm itself (as a draft's now are), and the lean
+forward with its int8-dyn projections called one by one or joined (q/k/v and gate/up in one
+fbgemm call each, as it runs now).
 
     SPECGEN_CACHE_DIR=... python bench/lean_draft_probe.py [--profile qwen-coder-demo-int8]
 
 Prints ms per draft pass (body and output layer), minimum and median of --reps, for each of
-the four arrangements in turn, --rounds times (the machine drifts); the models are loaded as
+the five arrangements in turn, --rounds times (the machine drifts); the models are loaded as
 the profile loads them.
 """
 
@@ -50,16 +52,21 @@ def main() -> None:
         decoders = {"transformers": HFDecoder(draft), "lean": LeanDecoder(draft)}
         for decoder in decoders.values():
             decoder.hidden(ids)
+        joined = decoders["lean"].projections
         for _ in range(args.rounds):
-            for anchored in (True, False):
+            arrangements = [(True, "transformers"), (True, "lean"), (False, "transformers"),
+                            (False, "lean"), (False, "lean, joined")]
+            for anchored, name in arrangements:
                 for layer in layers:
                     layer.batch_invariant = anchored
-                for name, decoder in decoders.items():
-                    best, median = per_call_ms(decoder, draft.get_output_embeddings(), ids,
-                                               args.reps)
-                    scaling = "anchor row" if anchored else "fbgemm's own"
-                    print(f"{name:>12} forward, {scaling:>12} scaling: {best:6.1f} ms min, "
-                          f"{median:6.1f} ms median")
+                for projections in joined:
+                    for p in projections:
+                        p.joined = name == "lean, joined"
+                decoder = decoders[name.split(",")[0]]
+                best, median = per_call_ms(decoder, draft.get_output_embeddings(), ids, args.reps)
+                scaling = "anchor row" if anchored else "fbgemm's own"
+                print(f"{name:>12} forward, {scaling:>12} scaling: {best:6.1f} ms min, "
+                      f"{median:6.1f} ms median")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specgen.decoder import HFDecoder, LeanDecoder, lean_supported, make_decoder
+from specgen.decoder import HFDecoder, LeanDecoder, Projections, lean_supported, make_decoder
+from specgen.quantize import QuantLinear, apply
 from tiny import tiny_model
 
 
@@ -20,14 +21,39 @@ def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("quantization", [None, "int8-dyn"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_lean_decoder_matches_transformers(family):
+def test_lean_decoder_matches_transformers(family, quantization):
+    """Also with an int8-dyn draft, whose q/k/v and gate/up layers the lean decoder joins
+    into one fbgemm call each (Qwen2's q/k/v have biases; Llama's have none)."""
     model = tiny_model(family, vocab=64, hidden=32, layers=2)
-    assert lean_supported(model) and isinstance(make_decoder(model), LeanDecoder)
+    if quantization:
+        apply(model, quantization, verifier=False)
+    lean = make_decoder(model)
+    assert lean_supported(model) and isinstance(lean, LeanDecoder)
+    assert all(p.joined == bool(quantization) for layer in lean.projections for p in layer)
     ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(0))
-    for lean, reference in zip(steps(LeanDecoder(model), ids), steps(HFDecoder(model), ids)):
-        torch.testing.assert_close(lean, reference, atol=1e-5, rtol=1e-5)
+    for _ in range(2):  # a reset decoder starts afresh
+        for got, reference in zip(steps(lean, ids), steps(HFDecoder(model), ids)):
+            torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
+        lean.reset()
+        assert lean.length == 0
+
+
+def test_joined_int8_dyn_layers_give_each_layers_own_output():
+    torch.manual_seed(0)
+    layers = [QuantLinear.from_linear(torch.nn.Linear(32, n, bias=b), "int8-dyn")
+              for n, b in ((48, True), (16, False), (16, True))]
+    for layer in layers:
+        layer.batch_invariant = False  # a draft's
+    x = torch.randn(3, 32)
+    joined = Projections(layers)
+    assert joined.joined and joined.packed is not layers[0].packed
+    for got, layer in zip(joined(x), layers):
+        torch.testing.assert_close(got, layer(x), atol=1e-6, rtol=1e-6)
+    layers[0].batch_invariant = True  # a verifier's layers are never joined
+    assert not Projections(layers).joined
 
 
 def test_sliding_window_models_keep_transformers_forward():

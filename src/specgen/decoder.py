@@ -13,11 +13,15 @@ norm), `crop(length)` and `length`.
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
+
+from specgen.quantize import QuantLinear, join_int8_dyn
 
 LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
 
@@ -57,6 +61,9 @@ class HFDecoder:
     def crop(self, length: int) -> None:
         crop(self.cache, length)
 
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
 
 def lean_supported(model: PreTrainedModel) -> bool:
     """Whether LeanDecoder computes this model as transformers does (tested per family)."""
@@ -65,6 +72,43 @@ def lean_supported(model: PreTrainedModel) -> bool:
         config.model_type in LEAN_FAMILIES
         and not getattr(config, "use_sliding_window", False)  # full causal attention only
     )
+
+
+class Projections:
+    """Linear layers that read one input [m, in], called as one: an int8-dyn draft's layers
+    joined into one fbgemm call with no module in between (the demo draft's one-token pass:
+    44–49 ms at best against 53–54 ms called one by one, bench/NOTES.md, Round 7); any other
+    layers called one by one."""
+
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        self.layers = layers
+        self.joined = all(isinstance(layer, QuantLinear) and layer.kind == "int8-dyn"
+                          and not layer.batch_invariant for layer in layers)
+        if self.joined:
+            self.packed, self.bias = join_int8_dyn(layers)
+            self.sizes = [layer.out_features for layer in layers]
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        if not self.joined:
+            return [layer(x) for layer in self.layers]
+        y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
+        if self.bias is not None:
+            y = y + self.bias
+        return list(y.to(x.dtype).split(self.sizes, -1))
+
+
+# Joined weights are a copy: made once per draft model, however many drafters share it.
+_projections: WeakKeyDictionary[PreTrainedModel, list[tuple[Projections, ...]]] = WeakKeyDictionary()
+
+
+def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
+    """Per decoder layer: q/k/v, o, gate/up and down, as `Projections`."""
+    if model not in _projections:
+        _projections[model] = [
+            (Projections([a.q_proj, a.k_proj, a.v_proj]), Projections([a.o_proj]),
+             Projections([mlp.gate_proj, mlp.up_proj]), Projections([mlp.down_proj]))
+            for a, mlp in ((layer.self_attn, layer.mlp) for layer in model.base_model.layers)]
+    return _projections[model]
 
 
 class LeanDecoder:
@@ -79,11 +123,15 @@ class LeanDecoder:
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads)
         self.kv_heads = config.num_key_value_heads
+        self.projections = layer_projections(model)
         self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
         self.length = 0
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def reset(self) -> None:
+        self.length = 0
 
     def _reserve(self, needed: int, like: Tensor) -> None:
         capacity = 0 if self.kv is None else self.kv.shape[4]
@@ -98,27 +146,27 @@ class LeanDecoder:
     def hidden(self, ids: Tensor) -> Tensor:
         m, start = ids.shape[0], self.length
         end = start + m
-        x = self.embed(ids)[None]  # [1, m, hidden]
+        x = self.embed(ids)  # [m, hidden]
         self._reserve(end, x)
-        cos, sin = self.rotary(x, torch.arange(start, end, device=ids.device)[None])
+        cos, sin = self.rotary(x[None], torch.arange(start, end, device=ids.device)[None])
         # Row i sees the cache and new tokens up to its own; one token sees everything.
         mask = (None if m == 1 else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
-        for i, layer in enumerate(self.layers):
+        for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = (proj(h).view(1, m, -1, self.head_dim).transpose(1, 2)
-                       for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2)
+                       for t in qkv(layer.input_layernorm(x)))
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = self.kv[i, 0], self.kv[i, 1]
             keys[:, :, start:end], values[:, :, start:end] = k, v
             out = F.scaled_dot_product_attention(
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
                 enable_gqa=True)
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(1, m, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + o(out.transpose(1, 2).reshape(m, -1))[0]
+            gate, up = gate_up(layer.post_attention_layernorm(x))
+            x = x + down(layer.mlp.act_fn(gate) * up)[0]
         self.length = end
-        return self.norm(x[0, -1:])[0]
+        return self.norm(x[-1:])[0]
 
 
 def make_decoder(model: PreTrainedModel) -> HFDecoder | LeanDecoder:

@@ -83,10 +83,11 @@ class ModelDrafter:
         trim = (head_rows is not None and head_rows < self.vocab_size
                 and isinstance(out, torch.nn.Linear) and out.bias is None)
         self.head = out.weight[:head_rows] if trim else None  # a view: no copy
-        self.reset()
+        self.decoder = make_decoder(model)  # made once: it may prepare joined weights
+        self._passes = 0
 
     def reset(self) -> None:
-        self.decoder = make_decoder(self.model)
+        self.decoder.reset()
         self._passes = 0
 
     @property

@@ -214,6 +214,23 @@ class QuantLinear(nn.Module):
                 f"kind={self.kind}{group}, bias={self.bias is not None}")
 
 
+def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
+    """One fbgemm weight (and bias) computing int8-dyn `layers` that read the same input,
+    their outputs side by side: fewer, larger calls for a draft's q/k/v and gate/up
+    projections. fbgemm scales a draft layer's input once per call, the same for every
+    layer on that input, so the joined call gives each layer's output as its own call does.
+    A single layer keeps its own weight; joined ones are a new copy (the layers stay whole
+    for transformers' forward)."""
+    if len(layers) == 1:
+        return layers[0].packed, layers[0].bias
+    weights, scales = zip(*(layer.stored() for layer in layers))
+    biases = [layer.bias for layer in layers]
+    bias = None if all(b is None for b in biases) else torch.cat([
+        torch.zeros(layer.out_features) if b is None else b.float()
+        for layer, b in zip(layers, biases)])
+    return prepack_int8(torch.cat(weights), torch.cat(scales)), bias
+
+
 # --- applying to a model, with an on-disk cache ------------------------------------------
 
 def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
