@@ -3,8 +3,8 @@
 import pytest
 
 from specgen.adaptive import (
-    AdaptiveK, FixedK, Policies, choose_guesser, expected_tokens, marginal_verify_cost,
-    record_pass, verify_curve,
+    FIRST_K, FIRST_STOP, TRIAL_STEPS, AdaptiveK, FixedK, Policies, choose_guesser,
+    expected_tokens, marginal_verify_cost, record_pass, verify_curve,
 )
 
 
@@ -22,17 +22,17 @@ def test_marginal_verify_cost_is_the_slope_over_the_measured_speculative_passes(
     assert marginal_verify_cost({1: 1.0, 4: 0.7}) == 0.0  # noise, never a negative cost
 
 
-def test_the_plain_step_cost_is_measured_before_it_is_compared():
+def test_a_plain_step_is_measured_first_then_short_drafts():
     policy = AdaptiveK(4)
-    assert policy.choose(100) == 2  # a short speculative step first
-    assert AdaptiveK(1).choose(100) == 1 and AdaptiveK(0).choose(100) == 0
+    assert policy.choose(100) == 0  # the cost speculation has to beat, never assumed
+    step(policy, 0, 0, 0.0, 0.7)
+    assert policy.verify_cost[0] == pytest.approx(0.7)
+    assert policy.choose(100) == 2  # then a short speculative step
+    assert policy.choose(1) == 1 and AdaptiveK(0, verify_cost={0: 0.7}).choose(100) == 0
     step(policy, 2, 2, 0.4, 2.4)
     assert policy.choose(100) == 2 and policy.draft_cost is None  # the first one warmed up
     step(policy, 2, 2, 0.4, 2.4)
     assert policy.draft_cost == pytest.approx(0.2)
-    assert policy.choose(100) == 0  # then one plain step, whatever the acceptance
-    step(policy, 0, 0, 0.0, 0.7)
-    assert policy.verify_cost[0] == pytest.approx(0.7)
 
 
 def step(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float) -> None:
@@ -145,8 +145,11 @@ def test_an_untried_guesser_drafts_only_where_it_could_beat_the_tried_ones():
     untried = AdaptiveK(6, verify_cost=costs)
     assert choose_guesser({"lookup-3": good, "model": untried}, ("lookup-3", "model"), 100)[0] == "lookup-3"
     assert choose_guesser({"lookup-1": bad, "model": untried}, ("lookup-1", "model"), 100) == ("model", 2)
-    assert choose_guesser({"lookup-3": AdaptiveK(6), "model": AdaptiveK(6)}, ("lookup-3", "model"), 100
-                          ) == ("lookup-3", 2)  # nothing measured: the first in order
+    fresh = {"lookup-3": AdaptiveK(6), "model": AdaptiveK(6)}
+    assert choose_guesser(fresh, ("lookup-3", "model"), 100) == (None, 0)  # a plain step first
+    record_pass(fresh["model"].verify_cost, 0, 0.17)
+    record_pass(fresh["lookup-3"].verify_cost, 0, 0.17)
+    assert choose_guesser(fresh, ("lookup-3", "model"), 100) == ("lookup-3", 2)  # the first in order
 
 
 def test_a_probe_not_taken_is_forgotten():
@@ -188,9 +191,12 @@ def test_a_self_stopping_guesser_is_offered_k_max_and_a_stop_threshold():
     assert 0 < policy.stop_below(16) < 1
 
 
-def test_a_self_stopping_guesser_drafts_freely_until_costs_are_measured():
+def test_a_self_stopping_guesser_stops_at_a_fixed_threshold_until_costs_are_measured():
     policy = AdaptiveK(16, self_stopping=True)
-    assert policy.stop_below(2) == 0.0 and policy.choose(100) == 2  # a short first step
+    assert policy.choose(100) == 0  # the plain step
+    step(policy, 0, 0, 0.0, 0.17)
+    assert policy.choose(100) == 16 and policy.stop_below(16) == FIRST_STOP  # a fixed stop
+    assert AdaptiveK(16, verify_cost={0: 0.17}).choose(100) == FIRST_K  # lookup: a short K
     assert FixedK(4).stop_below(4) == 0.0
 
 
@@ -199,10 +205,48 @@ def test_a_useless_self_stopping_draft_is_still_switched_off_and_probed():
     feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
     step(policy, 0, 0, 0.0, 0.17)
     ks = [policy.choose(100) for _ in range(policy.probe_every)]
-    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 1
+    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6  # a self-ended probe
+
+
+def test_a_self_ended_draft_is_judged_by_its_measured_yield_against_a_plain_step():
+    policy = AdaptiveK(16, self_stopping=True)
+    step(policy, 0, 0, 0.0, 0.5)  # a plain step: 2 tokens/s
+    step(policy, 2, 2, 0.9, 0.7)  # the first draft's time (reading the prompt) is no cost
+    assert policy.rate(16) == pytest.approx(3 / 0.7)
+    step(policy, 8, 7, 0.8, 0.9)  # 8 tokens for a 0.9 s pass and 8 draft passes of 0.1 s
+    assert policy.rate(16) == policy.rate(1) == pytest.approx((0.9 * 3 + 8) / (0.9 * 0.7 + 1.7))
+    assert policy.choose(100) == 16
+    for _ in range(20):
+        step(policy, 8, 0, 0.8, 0.9)  # then every draft fails: 1 token for 1.7 s
+    assert policy.rate(16) < policy.rate(0) and policy.choose(100) == 0
+
+
+def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
+    policy = AdaptiveK(16, self_stopping=True)
+    step(policy, 0, 0, 0.0, 0.5)
+    for _ in range(30):
+        step(policy, 8, 0, 0.8, 0.9)  # a long stretch the draft gets wrong
+    ks = [policy.choose(100) for _ in range(policy.probe_every)]
+    assert ks[-1] == 16 and policy.probing
+    step(policy, 6, 1, 0.6, 0.85)  # kept, but 2 tokens in 1.45 s: worse than plain
+    assert policy.rate(16) == pytest.approx(2 / 1.45) and policy.choose(100) == 0
+    while policy.choose(100) == 0:
+        pass  # plain steps until the next probe
+    step(policy, 6, 6, 0.6, 0.85)  # 7 tokens in 1.45 s: the text has turned easy
+    assert policy.rate(16) == pytest.approx(7 / 1.45) and policy.choose(100) == 16
 
 
 def test_policies_are_made_per_guesser_on_first_use():
     policies = Policies(lambda guesser: AdaptiveK(4, self_stopping=guesser == "model"))
     assert policies["model"].self_stopping and not policies["lookup-2"].self_stopping
     assert policies["model"] is policies["model"] and len(policies) == 2
+
+
+def test_a_self_ended_draft_gets_a_few_steps_before_its_yield_is_judged():
+    policy = AdaptiveK(16, self_stopping=True)
+    step(policy, 0, 0, 0.0, 0.5)
+    ks = []
+    for _ in range(6):
+        ks.append(policy.choose(100))
+        step(policy, ks[-1], 0, 0.1 * ks[-1], 0.9)  # every draft fails
+    assert ks == [16] * TRIAL_STEPS + [0, 0]

@@ -152,17 +152,13 @@ def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
     assert torch.equal(ids, fresh)
 
 
-def test_hybrid_model_reads_the_prompt_only_when_first_asked_to_draft():
+def test_hybrid_model_reads_the_whole_context_in_its_first_pass():
     draft = tiny_model("llama", seed=1)
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    hybrid.prefill(context)
-    assert hybrid.model_drafter.decoder.length == 0 and hybrid.forward_passes == 0
     ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")
-    assert hybrid.model_drafter.decoder.length == len(context) + 1
-    fresh = ModelDrafter(draft, 64)
-    fresh.prefill(context)
-    assert torch.equal(ids, fresh.propose(context, 2, GREEDY, None)[0])
+    assert hybrid.model_drafter.decoder.length == len(context) + 1 and hybrid.forward_passes == 2
+    assert torch.equal(ids, ModelDrafter(draft, 64).propose(context, 2, GREEDY, None)[0])
 
 
 def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser():
@@ -337,18 +333,21 @@ def test_a_quantized_draft_head_is_not_trimmed(pair, expected):
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
-def test_the_draft_model_takes_in_the_prompt_during_prefill(pair):
-    """The draft's cache is filled with the target's prefill, so that the first drafting
-    step runs one single-token forward per draft token like every later step."""
+def test_the_draft_model_reads_the_prompt_only_when_first_asked_to_draft(pair):
+    """The target's prompt pass gives the first token; the draft reads the prompt (and that
+    token) in its first pass, then one or two tokens a pass. An answer that ends before
+    adaptive K first drafts never runs the draft at all."""
     target, draft = pair
     drafter = ModelDrafter(draft, 64)
-    gen = SpeculativeGenerator(target, drafter, 3, adaptive=False)
     prompt = repetitive_prompt(1)
     seen = []
     original = drafter._logits
     drafter._logits = lambda ids: (seen.append(ids.numel()), original(ids))[1]
-    gen.generate(prompt, max_new_tokens=8)
-    assert seen[0] == 1 and max(seen) <= 2
+    SpeculativeGenerator(target, drafter, 3, adaptive=False).generate(prompt, max_new_tokens=8)
+    assert seen[0] == prompt.numel() + 1 and max(seen[1:]) <= 2
+    seen.clear()
+    result = SpeculativeGenerator(target, drafter, 3, adaptive=True).generate(prompt, max_new_tokens=2)
+    assert result.stats.k_per_step == [0] and seen == []  # the prompt's pass, one plain step
 
 
 def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):

@@ -54,11 +54,13 @@ def test_greedy_equals_int8_dyn_target_greedy(k):
 def test_self_drafting_accepts_everything():
     target, _ = pair("llama")
     ids = prompt()
-    result = SpeculativeGenerator(target, target, 4, adaptive=False).generate(ids, max_new_tokens=N)
+    # The prompt's pass gives the first token, then each step 4 drafts and a bonus.
+    result = SpeculativeGenerator(target, target, 4, adaptive=False).generate(ids, max_new_tokens=N + 1)
     s = result.stats
-    assert result.token_ids == reference(target, ids)
-    assert s.acceptance_rate == 1.0 and s.tau == 5.0 and s.target_passes == N // 5
-    assert result.sources[:5] == ["accepted"] * 4 + ["bonus"]
+    assert result.token_ids == reference(target, ids, N + 1)
+    assert s.acceptance_rate == 1.0 and s.target_passes == 1 + N // 5
+    assert s.tau == pytest.approx((N + 1) / (1 + N // 5))
+    assert result.sources[:6] == ["bonus"] + ["accepted"] * 4 + ["bonus"]
     assert s.accepted_length_hist == [0, 0, 0, 0, N // 5]
 
 
@@ -72,11 +74,11 @@ def test_stats_are_consistent():
     assert sum(s.per_position_accepted) == s.accepted
     assert sum(s.per_position_proposed) == s.proposed
     assert sum(s.accepted_length_hist) == len([k for k in s.k_per_step if k])
-    assert len(s.k_per_step) == s.target_passes
+    assert len(s.k_per_step) == s.target_passes - 1  # the prompt's pass is no step
     assert 0 < s.acceptance_rate < 1, "the fixture should exercise both outcomes"
     assert s.tau == pytest.approx(N / s.target_passes)
     assert s.stop_reason == "max_new_tokens"
-    assert s.prompt_tokens == 9 and s.prefill_tokens == 8
+    assert s.prompt_tokens == 9 and s.prefill_tokens == 9
     d = s.to_dict()
     assert d["tau"] == s.tau and d["acceptance_rate"] == s.acceptance_rate
     assert d["draft_seconds"] > 0 and d["total_seconds"] >= d["draft_seconds"] + d["verify_seconds"]
@@ -196,7 +198,7 @@ def test_prompt_prefix_is_reused_across_calls():
     first = gen.generate(ids, max_new_tokens=10)
     follow = torch.cat([ids[0], torch.tensor(first.token_ids), torch.tensor([5, 6, 7])])
     second = gen.generate(follow, max_new_tokens=N)
-    assert second.stats.prefill_tokens == 3 - 1 + 1  # 5, 6 (7 is the pending token) + last answer token
+    assert second.stats.prefill_tokens == 3 + 1  # the last answer token (pending), 5, 6, 7
     assert second.token_ids == reference(target, follow[None])
     other = prompt(seed=5)  # an unrelated prompt shares nothing and still decodes exactly
     assert gen.generate(other, max_new_tokens=N).token_ids == reference(target, other)

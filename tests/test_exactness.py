@@ -83,11 +83,11 @@ def draw(gen: SpeculativeGenerator, n: int, params: SamplingParams, samples: int
     return outputs, sources
 
 
-CASES = [  # (family, K, new tokens, warping)
-    ("llama", 1, 2, SamplingParams(1.0)),
-    ("qwen2", 3, 3, SamplingParams(0.8, top_k=4)),
-    ("llama", 4, 3, SamplingParams(1.3, top_p=0.7)),
-    ("qwen2", 6, 4, SamplingParams(1.0, top_k=3, top_p=0.9)),
+CASES = [  # (family, K, new tokens, warping); the first token is the prompt pass's own
+    ("llama", 1, 3, SamplingParams(1.0)),
+    ("qwen2", 3, 4, SamplingParams(0.8, top_k=4)),
+    ("llama", 4, 4, SamplingParams(1.3, top_p=0.7)),
+    ("qwen2", 6, 5, SamplingParams(1.0, top_k=3, top_p=0.9)),
 ]
 
 
@@ -123,9 +123,9 @@ def test_broken_sampler_is_caught(monkeypatch):
     monkeypatch.setattr(specgen.engine, "rejection_verify", accept_all)
     target, draft = tiny_pair()
     params = SamplingParams(1.0)
-    joint = target_joint(target, PROMPT, 2, params)
+    joint = target_joint(target, PROMPT, 3, params)
     gen = SpeculativeGenerator(target, draft, num_speculative_tokens=1, adaptive=False)
-    samples, _ = draw(gen, 2, params, samples=2000)
+    samples, _ = draw(gen, 3, params, samples=2000)
     assert chi_square_pvalue(samples, joint) < ALPHA
 
 
@@ -166,12 +166,12 @@ def test_ending_drafts_where_the_whole_draft_becomes_unlikely_keeps_the_target_d
     the draft alone: the distribution must not move."""
     target, draft = tiny_pair("llama")
     params = SamplingParams(1.0)
-    joint = target_joint(target, PROMPT, 3, params)
+    joint = target_joint(target, PROMPT, 4, params)
     gen = SpeculativeGenerator(target, StopAt(draft, VOCAB, 0.05), 3, adaptive=False)
-    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=3, temperature=1.0).stats.k_per_step[0]
+    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=4, temperature=1.0).stats.k_per_step[0]
                for i in range(50)]
     assert 1 in first_k and 2 in first_k  # some drafts really end early
-    samples, sources = draw(gen, 3, params)
+    samples, sources = draw(gen, 4, params)
     assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
     pvalue = chi_square_pvalue(samples, joint)
     assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
@@ -183,14 +183,15 @@ def test_ending_drafts_at_low_draft_confidence_keeps_the_target_distribution():
 
     target, draft = tiny_pair("llama")
     params = SamplingParams(1.0)
-    joint = target_joint(target, PROMPT, 3, params)
+    joint = target_joint(target, PROMPT, 4, params)
     drafter = ModelDrafter(draft, VOCAB, confidence=0.08)
     gen = SpeculativeGenerator(target, drafter, 3, adaptive=False)
-    # Some drafts really end early: the first step asks for 2 (3 tokens wanted) and gets 1.
-    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=3, temperature=1.0).stats.k_per_step[0]
+    # Some drafts really end early: the first step asks for 2 (4 tokens wanted: the
+    # first is the prompt pass's) and gets 1.
+    first_k = [gen.generate(PROMPT, seed=i, max_new_tokens=4, temperature=1.0).stats.k_per_step[0]
                for i in range(50)]
     assert 1 in first_k and 2 in first_k
-    samples, sources = draw(gen, 3, params)
+    samples, sources = draw(gen, 4, params)
     assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
     pvalue = chi_square_pvalue(samples, joint)
     assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"

@@ -17,8 +17,9 @@ A draft model knows how sure it is of each token, and the chance that a drafted 
 survives verification is about the product of its probabilities. So its policy offers it
 k_max and a threshold (`stop_below`) instead of one K for every step: the draft goes on
 while one more token could still pay for itself, which is long in boilerplate and short
-where the text turns. Acceptance measured over such self-ended drafts only decides whether
-to speculate at all.
+where the text turns. Whether to speculate at all is then decided on the measured yield of
+such drafts (tokens per second of their steps) against a plain step, and probes are
+self-ended drafts too: no model of a draft whose length it does not choose.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 
-FIRST_K = 2
+FIRST_K = 2  # a guesser's K while its costs are unknown
+FIRST_STOP = 0.5  # a self-ended draft's stop then: its whole draft as likely wrong as right
+TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is judged
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -151,6 +154,10 @@ class AdaptiveK:
         self.verify_cost = {} if verify_cost is None else verify_cost
         self.plain_steps = 0
         self.probing = False  # the step in flight is a probe
+        # A self-ended draft's length varies with the text, so its yield is measured, not
+        # modelled: decayed tokens made and seconds spent by its speculative steps.
+        self.yield_tokens = self.yield_seconds = 0.0
+        self.spec_steps = 0  # speculative steps taken
 
     @property
     def alpha(self) -> float:
@@ -167,44 +174,67 @@ class AdaptiveK:
         others are expected to do worse than that."""
         if not self.verify_cost:
             return math.inf  # nothing measured yet
+        if k and self.yield_seconds:
+            return self.yield_tokens / self.yield_seconds  # a self-ended draft's, measured
         cost = self._verify_cost(k) + k * (self.draft_cost or 0.0)
         return expected_tokens(self.alpha, k) / max(cost, 1e-9)
 
     def choose(self, limit: int) -> int:
         self.probing = False  # a probe offered last step but not taken is forgotten
         top = min(self.k_max, limit)
-        if top == 0 or self.draft_cost is None or not self.verify_cost:
-            # Measure a short speculative step first: cheap if the draft is useless or the
-            # answer is short, and wider drafts look cheap until measured (verify_curve).
-            return min(top, FIRST_K)
-        if 0 not in self.verify_cost:
-            return 0  # then a plain step: the cost speculation has to beat, never assumed
+        if top == 0 or 0 not in self.verify_cost:
+            # A plain step first: the cost speculation has to beat, never assumed; and an
+            # answer that ends here never pays for the draft reading the prompt.
+            return 0
+        if self.draft_cost is None:
+            # Then short speculative steps: cheap if the draft is useless, and wider drafts
+            # look cheap until measured (verify_curve). A self-ended draft is short where
+            # it is unsure by itself, and long where it is sure (a passage to copy).
+            return top if self.self_stopping else min(top, FIRST_K)
+        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
+            # The yield of two or three steps is noise: one confidently wrong draft would
+            # switch off a draft that pays (bench/NOTES.md, Round 8).
+            return top
         best = max(range(top + 1), key=self.rate)
         if best == 0:
             self.plain_steps += 1
             if self.plain_steps >= self.wait:
                 self.plain_steps = 0
                 self.probing = True
-                return 1  # the cheapest probe: does the draft guess the next token?
+                # The cheapest probe: does the draft guess the next token? A self-ended
+                # draft is its own probe: it stops where its guesses stop paying.
+                return top if self.self_stopping else 1
         return top if best and self.self_stopping else best
 
     def stop_below(self, k: int) -> float:
         """End a self-ended draft once the draft's probability of every token so far
         falls below this. The next token would add at most that probability in expected
         tokens, for a draft pass and a wider verify pass: worth it only while that is more
-        than those seconds yield at the expected rate. 0 (no stop) until costs are measured."""
-        if not self.self_stopping or self.draft_cost is None or not self.verify_cost:
+        than those seconds yield at the better of drafting and plain steps. Until those
+        costs are measured: FIRST_STOP."""
+        if not self.self_stopping:
             return 0.0
-        return self.rate(k) * (self.draft_cost + marginal_verify_cost(self.verify_cost))
+        if self.draft_cost is None or not self.verify_cost:
+            return FIRST_STOP
+        rate = max(self.rate(k), self.rate(0))
+        return rate * (self.draft_cost + marginal_verify_cost(self.verify_cost))
 
     def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
         """After a step this policy drafted (k >= 1); the pass itself goes to record_pass.
-        The first step's drafting time is not a cost of drafting: it may include the draft
-        model reading the prompt (a hybrid's model reads it when first asked) and first-call
+        The first step's drafting time is not a cost of drafting: it includes the draft
+        model reading the prompt (it does so when first asked to draft) and first-call
         warm-up, and taken as the cost it would switch a good draft off."""
         if self.warm:
             self.draft_cost = moving_average(self.draft_cost, draft_seconds / k)
         self.warm = True
+        if self.self_stopping:  # the first step's draft time is unknown: taken as free
+            # A kept probe says the text has changed since speculation went off: the yield
+            # starts again from it, or a long bad stretch would outvote it for many probes.
+            self.spec_steps += 1
+            keep = 0.0 if self.probing and n_accepted else self.decay
+            self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
+            self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
+                                  + k * (self.draft_cost or 0.0))
         if n_accepted:
             self.wait = self.probe_every
         elif self.probing:  # a failed probe: wait twice as long before the next

@@ -281,8 +281,8 @@ class Bench:
         specgen = c.kind == "specgen"
         split = (stats.draft_seconds, stats.verify_seconds,
                  seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
-        # Decode speed: specgen's prefill yields no token, the baseline's yields the first.
-        decoded = len(tokens) - (c.kind in ("baseline", "reference", "llamacpp"))
+        # Decode speed: every contestant's prefill yields the first token.
+        decoded = len(tokens) - 1
         decode_s = seconds - stats.prefill_seconds
         decode_tps = decoded / decode_s if c.kind != "peer" and decode_s > 0 and decoded else None
         return Measurement(

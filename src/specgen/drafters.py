@@ -34,8 +34,6 @@ MODEL = "model"  # the draft model's guesser name; it ends its own drafts (stop_
 class Drafter(Protocol):
     def reset(self) -> None: ...
 
-    def prefill(self, tokens: Tensor) -> None: ...
-
     def guessers(self, tokens: Tensor) -> tuple[str, ...]: ...
 
     def propose(
@@ -54,7 +52,8 @@ class ModelDrafter:
 
     Its cache lags the context: after proposing d1..dK it holds d1..d(K-1) but not dK, and
     after a plain step it has not seen the newest tokens. `propose` feeds whatever is
-    missing in one forward, so catching up never costs an extra pass.
+    missing in one forward, so catching up never costs an extra pass. The prompt is read the
+    same way, when first asked to draft: an answer that never drafts never pays for it.
 
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
@@ -98,13 +97,6 @@ class ModelDrafter:
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
         return tokens[self.decoder.length:].to(self.device).clamp_max(self.input_vocab - 1)
-
-    def prefill(self, tokens: Tensor) -> None:
-        """Take in the context but its last token, alongside the target's prefill, so that
-        drafting steps (and the adaptive-K cost model) see only their own forwards."""
-        pending = self._missing(tokens[:-1])
-        if pending.numel():
-            self.decoder.hidden(pending)
 
     def _logits(self, ids: Tensor) -> Tensor:
         h = self.decoder.hidden(ids)
@@ -187,9 +179,6 @@ class PromptLookupDrafter:
     def reset(self) -> None:
         self.matches, self._last = 0, None
 
-    def prefill(self, tokens: Tensor) -> None:
-        pass
-
     @property
     def forward_passes(self) -> int:
         return 0
@@ -228,10 +217,8 @@ class HybridDrafter:
 
     The model drafter skips the steps lookup drafts, so its cache falls behind the context;
     its next `propose` feeds every missing token in one forward (ModelDrafter catches up
-    lazily), and `rollback` crops it only where it ran ahead. It reads the prompt the same
-    way, when first asked to draft, so that an answer lookup drafts alone never pays for the
-    model's prefill. Each step's q is either None (lookup, one-hot) or the model's, never a
-    mix."""
+    lazily), and `rollback` crops it only where it ran ahead. Each step's q is either None
+    (lookup, one-hot) or the model's, never a mix."""
 
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
         self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
@@ -240,9 +227,6 @@ class HybridDrafter:
     def reset(self) -> None:
         self.model_drafter.reset()
         self.lookup_drafter.reset()
-
-    def prefill(self, tokens: Tensor) -> None:
-        pass  # the model catches up when it first drafts
 
     @property
     def forward_passes(self) -> int:

@@ -2,14 +2,15 @@
 
 State between steps: `tokens` (prompt + output so far). The target's KV cache always holds
 every token but the last one, the "pending" token, so each step is one target forward over
-[pending, d1..dK] that yields the K+1 distributions verification needs. The engine yields
-tokens as they are decided and knows nothing of terminals, files or tokenizer display.
+[pending, d1..dK] that yields the K+1 distributions verification needs. The prompt's own
+pass gives the first token, as in plain decoding. The engine yields tokens as they are
+decided and knows nothing of terminals, files or tokenizer display.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -18,7 +19,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from specgen.adaptive import AdaptiveK, FixedK, Policies, choose_guesser, record_pass
-from specgen.decoder import crop, forward, hidden
+from specgen.decoder import crop, forward
 from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
@@ -46,7 +47,7 @@ class Stats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens the target actually ran (fewer when reused)
     new_tokens: int = 0
-    target_passes: int = 0  # verification passes; the prompt prefill is not counted
+    target_passes: int = 0  # passes that made tokens: the prompt's (token 1), then one a step
     draft_passes: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -178,9 +179,12 @@ class SpeculativeGenerator:
         self._cache, self._tokens = None, torch.empty(0, dtype=torch.long)
         self.drafter.reset()
 
-    def _prefill(self, tokens: Tensor) -> DynamicCache:
-        """Bring the target cache to hold tokens[:-1], reusing the longest common prefix
-        with the previous call's context; roll the drafter back to that prefix too."""
+    def _prefill(self, tokens: Tensor) -> Tensor:
+        """Bring the target cache to hold the whole prompt, reusing the longest common prefix
+        with the previous call's context, and return the last position's logits [1, V]: the
+        first token's distribution, as in plain decoding. The drafter is rolled back to that
+        prefix; a draft model reads the rest when first asked to draft, so an answer that
+        never drafts never pays for it."""
         prev = self._tokens.to(tokens.device)
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
@@ -189,11 +193,9 @@ class SpeculativeGenerator:
             self.drafter.reset()
         crop(self._cache, same)
         self.drafter.rollback(same)
-        if len(tokens) - 1 > same:
-            hidden(self.target, tokens[same:-1], self._cache)  # no logits needed
-        self.drafter.prefill(tokens)
-        self._tokens, self._reused = tokens, same
-        return self._cache
+        self._reused = same
+        return forward(self.target, tokens[same:], self._cache, 1)
+
     def generate(self, input_ids: Tensor | Sequence[int], **kwargs) -> GenerationResult:
         """Run `stream` to the end and collect its tokens and statistics."""
         tokens = list(self.stream(input_ids, **kwargs))
@@ -239,12 +241,19 @@ class SpeculativeGenerator:
                 )
 
         start = time.perf_counter()
-        cache = self._prefill(tokens)
-        stats.prefill_tokens = len(tokens) - 1 - self._reused
-        stats.prefill_seconds = time.perf_counter() - start
-        draft_passes_before = self.drafter.forward_passes
-
         try:
+            logits = self._prefill(tokens)
+            cache = self._cache
+            stats.prefill_tokens = len(tokens) - self._reused
+            stats.prefill_seconds = time.perf_counter() - start
+            draft_passes_before = self.drafter.forward_passes
+
+            # 0. The prompt's pass already gives the first token: a step with no drafts.
+            nxt = self._verify(logits, tokens.new_empty(0), None, params, gen_t)[1]
+            tokens = self._tokens = torch.cat([tokens, nxt[None]])
+            stats.target_passes = 1
+            if (yield from self._emit(nxt[None], 0, 0, stop, stats)):
+                return
             while stats.new_tokens < max_new_tokens:
                 # 1. Draft: pick the guesser and its K, then propose up to K tokens (never
                 #    more than are still wanted; a draft model may end sooner).
@@ -261,12 +270,7 @@ class SpeculativeGenerator:
 
                 # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions.
                 logits = forward(self.target, torch.cat([tokens[-1:], drafts]), cache, k + 1)
-                if params.greedy:
-                    n, nxt = greedy_verify(logits, drafts)
-                else:
-                    p = probs_from_logits(logits, params)
-                    q = _draft_probs(q, drafts, p.shape[-1])
-                    n, nxt = rejection_verify(p, q, drafts, gen_t)
+                n, nxt = self._verify(logits, drafts, q, params, gen_t)
                 t2 = time.perf_counter()
 
                 # 3. Accept d1..dn and the target's token; forget the rejected drafts.
@@ -281,15 +285,8 @@ class SpeculativeGenerator:
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
-
-                last: Source = "bonus" if n == k else "resampled"
-                for i, token_id in enumerate(new.tolist()):
-                    stats.new_tokens += 1
-                    yield Token(token_id, "accepted" if i < n else last)
-                    reason = stop.check(token_id)
-                    if reason:
-                        stats.stop_reason = reason
-                        return
+                if (yield from self._emit(new, n, k, stop, stats)):
+                    return
             stats.stop_reason = "max_new_tokens"
         except GeneratorExit:  # the consumer stopped between tokens: caches are consistent
             stats.stop_reason = "interrupted"
@@ -300,6 +297,29 @@ class SpeculativeGenerator:
             raise
         finally:
             stats.total_seconds = time.perf_counter() - start
+
+    def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, Tensor]:
+        """How many drafts the target keeps, and its own token after them."""
+        if params.greedy:
+            return greedy_verify(logits, drafts)
+        p = probs_from_logits(logits, params)
+        return rejection_verify(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+
+    @staticmethod
+    def _emit(new: Tensor, n: int, k: int, stop: _Stopper, stats: Stats
+              ) -> Generator[Token, None, bool]:
+        """Yield a step's tokens (n accepted drafts, then the target's own) up to a stop;
+        whether generation stopped."""
+        last: Source = "bonus" if n == k else "resampled"
+        for i, token_id in enumerate(new.tolist()):
+            stats.new_tokens += 1
+            yield Token(token_id, "accepted" if i < n else last)
+            reason = stop.check(token_id)
+            if reason:
+                stats.stop_reason = reason
+                return True
+        return False
 
     def _prompt(self, input_ids: Tensor | Sequence[int]) -> Tensor:
         ids = torch.as_tensor(input_ids, dtype=torch.long)
