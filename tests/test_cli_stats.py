@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from specgen import store
 from specgen.cli import app
-from specgen.cli_stats import parse_since, render_runs, render_summary
+from specgen.cli_stats import parse_since, render_runs, render_summary, summarize
 from specgen.store import RunRecord, load_runs, record_run
 
 runner = CliRunner()
@@ -261,3 +261,16 @@ def test_clear_refuses_filters(db):
     result = invoke("--stats-db", str(db), "--profile", "coder", "clear", "--yes")
     assert result.exit_code == 2 and "whole history" in result.output
     assert len(load_runs(db)) == 4
+
+
+def test_the_speedup_estimate_leaves_out_the_prompts_passes(tmp_path):
+    """Since the prompt's pass gives the first token, a record counts it among its target
+    passes but not among its steps; records made before count steps only."""
+    new = stats(new_tokens=11, passes=2, proposed=8, accepted=8)  # 1 + 5 + 5 tokens
+    new["target_passes"] = 3
+    old = stats(new_tokens=10, passes=2, proposed=8, accepted=8)
+    for name, s in (("new", new), ("old", old)):
+        add(tmp_path / f"{name}.sqlite3", name, s)
+        [row] = load_runs(tmp_path / f"{name}.sqlite3")
+        expected = 10 * (s["verify_seconds"] / 2) / (s["draft_seconds"] + s["verify_seconds"])
+        assert summarize([row])["speedup_estimate"] == pytest.approx(expected)

@@ -77,6 +77,8 @@ def test_stats_are_consistent():
     assert len(s.k_per_step) == s.target_passes - 1  # the prompt's pass is no step
     assert 0 < s.acceptance_rate < 1, "the fixture should exercise both outcomes"
     assert s.tau == pytest.approx(N / s.target_passes)
+    steps, spent = s.target_passes - 1, s.draft_seconds + s.verify_seconds
+    assert s.speedup_estimate == pytest.approx((N - 1) * (s.verify_seconds / steps) / spent)
     assert s.stop_reason == "max_new_tokens"
     assert s.prompt_tokens == 9 and s.prefill_tokens == 9
     d = s.to_dict()

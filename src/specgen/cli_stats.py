@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.errors import ConfigError
+from specgen.figures import step_speedup
 from specgen.store import clear_runs, default_db_path, load_runs
 
 app = typer.Typer(rich_markup_mode="rich")
@@ -105,9 +106,9 @@ def summarize(runs: list[dict]) -> dict:
         "draft_seconds", "verify_seconds", "wall_seconds")}
     pos_proposed = _sum_lists([r["per_position_proposed"] for r in runs])
     pos_accepted = _sum_lists([r["per_position_accepted"] for r in runs])
-    spent = total["draft_seconds"] + total["verify_seconds"]
-    # As Stats.speedup_estimate: one verify pass costs about one plain decoding step.
-    plain = total["new_tokens"] * (_ratio(total["verify_seconds"], total["target_passes"]) or 0)
+    k_hist = _sum_lists([r["k_hist"] for r in runs])
+    speedup = step_speedup(total["new_tokens"], total["target_passes"], sum(k_hist),
+                           total["draft_seconds"], total["verify_seconds"])
     latest = runs[-1] if runs else {}
     return {
         "runs": len(runs),
@@ -117,12 +118,12 @@ def summarize(runs: list[dict]) -> dict:
         "acceptance_rate": _ratio(total["accepted"], total["proposed"]),
         "tau": _ratio(total["new_tokens"], total["target_passes"]),
         "tokens_per_second": _ratio(total["new_tokens"], total["wall_seconds"]),
-        "speedup_estimate": _ratio(plain, spent) if total["target_passes"] else None,
+        "speedup_estimate": speedup or None,
         "per_position_proposed": pos_proposed,
         "per_position_accepted": pos_accepted,
         "per_position_rate": [_ratio(a, p) for a, p in zip(pos_accepted, pos_proposed)],
         "accepted_length_hist": _sum_lists([r["accepted_length_hist"] for r in runs]),
-        "k_hist": _sum_lists([r["k_hist"] for r in runs]),
+        "k_hist": k_hist,
     }
 
 

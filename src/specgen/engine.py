@@ -22,6 +22,7 @@ from specgen.adaptive import AdaptiveK, FixedK, Policies, choose_guesser, record
 from specgen.decoder import crop, forward
 from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
+from specgen.figures import step_speedup
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 
 Source = Literal["accepted", "resampled", "bonus"]
@@ -81,12 +82,9 @@ class Stats:
 
     @property
     def speedup_estimate(self) -> float:
-        """Estimated speedup over plain decoding, taking one verify pass as the cost of one
-        plain step (slightly optimistic: a pass over K+1 tokens costs a little more)."""
-        spent = self.draft_seconds + self.verify_seconds
-        if not spent or not self.target_passes:
-            return 0.0
-        return self.new_tokens * (self.verify_seconds / self.target_passes) / spent
+        """The steps' estimated speedup over plain decoding (figures.step_speedup)."""
+        return step_speedup(self.new_tokens, self.target_passes, len(self.k_per_step),
+                            self.draft_seconds, self.verify_seconds)
 
     def record_step(self, k: int, n_accepted: int) -> None:
         self.target_passes += 1
