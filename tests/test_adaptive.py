@@ -239,6 +239,7 @@ def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
 def test_policies_are_made_per_guesser_on_first_use():
     policies = Policies(lambda guesser: AdaptiveK(4, self_stopping=guesser == "model"))
     assert policies["model"].self_stopping and not policies["lookup-2"].self_stopping
+    assert policies["model"].probe_every == 4 and policies["lookup-2"].probe_every == 16
     assert policies["model"] is policies["model"] and len(policies) == 2
 
 
