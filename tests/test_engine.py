@@ -206,6 +206,28 @@ def test_prompt_prefix_is_reused_across_calls():
     assert gen.generate(other, max_new_tokens=N).token_ids == reference(target, other)
 
 
+def test_ctrl_c_during_the_prompts_pass_resets_the_caches():
+    """An interrupt inside the prefill may leave the cache half-written: the next call
+    must read its whole prompt again and still decode exactly."""
+    target, draft = pair("llama")
+    gen = SpeculativeGenerator(target, draft, 4)
+    ids = prompt()
+    first = gen.generate(ids, max_new_tokens=10)
+    follow = torch.cat([ids[0], torch.tensor(first.token_ids), torch.tensor([5, 6, 7])])
+
+    def interrupt(module, args):  # after the first layer has cached the new positions
+        raise KeyboardInterrupt
+
+    hook = target.model.layers[1].register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        gen.generate(follow, max_new_tokens=N)
+    hook.remove()
+    assert gen.stats.stop_reason == "interrupted"
+    again = gen.generate(follow, max_new_tokens=N)
+    assert again.stats.prefill_tokens == len(follow)
+    assert again.token_ids == reference(target, follow[None])
+
+
 def test_single_token_prompt():
     target, draft = pair("llama")
     ids = torch.tensor([[3]])
