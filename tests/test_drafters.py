@@ -157,7 +157,7 @@ def test_hybrid_model_reads_the_whole_context_in_its_first_pass():
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
     ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")
-    assert hybrid.model_drafter.decoder.length == len(context) + 1 and hybrid.forward_passes == 2
+    assert hybrid.model_drafter.lm.length == len(context) + 1 and hybrid.forward_passes == 2
     assert torch.equal(ids, ModelDrafter(draft, 64).propose(context, 2, GREEDY, None)[0])
 
 
@@ -327,7 +327,7 @@ def test_a_quantized_draft_head_is_not_trimmed(pair, expected):
 
     target, draft = pair
     drafter = ModelDrafter(quantize.apply(deepcopy(draft), "int8-dyn"), 64, head_rows=40)
-    assert drafter.head is None  # drafts over every row of its int8 head
+    assert drafter.lm.head is None  # drafts over every row of its int8 head
     gen = SpeculativeGenerator(target, drafter, 4, adaptive=True)
     for seed in PROMPT_SEEDS:
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]

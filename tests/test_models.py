@@ -39,8 +39,10 @@ def save_pair_dir(path: Path, seed: int = 0, layers: int = 2, **tok) -> Path:
 
 
 def write_tiny_gguf(path: Path, vocab: int = VOCAB, hidden: int = 32, layers: int = 2,
-                    heads: int = 4, kv: int = 2, ff: int = 64, seed: int = 0) -> Path:
-    """A real (F32) llama GGUF file with a byte-level tokenizer, written with gguf's writer."""
+                    heads: int = 4, kv: int = 2, ff: int = 64, seed: int = 0,
+                    merges: tuple[str, ...] = ()) -> Path:
+    """A real (F32) llama GGUF file with a byte-level tokenizer, written with gguf's writer.
+    llama.cpp refuses a file without merges: give it one (e.g. "a a")."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -63,7 +65,7 @@ def write_tiny_gguf(path: Path, vocab: int = VOCAB, hidden: int = 32, layers: in
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * (vocab - 3))
     w.add_token_scores([0.0] * vocab)
-    w.add_token_merges([])
+    w.add_token_merges(list(merges))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 

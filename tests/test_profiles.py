@@ -13,7 +13,7 @@ from specgen.errors import ConfigError
 from specgen.profiles import (DEFAULT_PROFILE, bundled_profile_dir, list_profiles, load_profile,
                               with_overrides)
 
-BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
+BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
 
 MINIMAL = """
 description = "test pair"
@@ -212,6 +212,42 @@ def test_draft_model_method_needs_a_draft(tmp_path):
 
 def test_model_entry_needs_model(tmp_path):
     assert "[draft] needs a 'model'" in error_of(MINIMAL.replace('model = "org/small"', 'dtype = "auto"'), tmp_path)
+
+
+GGUF_DRAFT = MINIMAL.replace('model = "org/small"', 'model = "small.gguf"\nruntime = "llama.cpp"')
+
+
+def test_a_gguf_draft_may_run_in_llama_cpp(tmp_path):
+    p = load_profile(str(write(tmp_path, "l", GGUF_DRAFT)))
+    assert p.draft.runtime == "llama.cpp" and p.target.runtime == "transformers"
+    in_repo = MINIMAL.replace('model = "org/small"', 'model = "org/small-GGUF"\n'
+                              'gguf_file = "small-q4_k_m.gguf"\nruntime = "llama.cpp"')
+    assert load_profile(str(write(tmp_path, "r", in_repo))).draft.runtime == "llama.cpp"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (MINIMAL.replace('model = "org/small"', 'model = "org/small"\nruntime = "llama.cpp"'),
+     "draft.runtime = \"llama.cpp\" runs a GGUF file, but draft.model = 'org/small' names none"),
+    (MINIMAL.replace('model = "org/big"', 'model = "big.gguf"\nruntime = "llama.cpp"'),
+     "target.runtime = \"llama.cpp\" is not allowed"),
+    (GGUF_DRAFT.replace('runtime = "llama.cpp"', 'runtime = "llama.cpp"\ndevice = "cuda"'),
+     "a llama.cpp draft runs on the CPU, but draft.device = 'cuda'"),
+    (GGUF_DRAFT + "[speculation]\ndraft_vocab = 32000\n",
+     "a llama.cpp draft always drafts over its whole vocabulary"),
+    (MINIMAL.replace('model = "org/small"', 'model = "org/small"\nruntime = "llamacpp"'),
+     "draft.runtime = 'llamacpp' is not allowed. Did you mean 'llama.cpp'?"),
+])
+def test_bad_runtimes(tmp_path, text, expected):
+    assert expected in error_of(text, tmp_path)
+
+
+def test_device_override_leaves_a_llama_cpp_draft_on_the_cpu(tmp_path):
+    p = load_profile(str(write(tmp_path, "l", GGUF_DRAFT)))
+    moved = with_overrides(p, device="cuda")
+    assert moved.target.device == "cuda" and moved.draft.device == "cpu"
+    assert with_overrides(load_profile("llama3-8b"), draft_runtime=None).draft.runtime == "transformers"
+    with pytest.raises(ConfigError, match="names none"):  # a hub draft that is not a GGUF file
+        with_overrides(load_profile("llama3-8b"), draft_runtime="llama.cpp")
 
 
 # --- overrides ---------------------------------------------------------------------------------------

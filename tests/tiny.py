@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -127,3 +128,55 @@ def write_tiny_profile(root: Path, name: str = "tiny", max_new_tokens: int = 24)
         f"[generation]\nmax_new_tokens = {max_new_tokens}\n"
     )
     return profile
+
+
+class FakeLlama:
+    """What specgen uses of llama_cpp.Llama, over a tiny transformers model, for machines
+    without llama-cpp-python (CI). As in llama.cpp, `n_tokens` marks how much of the KV cache
+    is valid (the caller may lower it), `eval` first drops the entries past it, and only the
+    last position's logits are kept, in a C float buffer read through `llama_get_logits_ith`
+    (see `fake_llama_cpp`)."""
+
+    def __init__(self, model, eos: int = 0) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.eos = model, eos
+        self.cache = DynamicCache(config=model.config)
+        self.n_tokens = 0
+        self.ctx = self  # the handle llama_get_logits_ith receives
+        self.buffer = np.zeros(model.config.vocab_size, dtype=np.float32)
+        self.evals: list[int] = []  # tokens per eval call
+
+    def n_vocab(self) -> int:
+        return self.model.config.vocab_size
+
+    def token_eos(self) -> int:
+        return self.eos
+
+    def n_ctx(self) -> int:
+        return self.model.config.max_position_embeddings
+
+    def eval(self, tokens: list[int]) -> None:
+        extra = self.cache.get_seq_length() - self.n_tokens
+        if extra > 0:
+            self.cache.crop(-extra)
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([tokens]), cache=self.cache, use_cache=True)
+        self.buffer[:] = out.logits[0, -1].numpy()
+        self.n_tokens += len(tokens)
+        self.evals.append(len(tokens))
+
+    def reset(self) -> None:
+        self.n_tokens = 0
+
+
+def fake_llama_cpp():
+    """A stand-in for the llama_cpp module: only llama_get_logits_ith, as LlamaCppDraft calls it."""
+    import ctypes
+    import types
+
+    def llama_get_logits_ith(ctx: FakeLlama, i: int):
+        assert i == -1  # LlamaCppDraft reads the last position's row only
+        return ctx.buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+    return types.SimpleNamespace(llama_get_logits_ith=llama_get_logits_ith)

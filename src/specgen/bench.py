@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from specgen import llamacpp
 from specgen.bench_prompts import CATEGORIES, CODE_CATEGORIES, PROMPTS
@@ -194,8 +195,10 @@ class Bench:
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
-                 confidence: float = 0.0, reference=None, llama=None) -> None:
+                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
+        # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
+        self.peer_draft = peer_draft if peer_draft is not None else draft
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
         self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
@@ -240,16 +243,17 @@ class Bench:
         kwargs = dict(do_sample=False, max_new_tokens=n, eos_token_id=self.eos_ids or None,
                       pad_token_id=self.eos_ids[0] if self.eos_ids else None)
         if c.kind == "peer":
-            if self.draft is None:
-                raise ConfigError("The peer contestant needs a draft model; the profile has none.")
-            kwargs["assistant_model"] = self.draft
+            if not isinstance(self.peer_draft, PreTrainedModel):
+                raise ConfigError("The peer contestant needs a transformers draft model; the "
+                                  "profile has none.")
+            kwargs["assistant_model"] = self.peer_draft
         model = self.reference if c.kind == "reference" else self.target
         if model is None:
             raise ConfigError("The bf16 contestant needs the unquantized target loaded beside the pair.")
         ids = input_ids.to(model.device)[None]
         counters = [ForwardCounter(model)]
         if c.kind == "peer":
-            counters.append(ForwardCounter(self.draft))
+            counters.append(ForwardCounter(self.peer_draft))
         try:
             start = time.perf_counter()
             with torch.inference_mode():

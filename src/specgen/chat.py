@@ -33,6 +33,7 @@ from torch import Tensor
 from specgen.cli_stats import _pct, profile_charts, summarize
 from specgen.engine import Stats, Token
 from specgen.errors import ConfigError, SpecgenError
+from specgen.models import context_limit
 from specgen.profiles import with_overrides
 from specgen.render import IncrementalDecoder, TokenPrinter, summary_line
 from specgen.session import Session
@@ -142,8 +143,7 @@ class Chat:
         self.last: Turn | None = None
         self._ids: Tensor | None = None  # the context: last prompt + answer, as the models saw it
         self._text = ""  # ... and as text
-        limits = [m.config.get_text_config().max_position_embeddings
-                  for m in (session.pair.target, session.pair.draft) if m is not None]
+        limits = [context_limit(m) for m in (session.pair.target, session.pair.draft) if m is not None]
         self.context_limit: int = min([n for n in limits if n] or [1 << 30])
 
     # --- turns ----------------------------------------------------------------------------

@@ -92,6 +92,10 @@ TARGET_QUANTIZATION = typer.Option(
 DRAFT_QUANTIZATION = typer.Option(
     None, "--draft-quantization", help="Same choices, for the draft model."
 )
+DRAFT_RUNTIME = typer.Option(
+    None, "--draft-runtime",
+    help="transformers, or llama.cpp: run a GGUF draft on llama.cpp's CPU kernels (needs llama-cpp-python).",
+)
 SYSTEM = typer.Option(None, "--system", help="System prompt (chat template only).")
 NO_COLOR = typer.Option(False, "--no-color", help="No colours (NO_COLOR is honoured too).")
 STATS_DB = typer.Option(None, "--stats-db", help="Run-history database to record into.")
@@ -133,6 +137,7 @@ def run(
     device: Optional[str] = DEVICE,
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    draft_runtime: Optional[str] = DRAFT_RUNTIME,
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
     system: Optional[str] = SYSTEM,
     output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
@@ -148,7 +153,7 @@ def run(
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system, raw,
         device=device, target_quantization=target_quantization,
-        draft_quantization=draft_quantization,
+        draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
     from specgen.session import encode_messages, messages_for  # loads torch
 
@@ -209,7 +214,7 @@ def profile_with_options(
     system: str | None, raw: bool = False, **models: str | None,
 ) -> Profile:
     """The named profile with the shared command-line options applied; `models` takes
-    device, target_quantization and draft_quantization."""
+    device, target_quantization, draft_quantization and draft_runtime."""
     return with_overrides(
         load_profile(profile),
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -218,14 +223,14 @@ def profile_with_options(
     )
 
 
-def load_session(prof: Profile) -> "Session":
-    """Load the profile's models behind a status line."""
+def load_session(prof: Profile, peer_draft: bool = False) -> "Session":
+    """Load the profile's models behind a status line (`peer_draft`: see models.load_pair)."""
     from specgen.session import open_session  # loads torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
     with err.status("Loading models…") as status:
-        return open_session(prof, progress=lambda msg: status.update(msg))
+        return open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft)
 
 
 CHAT_HELP = """Chat with the model pair: a multi-turn conversation streamed as it is verified.
@@ -260,6 +265,7 @@ def chat(
     device: Optional[str] = DEVICE,
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    draft_runtime: Optional[str] = DRAFT_RUNTIME,
     system: Optional[str] = SYSTEM,
     no_color: bool = NO_COLOR,
     stats_db: Optional[Path] = STATS_DB,
@@ -270,7 +276,7 @@ def chat(
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
         device=device, target_quantization=target_quantization,
-        draft_quantization=draft_quantization,
+        draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
     from specgen import chat as chat_mod  # loads torch
 
@@ -346,6 +352,7 @@ def bench(
     device: Optional[str] = DEVICE,
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    draft_runtime: Optional[str] = DRAFT_RUNTIME,
     raw: bool = typer.Option(False, "--raw", help="Plain continuation: no chat template."),
     stats_db: Optional[Path] = STATS_DB,
     debug: bool = DEBUG,
@@ -396,7 +403,7 @@ def bench(
     prof = with_overrides(prof, method="draft-model" if needs_draft and prof.draft else None,
                           chat_template=False if raw else None, max_new_tokens=max_new_tokens,
                           temperature=0.0, device=device, target_quantization=target_quantization,
-                          draft_quantization=draft_quantization)
+                          draft_quantization=draft_quantization, draft_runtime=draft_runtime)
     import torch
 
     from specgen.session import encode_messages, messages_for
@@ -405,7 +412,7 @@ def bench(
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
     if threads is not None:
         torch.set_num_threads(threads)
-    session = load_session(prof)
+    session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked))
     reference = None
     if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
         reference = load_session(with_overrides(
@@ -417,7 +424,7 @@ def bench(
                      prof.speculation.max_ngram, prof.speculation.min_ngram,
                      (prof.speculation.draft_vocab if draft_vocab is None else draft_vocab) or None,
                      prof.speculation.draft_confidence if draft_confidence is None else draft_confidence,
-                     reference)
+                     reference, peer_draft=session.pair.peer_draft)
     if gguf is not None:  # the same threads as torch, room for the longest prompt
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + max_new_tokens + 16)
@@ -431,6 +438,7 @@ def bench(
               "device": session.pair.device, "max_new_tokens": max_new_tokens,
               "quantization": session.pair.quantization,
               "draft_quantization": session.pair.draft_quantization,
+              "draft_runtime": prof.draft.runtime if prof.draft else None,
               "repeats": repeats, "method": spec_method, "k_max": everyone["adaptive"].k,
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0, "draft_confidence": runner.drafter_options[3],

@@ -44,7 +44,9 @@ def list_cmd() -> None:
             table.add_row(name, f"[red]invalid: {e}[/]", "", "", "", _where(path))
             continue
         draft = p.draft.model if p.draft and p.speculation.method != "prompt-lookup" else "-"
-        quant = p.target.quantization + (f" / {p.draft.quantization}" if p.draft else "")
+        drafted = "GGUF in llama.cpp" if p.draft and p.draft.runtime == "llama.cpp" else (
+            p.draft.quantization if p.draft else "")
+        quant = p.target.quantization + (f" / {drafted}" if p.draft else "")
         label = f"{name} (default)" if name == DEFAULT_PROFILE else name
         table.add_row(label, p.target.model, draft, quant, _memory(p), _where(path))
     # A console per command, not per module: its width follows $COLUMNS at call time.

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from specgen.decoder import make_decoder
 from specgen.errors import ConfigError
+from specgen.llamacpp import LlamaCppDraft
 from specgen.sampling import SamplingParams, probs_from_logits, sample
 
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
@@ -47,18 +48,53 @@ class Drafter(Protocol):
     def forward_passes(self) -> int: ...
 
 
+class TorchDraft:
+    """A transformers causal LM as a draft model: its decoder (the lean one where it can) and
+    its output layer, answering `logits(ids)`, `crop(length)`, `reset()` and `length`, as
+    llamacpp.LlamaCppDraft does for a GGUF file run by llama.cpp.
+
+    `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
+    by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
+    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
+    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+
+    def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:
+        self.device = model.device
+        self.input_vocab = model.get_input_embeddings().num_embeddings
+        self.vocab_size = model.config.get_text_config().vocab_size
+        out = self.output = model.get_output_embeddings()
+        # Only a float head can be cut to its first rows; a quantized head drafts in full.
+        trim = (head_rows is not None and head_rows < self.vocab_size
+                and isinstance(out, torch.nn.Linear) and out.bias is None)
+        self.head = out.weight[:head_rows] if trim else None  # a view: no copy
+        self.decoder = make_decoder(model)  # made once: it may prepare joined weights
+
+    @property
+    def length(self) -> int:
+        return self.decoder.length
+
+    def logits(self, ids: Tensor) -> Tensor:
+        """The next token's logits [V] after reading `ids` [T] into the cache."""
+        h = self.decoder.hidden(ids)
+        if self.head is None:
+            return self.output(h[None])[0]  # one row, as layers are called elsewhere
+        return torch.nn.functional.linear(h, self.head)
+
+    def crop(self, length: int) -> None:
+        self.decoder.crop(length)
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+
 class ModelDrafter:
-    """A small causal LM that drafts autoregressively with its own KV cache.
+    """A small causal LM that drafts autoregressively with its own KV cache: a transformers
+    model (TorchDraft) or a GGUF file run by llama.cpp (llamacpp.LlamaCppDraft).
 
     Its cache lags the context: after proposing d1..dK it holds d1..d(K-1) but not dK, and
     after a plain step it has not seen the newest tokens. `propose` feeds whatever is
     missing in one forward, so catching up never costs an extra pass. The prompt is read the
     same way, when first asked to draft: an answer that never drafts never pays for it.
-
-    `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
-    by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
-    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
-    on the other ids, which rejection sampling handles exactly; only acceptance can suffer.
 
     A draft ends early, after the token that brings it below either of two limits: the
     draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
@@ -69,24 +105,17 @@ class ModelDrafter:
     verified by rejection sampling or drawn by the target: the output distribution is
     unchanged."""
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int, head_rows: int | None = None,
-                 confidence: float = 0.0) -> None:
-        self.model = model
+    def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
+                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+        self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
         self.confidence = confidence
-        self.device = model.device
+        self.device = self.lm.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
-        self.input_vocab = model.get_input_embeddings().num_embeddings
-        self.vocab_size = min(vocab_size, model.config.get_text_config().vocab_size)
-        out = self.output = model.get_output_embeddings()
-        # Only a float head can be cut to its first rows; a quantized head drafts in full.
-        trim = (head_rows is not None and head_rows < self.vocab_size
-                and isinstance(out, torch.nn.Linear) and out.bias is None)
-        self.head = out.weight[:head_rows] if trim else None  # a view: no copy
-        self.decoder = make_decoder(model)  # made once: it may prepare joined weights
+        self.vocab_size = min(vocab_size, self.lm.vocab_size)
         self._passes = 0
 
     def reset(self) -> None:
-        self.decoder.reset()
+        self.lm.reset()
         self._passes = 0
 
     @property
@@ -96,13 +125,10 @@ class ModelDrafter:
     def _missing(self, tokens: Tensor) -> Tensor:
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        return tokens[self.decoder.length:].to(self.device).clamp_max(self.input_vocab - 1)
+        return tokens[self.lm.length:].to(self.device).clamp_max(self.lm.input_vocab - 1)
 
     def _logits(self, ids: Tensor) -> Tensor:
-        h = self.decoder.hidden(ids)
-        if self.head is None:
-            return self.output(h[None])[0, : self.vocab_size]  # one row, as layers are called elsewhere
-        return torch.nn.functional.linear(h, self.head)
+        return self.lm.logits(ids)[: self.vocab_size]
 
     def guessers(self, tokens: Tensor) -> tuple[str, ...]:
         return (MODEL,)
@@ -137,7 +163,7 @@ class ModelDrafter:
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def rollback(self, n_valid: int) -> None:
-        self.decoder.crop(n_valid)
+        self.lm.crop(n_valid)
 
 
 def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
@@ -252,7 +278,7 @@ class HybridDrafter:
 
 def make_drafter(
     method: str,
-    draft_model: PreTrainedModel | None,
+    draft_model: PreTrainedModel | LlamaCppDraft | None,
     target_vocab: int,
     max_ngram: int = 3,
     min_ngram: int = 1,

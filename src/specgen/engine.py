@@ -23,6 +23,7 @@ from specgen.decoder import crop, forward
 from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.figures import step_speedup
+from specgen.llamacpp import LlamaCppDraft
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 
 Source = Literal["accepted", "resampled", "bonus"]
@@ -116,11 +117,15 @@ def vocab_size(model: PreTrainedModel) -> int:
     return model.config.get_text_config().vocab_size
 
 
-def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+def check_pair(target: PreTrainedModel, draft: PreTrainedModel | LlamaCppDraft) -> None:
     """Refuse a draft whose vocabulary is not the target's. Sizes may differ a little
     (padded embedding rows, e.g. 151,936 vs 152,064); token ids are compared over the
     shared range. Cross-tokenizer drafting is not supported."""
-    v_t, v_d = vocab_size(target), vocab_size(draft)
+    v_t = vocab_size(target)
+    if isinstance(draft, LlamaCppDraft):
+        v_d, eos_d = draft.vocab_size, draft.eos_token_id
+    else:
+        v_d, eos_d = vocab_size(draft), draft.config.get_text_config().eos_token_id
     if min(v_t, v_d) / max(v_t, v_d) < 0.98:
         raise ModelError(
             f"The draft's vocabulary ({v_d:,} tokens) does not match the target's ({v_t:,}): "
@@ -128,7 +133,6 @@ def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:
             "the target's family (e.g. a smaller model of the same series)."
         )
     eos_t = target.config.get_text_config().eos_token_id
-    eos_d = draft.config.get_text_config().eos_token_id
     if eos_t is not None and eos_d is not None and _as_set(eos_t).isdisjoint(_as_set(eos_d)):
         raise ModelError(
             f"The draft's end-of-sequence token ({eos_d}) differs from the target's ({eos_t}): "
@@ -158,7 +162,7 @@ class SpeculativeGenerator:
                 f"{num_speculative_tokens!r}. Try 4; 0 turns speculation off."
             )
         self.target = target
-        if isinstance(draft, PreTrainedModel):
+        if isinstance(draft, (PreTrainedModel, LlamaCppDraft)):
             check_pair(target, draft)
             draft = ModelDrafter(draft, vocab_size(target))
         self.drafter: Drafter = draft

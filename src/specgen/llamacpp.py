@@ -1,8 +1,12 @@
-"""llama.cpp's plain greedy decoding of the target's GGUF file, as a peer in `specgen bench`.
+"""llama.cpp, through `llama-cpp-python` (optional): a draft model's runtime, and a peer in
+`specgen bench`.
 
-Optional: used only when `llama-cpp-python` is installed and the target is a GGUF model. It
-decodes the same quantized weights with llama.cpp's own kernels, so its tokens are that
-program's greedy output, not necessarily the baseline's."""
+- As a draft (`runtime = "llama.cpp"` in a profile's [draft]), it runs the GGUF file's own
+  quantized weights (e.g. Q4_K_M) with llama.cpp's CPU kernels. A draft pass is one token,
+  where those kernels read the fewest bytes; what the draft computes is what q is, so the
+  output stays exactly the target's.
+- As a peer, it decodes the target's GGUF file greedily with the same kernels, so its tokens
+  are that program's greedy output, not necessarily the baseline's."""
 
 from __future__ import annotations
 
@@ -11,6 +15,10 @@ import importlib.util
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
 
 from specgen.errors import ConfigError
 
@@ -36,6 +44,44 @@ def load(gguf: Path, threads: int, n_ctx: int):
 
     return Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                  n_gpu_layers=0, verbose=False)
+
+
+class LlamaCppDraft:
+    """A draft model run by llama.cpp, with the interface drafters.ModelDrafter drafts with:
+    `logits(ids)`, `crop(length)`, `reset()` and `length`. Its KV cache holds the first
+    `length` tokens of the context; cropping only moves that mark, and llama.cpp drops the
+    cache entries past it before its next evaluation."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.vocab_size = self.input_vocab = llm.n_vocab()
+        self.eos_token_id = llm.token_eos()
+
+    @property
+    def length(self) -> int:
+        return self.llm.n_tokens
+
+    def logits(self, ids: Tensor) -> Tensor:
+        """The next token's logits [V] after reading `ids` [T] into the cache."""
+        import llama_cpp
+
+        self.llm.eval(ids.tolist())
+        row = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)  # llama.cpp's buffer: copy it
+        return torch.from_numpy(np.ctypeslib.as_array(row, shape=(self.vocab_size,)).copy())
+
+    def crop(self, length: int) -> None:
+        self.llm.n_tokens = min(self.llm.n_tokens, length)
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+
+def load_draft(gguf: Path, threads: int) -> LlamaCppDraft:
+    """A LlamaCppDraft on `gguf`, with room for the model's whole training context (the
+    target's context limits the answer, never the draft's cache)."""
+    return LlamaCppDraft(load(gguf, threads, n_ctx=0))
 
 
 def generate(llm, input_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]

@@ -25,7 +25,7 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig,
                           PreTrainedModel, PreTrainedTokenizerBase)
 
-from specgen import demo
+from specgen import demo, llamacpp
 from specgen.cpu_linear import use_weight_major_linears
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.profiles import ModelSpec, Profile
@@ -46,7 +46,7 @@ META_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 @dataclass
 class LoadedPair:
     target: PreTrainedModel
-    draft: PreTrainedModel | None
+    draft: PreTrainedModel | llamacpp.LlamaCppDraft | None
     tokenizer: PreTrainedTokenizerBase
     target_name: str
     draft_name: str | None
@@ -55,6 +55,14 @@ class LoadedPair:
     quantization: str
     draft_quantization: str = "none"
     load_seconds: float = 0.0
+    peer_draft: PreTrainedModel | None = None  # a llama.cpp draft's transformers copy
+
+
+def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
+    """The most positions the model takes (None when its config does not say)."""
+    if isinstance(model, llamacpp.LlamaCppDraft):
+        return model.llm.n_ctx()
+    return model.config.get_text_config().max_position_embeddings
 
 
 def cache_dir() -> Path:
@@ -253,8 +261,16 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
 # --- tokenizers and config ----------------------------------------------------------------------
 
 def _verify_gguf(source: Source, dtype: torch.dtype, progress: Progress | None) -> None:
-    """Check the file's sha256 (against the profile's when given: it is about to be trusted),
-    then point `source` at the converted copy when one is cached for this file and dtype."""
+    """Check the file's sha256, then point `source` at the converted copy when one is cached
+    for this file and dtype."""
+    check_sha256(source, progress)
+    converted = _converted_dir(source.sha256, dtype)
+    if _is_complete(converted, source.sha256, dtype):
+        source.path, source.gguf = converted, None
+
+
+def check_sha256(source: Source, progress: Progress | None = None) -> None:
+    """Check a GGUF source's sha256 against the profile's when given: it is about to be trusted."""
     if not source.verified:
         declared, file = source.sha256, source.path / source.gguf
         _say(progress, f"Checking the sha256 of {source.gguf}")
@@ -265,9 +281,6 @@ def _verify_gguf(source: Source, dtype: torch.dtype, progress: Progress | None) 
                 "file is damaged or not the one the profile names: delete it and download it "
                 "again (or, if the upstream file really changed, update sha256 in the profile).")
         source.sha256, source.verified = actual, True
-    converted = _converted_dir(source.sha256, dtype)
-    if _is_complete(converted, source.sha256, dtype):
-        source.path, source.gguf = converted, None
 
 
 def _is_complete(folder: Path, sha256: str, dtype: torch.dtype) -> bool:
@@ -393,6 +406,8 @@ def rough_bytes(spec: ModelSpec) -> tuple[float, float] | None:
     params = rough_params(spec.model) or rough_params(spec.gguf_file or "")
     if params is None:
         return None
+    if spec.runtime == "llama.cpp":  # the GGUF as it is: at most a byte a weight up to Q8_0
+        return params * OVERHEAD, params * OVERHEAD
     whole = params * (4 if spec.dtype == "float32" else 2) * OVERHEAD
     kept = params * QUANT_BYTES[spec.quantization] * OVERHEAD if spec.quantization != "none" else whole
     return (whole if spec.quantization in CPU_SCHEMES else kept), kept
@@ -522,8 +537,17 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     return model.eval()
 
 
-def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
-    """Locate, check (tokenizers, memory) and load the profile's target and draft."""
+def load_llama_draft(source: Source, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
+    """The GGUF draft on llama.cpp's CPU kernels, with as many threads as torch uses."""
+    _say(progress, f"Loading draft {source.name} in llama.cpp on cpu")
+    return llamacpp.load_draft(source.path / source.gguf, torch.get_num_threads())
+
+
+def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False
+              ) -> LoadedPair:
+    """Locate, check (tokenizers, memory) and load the profile's target and draft. With
+    `peer_draft`, a draft that runs in llama.cpp is also loaded in transformers (as its dtype
+    and quantization say), for `specgen bench`'s peer."""
     start = time.perf_counter()
     base = profile.path.parent if profile.path else None
     roles = [("target", profile.target)]
@@ -536,13 +560,21 @@ def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
         if spec.quantization in BNB:
             _bnb_config(spec.quantization, torch.float32)  # fail early if bitsandbytes is missing
 
+    llama = profile.draft is not None and profile.draft.runtime == "llama.cpp"
+    if llama and ("draft", profile.draft) in roles and not llamacpp.available():
+        raise ConfigError(f"draft.runtime = \"llama.cpp\" needs llama-cpp-python: "
+                          f"{llamacpp.INSTALL_HINT}. Or set draft.runtime = \"transformers\".")
     devices, dtypes, sources, tokenizers = {}, {}, {}, {}
     for role, spec in roles:
-        dev = resolve_device(spec.device, role)
+        dev = "cpu" if llama and role == "draft" else resolve_device(spec.device, role)
         if role == "draft" and dev == "cuda":
             dev = "cuda:0"  # the draft sits on the first GPU; the target may spread
         devices[role], dtypes[role] = dev, resolve_dtype(spec.dtype, dev)
-        sources[role] = locate(spec, role, dtypes[role], progress, base)
+        if llama and role == "draft":  # llama.cpp reads the GGUF file itself
+            sources[role] = _find(spec, role, progress, base)
+            check_sha256(sources[role], progress)
+        else:
+            sources[role] = locate(spec, role, dtypes[role], progress, base)
         tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
     if "draft" in sources:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
@@ -550,6 +582,11 @@ def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
 
     needs, loads = [], []
     for role, spec in roles:
+        if llama and role == "draft":  # mapped from the file as it is
+            n = int((sources[role].path / sources[role].gguf).stat().st_size * OVERHEAD)
+            needs.append((f"draft {sources[role].name}", "cpu", n))
+            loads.append((n, n))
+            continue
         config = load_config(sources[role], spec.trust_remote_code)
         n = estimate_bytes(config, dtypes[role], spec.quantization, spec.trust_remote_code)
         needs.append((f"{role} {sources[role].name}", devices[role], n))
@@ -565,11 +602,17 @@ def load_pair(profile: Profile, progress: Progress | None = None) -> LoadedPair:
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {_smaller_profiles(free, profile.name)}") from None
 
-    models = {role: load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
+    models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
+              else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
     draft_spec = profile.draft if "draft" in models else None
+    peer = None
+    if peer_draft and llama and draft_spec is not None:  # transformers' copy of the same draft
+        source = locate(draft_spec, "draft", dtypes["draft"], progress, base)
+        peer = load_model(source, draft_spec, "cpu", dtypes["draft"], progress, "draft")
     return LoadedPair(
         target=models["target"], draft=models.get("draft"), tokenizer=tokenizers["target"],
+        peer_draft=peer,
         target_name=sources["target"].name,
         draft_name=sources["draft"].name if "draft" in sources else None,
         device=devices["target"], dtype=dtype_name(dtypes["target"]),

@@ -32,6 +32,8 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 # bitsandbytes (nf4, fp4, int8) and specgen's own CPU kernels (int8-wo, int4-wo, int8-dyn).
 QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo", "int8-dyn")
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
+# What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own quantized weights.
+RUNTIMES = ("transformers", "llama.cpp")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -46,6 +48,7 @@ class ModelSpec:
     device: str = "auto"
     sha256: str | None = None  # of the single model file (GGUF)
     trust_remote_code: bool = False
+    runtime: str = "transformers"  # "llama.cpp": a GGUF draft on llama.cpp's CPU kernels
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,14 @@ def _validate(p: Profile, where: Any) -> None:
         if spec.gguf_file is not None and not spec.gguf_file.endswith(".gguf"):
             raise ConfigError(f"{where}: {role}.gguf_file must name a .gguf file, "
                               f"got {spec.gguf_file!r}.")
+        _choice(spec.runtime, RUNTIMES, f"{role}.runtime", where)
+        if spec.runtime == "llama.cpp":
+            _check_llama_runtime(spec, role, where)
     s, g = p.speculation, p.generation
+    if p.draft is not None and p.draft.runtime == "llama.cpp" and s.draft_vocab:
+        raise ConfigError(f"{where}: speculation.draft_vocab trims a transformers draft's output "
+                          "layer; a llama.cpp draft always drafts over its whole vocabulary. "
+                          "Remove draft_vocab, or set draft.runtime = \"transformers\".")
     _choice(s.method, METHODS, "speculation.method", where)
     if p.draft is None and s.method != "prompt-lookup":
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
@@ -307,6 +317,22 @@ def _validate(p: Profile, where: Any) -> None:
                           f"got {g.max_new_tokens}.")
 
 
+def _check_llama_runtime(spec: ModelSpec, role: str, where: Any) -> None:
+    if role == "target":
+        raise ConfigError(
+            f"{where}: target.runtime = \"llama.cpp\" is not allowed: the target checks K drafts "
+            "in one pass, and llama.cpp's CPU kernels cost nearly a decode step per token "
+            "checked (bench/NOTES.md). Run the draft in llama.cpp instead (draft.runtime).")
+    if not (spec.model.endswith(".gguf") or spec.gguf_file):
+        raise ConfigError(f"{where}: draft.runtime = \"llama.cpp\" runs a GGUF file, but "
+                          f"draft.model = {spec.model!r} names none. Point draft.model at a .gguf "
+                          "file (or set gguf_file), or set draft.runtime = \"transformers\".")
+    if spec.device not in ("auto", "cpu"):
+        raise ConfigError(f"{where}: a llama.cpp draft runs on the CPU, but draft.device = "
+                          f"{spec.device!r}. Set draft.device = \"cpu\", or set "
+                          "draft.runtime = \"transformers\" to draft on the GPU.")
+
+
 # --- command-line overrides -----------------------------------------------------------------
 
 _OVERRIDES = {
@@ -322,12 +348,13 @@ _OVERRIDES = {
     "target_quantization": ("target", "quantization"),
     "target_dtype": ("target", "dtype"),
     "draft_quantization": ("draft", "quantization"),
+    "draft_runtime": ("draft", "runtime"),
 }
 
 
 def with_overrides(profile: Profile, **overrides: Any) -> Profile:
     """A copy of `profile` with command-line values applied (None means "not given"),
-    validated again. `device` sets both models' device."""
+    validated again. `device` sets both models' device (but a llama.cpp draft's, always the CPU)."""
     data = profile.to_dict()
     data["__file__"] = "command line"
     for name, value in overrides.items():
@@ -347,4 +374,6 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 data[section][key] = value
             elif section != "draft" or name != "device":
                 raise ConfigError(f"Cannot set {name}: profile {profile.name!r} has no [{section}].")
+    if overrides.get("device") and data.get("draft", {}).get("runtime") == "llama.cpp":
+        data["draft"]["device"] = "cpu"  # --device moves what it can; llama.cpp drafts on the CPU
     return _build(data, name=profile.name, path=profile.path)

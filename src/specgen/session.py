@@ -57,8 +57,9 @@ class Session:
         )
 
 
-def open_session(profile: Profile, progress: Callable[[str], None] | None = None) -> Session:
-    pair = load_pair(profile, progress)
+def open_session(profile: Profile, progress: Callable[[str], None] | None = None,
+                 peer_draft: bool = False) -> Session:
+    pair = load_pair(profile, progress, peer_draft)
     if pair.draft is not None:
         check_pair(pair.target, pair.draft)
     spec = profile.speculation
