@@ -115,6 +115,26 @@ def test_the_bench_gives_specgen_the_llama_draft_and_the_peer_its_transformers_c
     assert isinstance(make_drafter("hybrid", lm, 64).model_drafter.lm, LlamaCppDraft)
 
 
+def test_chat_answers_with_a_llama_cpp_draft_within_its_context(tmp_path, monkeypatch):
+    from specgen.chat import Chat
+    from specgen.profiles import load_profile
+    from specgen.session import open_session
+    from tiny import write_tiny_profile
+
+    monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
+    session = open_session(load_profile(str(write_tiny_profile(tmp_path))))
+    target = session.pair.target
+    session.pair.draft = lm = LlamaCppDraft(FakeLlama(session.pair.draft, eos=258, n_ctx=300))
+    session.generator = SpeculativeGenerator(target, lm, 4)
+    chat = Chat(session)
+    assert chat.context_limit == 300  # the smaller of the target's 4096 and the draft's
+    pending = chat.prepare("hello")
+    tokens = [t.id for t in chat.answer(pending)]
+    plain = target.generate(pending.ids[None], do_sample=False, max_new_tokens=len(tokens),
+                            eos_token_id=258)
+    assert tokens == plain[0, len(pending.ids):].tolist() and lm.llm.evals
+
+
 # --- from a profile -------------------------------------------------------------------------------
 
 def gguf_profile(tmp_path, draft_lines: str):
@@ -162,6 +182,22 @@ def test_a_llama_cpp_draft_without_llama_cpp_python_is_one_clear_error(tmp_path,
     assert result.exit_code == 2
     assert "needs llama-cpp-python: pip install llama-cpp-python" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_bench_refuses_draft_vocab_with_a_llama_cpp_draft(tmp_path, isolated):
+    _, profile = gguf_profile(tmp_path, 'runtime = "llama.cpp"\n')
+    result = CliRunner().invoke(app, ["bench", "-p", str(profile), "--draft-vocab", "32"])
+    assert result.exit_code == 2 and "Drop --draft-vocab" in result.stderr
+
+
+def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path, monkeypatch):
+    def refuse(**kwargs):
+        raise ValueError(f"Failed to load model from file: {kwargs['model_path']}")
+
+    monkeypatch.setattr(sys.modules["llama_cpp"], "Llama", refuse, raising=False)
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    with pytest.raises(ModelError, match="llama.cpp cannot load .*draft.runtime = \"transformers\""):
+        llamacpp.load_draft(tmp_path / "odd.gguf", 2)
 
 
 def test_the_real_llama_cpp_drafts_for_the_target_exactly(tmp_path, monkeypatch):

@@ -137,10 +137,11 @@ class FakeLlama:
     last position's logits are kept, in a C float buffer read through `llama_get_logits_ith`
     (see `fake_llama_cpp`)."""
 
-    def __init__(self, model, eos: int = 0) -> None:
+    def __init__(self, model, eos: int = 0, n_ctx: int | None = None) -> None:
         from transformers import DynamicCache
 
         self.model, self.eos = model, eos
+        self._n_ctx = n_ctx or model.config.max_position_embeddings
         self.cache = DynamicCache(config=model.config)
         self.n_tokens = 0
         self.ctx = self  # the handle llama_get_logits_ith receives
@@ -154,7 +155,7 @@ class FakeLlama:
         return self.eos
 
     def n_ctx(self) -> int:
-        return self.model.config.max_position_embeddings
+        return self._n_ctx
 
     def eval(self, tokens: list[int]) -> None:
         extra = self.cache.get_seq_length() - self.n_tokens
@@ -173,10 +174,14 @@ class FakeLlama:
 def fake_llama_cpp():
     """A stand-in for the llama_cpp module: only llama_get_logits_ith, as LlamaCppDraft calls it."""
     import ctypes
+    import importlib.machinery
     import types
 
     def llama_get_logits_ith(ctx: FakeLlama, i: int):
         assert i == -1  # LlamaCppDraft reads the last position's row only
         return ctx.buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
-    return types.SimpleNamespace(llama_get_logits_ith=llama_get_logits_ith)
+    module = types.ModuleType("llama_cpp")
+    module.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)  # for find_spec
+    module.llama_get_logits_ith = llama_get_logits_ith
+    return module

@@ -404,6 +404,9 @@ def bench(
                           chat_template=False if raw else None, max_new_tokens=max_new_tokens,
                           temperature=0.0, device=device, target_quantization=target_quantization,
                           draft_quantization=draft_quantization, draft_runtime=draft_runtime)
+    if draft_vocab and prof.draft is not None and prof.draft.runtime == "llama.cpp":
+        raise ConfigError("--draft-vocab trims a transformers draft's output layer; a llama.cpp "
+                          "draft drafts over its whole vocabulary. Drop --draft-vocab.")
     import torch
 
     from specgen.session import encode_messages, messages_for

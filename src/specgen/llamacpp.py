@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, ModelError
 
 INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp: several minutes)"
 
@@ -42,8 +42,13 @@ def load(gguf: Path, threads: int, n_ctx: int):
         raise ConfigError(f"The llamacpp contestant needs llama-cpp-python: {INSTALL_HINT}.")
     from llama_cpp import Llama
 
-    return Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 n_gpu_layers=0, verbose=False)
+    try:
+        return Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                     n_gpu_layers=0, verbose=False)
+    except ValueError as e:  # llama.cpp says no more than "Failed to load model from file"
+        raise ModelError(f"llama.cpp cannot load {gguf} ({e}): its build may not know this "
+                         "model's architecture or file version. Update llama-cpp-python, or run "
+                         "the model in transformers (draft.runtime = \"transformers\").") from None
 
 
 class LlamaCppDraft:

@@ -160,6 +160,15 @@ def locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | 
     return source
 
 
+def locate_gguf(spec: ModelSpec, role: str, progress: Progress | None = None,
+                base: Path | None = None) -> Source:
+    """The GGUF file itself (found, assembled or downloaded; sha256 checked), never a
+    converted copy: for llama.cpp, which reads it."""
+    source = _find(spec, role, progress, base)
+    _check_sha256(source, progress)
+    return source
+
+
 def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -> Path | None:
     """The GGUF file a model entry names (found, assembled or downloaded as `locate` does), or
     None for a model that is not a GGUF: for programs that read the GGUF itself (llama.cpp)."""
@@ -263,13 +272,13 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
 def _verify_gguf(source: Source, dtype: torch.dtype, progress: Progress | None) -> None:
     """Check the file's sha256, then point `source` at the converted copy when one is cached
     for this file and dtype."""
-    check_sha256(source, progress)
+    _check_sha256(source, progress)
     converted = _converted_dir(source.sha256, dtype)
     if _is_complete(converted, source.sha256, dtype):
         source.path, source.gguf = converted, None
 
 
-def check_sha256(source: Source, progress: Progress | None = None) -> None:
+def _check_sha256(source: Source, progress: Progress | None = None) -> None:
     """Check a GGUF source's sha256 against the profile's when given: it is about to be trusted."""
     if not source.verified:
         declared, file = source.sha256, source.path / source.gguf
@@ -571,8 +580,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             dev = "cuda:0"  # the draft sits on the first GPU; the target may spread
         devices[role], dtypes[role] = dev, resolve_dtype(spec.dtype, dev)
         if llama and role == "draft":  # llama.cpp reads the GGUF file itself
-            sources[role] = _find(spec, role, progress, base)
-            check_sha256(sources[role], progress)
+            sources[role] = locate_gguf(spec, role, progress, base)
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
         tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
