@@ -35,15 +35,17 @@ def test_greedy_equals_target_greedy(family_pair, k, adaptive):
         assert gen.generate(ids, max_new_tokens=N).token_ids == reference(target, ids)
 
 
+@pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_equals_int8_dyn_target_greedy(k):
-    # int8-dyn computes each row alike in a one-token pass and a verify pass, so speculation
-    # reproduces the quantized target's own greedy output exactly, as in fp32.
+def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme):
+    # int8-dyn and int4-dyn compute each row alike in a one-token pass and a verify pass, so
+    # speculation reproduces the quantized target's own greedy output exactly, as in fp32.
     from copy import deepcopy
 
     from specgen import quantize
 
-    target, draft = (quantize.apply(deepcopy(m), "int8-dyn") for m in pair("qwen2"))
+    target, draft = (quantize.apply(deepcopy(m), scheme) for m in pair("qwen2"))
+    assert any(m.kind == scheme for m in target.modules() if isinstance(m, quantize.QuantLinear))
     for seed in range(3):
         ids = prompt(seed=seed)
         result = SpeculativeGenerator(target, draft, k, adaptive=False).generate(ids, max_new_tokens=N)

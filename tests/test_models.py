@@ -320,7 +320,8 @@ def test_bitsandbytes_missing(tmp_path, pair_dirs, monkeypatch):
         load(path)
 
 
-@pytest.mark.parametrize("schemes", [("int8-wo", "int4-wo"), ("int8-dyn", "int8-dyn")])
+@pytest.mark.parametrize("schemes", [("int8-wo", "int4-wo"), ("int8-dyn", "int8-dyn"),
+                                     ("int4-dyn", "int8-dyn")])
 def test_cpu_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch, schemes):
     from specgen import quantize
     from specgen.quantize import QuantLinear
@@ -337,7 +338,7 @@ def test_cpu_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert torch.equal(first.target(ids).logits, second.target(ids).logits)
-    if schemes[0] == "int8-dyn":  # only the model that verifies needs batch-invariant attention
+    if schemes[0] in quantize.DYNAMIC:  # only the model that verifies needs batch-invariant attention
         from specgen.row_attention import NAME
         assert first.target.config._attn_implementation == NAME
         assert first.draft.config._attn_implementation != NAME

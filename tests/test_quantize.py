@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from specgen import quantize
-from specgen.errors import ConfigError
+from specgen import cpu_int4, quantize
+from specgen.errors import ConfigError, ResourceError
 from specgen.quantize import QuantLinear, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tiny import tiny_model
 
@@ -11,6 +11,8 @@ from tiny import tiny_model
 def reference(linear: nn.Linear, scheme: str) -> torch.Tensor:
     """The dequantized fp32 weight the quantized layer should compute with."""
     w = linear.weight.detach()
+    if scheme == "int4-dyn":
+        return cpu_int4.dequantize(*cpu_int4.quantize(w))
     group = quantize.int4_group_size(w.shape[1], w.shape[0]) if scheme == "int4-wo" else None
     if group is None:
         return dequantize_int8(*quantize_int8(w))
@@ -44,14 +46,15 @@ def test_quantized_linear_matches_dequantized_reference(scheme, dtype, bias):
     linear = nn.Linear(256, 96, bias=bias)
     ref_w = reference(linear, scheme)
     layer = QuantLinear.from_linear(linear, scheme)
-    assert layer.kind == {"int8-wo": "int8", "int4-wo": "int4", "int8-dyn": "int8-dyn"}[scheme]
+    assert layer.kind == {"int8-wo": "int8", "int4-wo": "int4", "int8-dyn": "int8-dyn",
+                          "int4-dyn": "int4-dyn"}[scheme]
     for m in range(1, 10):  # 1..9 covers one call (<= 4 rows) and the split path
         x = torch.randn(2, m, 256).to(dtype)
         y = layer(x)
         assert y.shape == (2, m, 96) and y.dtype == dtype
         want = x.float() @ ref_w.t() + (linear.bias.detach() if bias else 0)
-        # the kernels compute in bf16 activations with fp32 accumulation, or (int8-dyn) in
-        # 7-bit activations with exact integer accumulation
+        # the kernels compute in bf16 activations with fp32 accumulation, or (int8-dyn,
+        # int4-dyn) in 7- or 8-bit activations with exact integer accumulation
         assert torch.allclose(y.float(), want, rtol=0.02, atol=0.02 * want.abs().max().item())
 
 
@@ -60,7 +63,8 @@ def test_quantized_output_is_close_to_the_float_layer():
     linear = nn.Linear(512, 256, bias=False)
     x = torch.randn(5, 512)
     want = linear(x)
-    for scheme, bound in (("int8-wo", 0.02), ("int4-wo", 0.15), ("int8-dyn", 0.04)):
+    for scheme, bound in (("int8-wo", 0.02), ("int4-wo", 0.15), ("int8-dyn", 0.04),
+                          ("int4-dyn", 0.15)):
         y = QuantLinear.from_linear(linear, scheme)(x)
         assert ((y - want).norm() / want.norm()).item() < bound
 
@@ -90,7 +94,7 @@ def test_apply_replaces_every_linear_and_the_model_still_generates(scheme):
     assert isinstance(model.lm_head, QuantLinear)
     with torch.no_grad():
         after = model(ids).logits
-    assert ((after - before).norm() / before.norm()).item() < (0.3 if scheme == "int4-wo" else 0.05)
+    assert ((after - before).norm() / before.norm()).item() < (0.3 if "int4" in scheme else 0.05)
     out = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert out.shape == (1, 12)
 
@@ -181,3 +185,81 @@ def test_int8_dyn_without_fbgemm_says_what_to_use(monkeypatch):
     monkeypatch.setattr(quantize, "supported_engines", lambda: ["qnnpack"])
     with pytest.raises(ResourceError, match="int8-dyn needs fbgemm.*use int8-wo"):
         QuantLinear.from_linear(nn.Linear(64, 32), "int8-dyn")
+
+
+# --- int4-dyn: specgen's own kernel -----------------------------------------------------
+
+
+def test_int4_dyn_math_round_trips_within_half_a_step():
+    """Blocks of 32 inputs on a 16-step grid from the block's minimum to its maximum, the
+    step and minimum in fp16."""
+    torch.manual_seed(0)
+    w = torch.randn(24, 96)
+    packed, scales = cpu_int4.quantize(w)
+    assert packed.dtype == torch.uint8 and packed.shape == (24, 3, 16)
+    assert scales.dtype == torch.float16 and scales.shape == (2, 24, 3)
+    back = cpu_int4.dequantize(packed, scales)
+    step = scales[0].float().repeat_interleave(32, dim=1)
+    assert ((back - w).abs() <= 0.5 * step + 2e-3).all()  # fp16 minima: about 1e-3 off
+    blocks, back_blocks = w.reshape(24, 3, 32), back.reshape(24, 3, 32)
+    assert torch.allclose(back_blocks.amin(-1), blocks.amin(-1), atol=2e-3)
+    assert torch.allclose(back_blocks.amax(-1), blocks.amax(-1), atol=2e-2)
+    flat = torch.full((2, 32), 0.25)  # a constant block: no step at all
+    assert torch.equal(cpu_int4.dequantize(*cpu_int4.quantize(flat)), flat)
+
+
+def test_int4_dyn_kernel_computes_the_integer_dot_products_exactly():
+    """The kernel against the same math in torch: int8 activations per token and block,
+    integer block sums, scaled; only the float summation order may differ."""
+    torch.manual_seed(0)
+    w, x, bias = torch.randn(40, 128), torch.randn(7, 128), torch.randn(40)
+    packed, scales = cpu_int4.quantize(w)
+    q = torch.cat([packed & 15, packed >> 4], -1).double()  # [40, 4, 32] in 0..15
+    blocks = x.reshape(7, 4, 32)
+    e = blocks.abs().amax(-1) / 127
+    a = torch.round(blocks / e[..., None]).double()
+    d, m = scales.double()
+    dots = torch.einsum("obj,tbj->tob", q, a)  # exact integers
+    want = (dots * d[None] * e[:, None].double() + m[None] * (e * a.sum(-1))[:, None]).sum(-1)
+    got = cpu_int4.linear(x, packed, scales, bias)
+    assert torch.allclose(got.double(), want + bias.double(), rtol=1e-5, atol=1e-4)
+
+
+def test_int4_dyn_falls_back_to_int8_dyn_where_the_input_is_not_blocks_of_32():
+    layer = QuantLinear.from_linear(nn.Linear(40, 32), "int4-dyn")
+    assert layer.kind == "int8-dyn" and layer(torch.randn(3, 40)).shape == (3, 32)
+    assert QuantLinear.from_linear(nn.Linear(96, 32), "int4-dyn").kind == "int4-dyn"
+
+
+def test_int4_dyn_cache_round_trip_is_bit_identical(tmp_path):
+    torch.manual_seed(0)
+    first = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn", tmp_path, "sha-int4")
+    (saved,) = tmp_path.iterdir()
+    assert saved.name.startswith("int4-dyn-float32-")
+    assert all(m.kind == "int4-dyn" for m in first.modules() if isinstance(m, QuantLinear))
+    before = quantize.quantized_layers
+    second = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn", tmp_path, "sha-int4")
+    assert quantize.quantized_layers == before
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, second(ids).logits)
+
+
+def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
+    monkeypatch.setattr(cpu_int4, "_lib", None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(cpu_int4.shutil, "which", lambda name: None)
+    with pytest.raises(ResourceError, match="needs a C compiler.*apt install gcc.*int8-dyn"):
+        cpu_int4.library()
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(ResourceError, match="Compiling the int4-dyn kernel failed"):
+        cpu_int4.library()
+    model = tiny_model("qwen2", hidden=64)
+    with pytest.raises(ResourceError, match="Compiling the int4-dyn kernel failed"):
+        quantize.apply(model, "int4-dyn")  # before quantizing anything
+    assert any(isinstance(m, nn.Linear) for m in model.modules())
+    assert not list((tmp_path / "kernels").glob("*.so"))  # no half-built library left
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    with pytest.raises(ResourceError, match="needs an x86 CPU with AVX2.*int8-wo or int4-wo"):
+        cpu_int4.library()

@@ -87,7 +87,7 @@ NO_ADAPTIVE = typer.Option(False, "--no-adaptive", help="Always draft exactly K 
 METHOD = typer.Option(None, "--method", help="draft-model, prompt-lookup or hybrid.")
 DEVICE = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models).")
 TARGET_QUANTIZATION = typer.Option(
-    None, "--target-quantization", help="none, nf4, fp4, int8 (bitsandbytes), int8-wo, int4-wo or int8-dyn (CPU)."
+    None, "--target-quantization", help="none, nf4, fp4, int8 (bitsandbytes), int8-wo, int4-wo, int8-dyn or int4-dyn (CPU)."
 )
 DRAFT_QUANTIZATION = typer.Option(
     None, "--draft-quantization", help="Same choices, for the draft model."

@@ -33,11 +33,11 @@ from specgen.profiles import ModelSpec, Profile
 Progress = Callable[[str], None]
 
 BNB = ("nf4", "fp4", "int8")
-CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn")  # specgen.quantize
+CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn", "int4-dyn")  # specgen.quantize
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Bytes per weight of a quantized linear layer (4-bit counts its block scales).
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
-               "int8-dyn": 1.0}
+               "int8-dyn": 1.0, "int4-dyn": 0.63}
 OVERHEAD = 1.1  # activations, KV cache for a few thousand tokens, allocator slack
 # Files a hub model needs besides its weights (no .bin/.pth/.gguf: only safetensors load).
 META_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]

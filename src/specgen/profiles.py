@@ -29,8 +29,9 @@ else:  # pragma: no cover
 DEFAULT_PROFILE = "qwen-coder-demo"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-# bitsandbytes (nf4, fp4, int8) and specgen's own CPU kernels (int8-wo, int4-wo, int8-dyn).
-QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo", "int8-dyn")
+# bitsandbytes (nf4, fp4, int8) and specgen's own CPU kernels (int8-wo, int4-wo, int8-dyn,
+# int4-dyn).
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own quantized weights.
 RUNTIMES = ("transformers", "llama.cpp")

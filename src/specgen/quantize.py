@@ -1,14 +1,17 @@
 """int8/int4 quantization of a model's linear layers, for fast CPU decoding.
 
 Decoding one token reads every weight once, so on a CPU its speed is set by the bytes of the
-weights: int8 reads half of bf16's, int4 a quarter. Three schemes:
+weights: int8 reads half of bf16's, int4 a quarter. Four schemes:
 - `int8-wo`, `int4-wo`: weight-only, PyTorch's packed matmuls (`_weight_int8pack_mm`,
   `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
 - `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
   by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
   fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
-  A target (the model that verifies) also gets row-by-row attention (row_attention.py), so
-  that a verify pass and a one-token pass give each token bit-identical logits.
+- `int4-dyn`: int4 weights (blocks of 32) and int8 activations, specgen's own AVX2 kernel
+  (cpu_int4.py): half of int8-dyn's bytes.
+A target (the model that verifies) in int8-dyn or int4-dyn also gets row-by-row attention
+(row_attention.py), so that a verify pass and a one-token pass give each token bit-identical
+logits.
 
 Verification runs the target over K+1 tokens at once, and these kernels process the rows of
 the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
@@ -29,10 +32,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from specgen import cpu_int4
 from specgen.errors import ConfigError, ResourceError
 from specgen.row_attention import use_row_attention
 
-SCHEMES = ("int8-wo", "int4-wo", "int8-dyn")
+SCHEMES = ("int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
+DYNAMIC = ("int8-dyn", "int4-dyn")  # activations quantized per token: batch-invariant linears
 FORMAT_VERSION = 1
 INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
 ROWS_PER_CALL = 4  # the kernels' row block: more rows per call re-read the weights per block
@@ -138,6 +143,8 @@ class QuantLinear(nn.Module):
     (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
     draft token's result need be independent of the others in its pass, and the demo draft's
     one-token pass took 78–85 ms instead of 97–100, bench/lean_draft_probe.py).
+    kind "int4-dyn": `weight` packed int4 uint8 [N, K/32, 16], `scales` float16 [2, N, K/32]
+    (cpu_int4.quantize), computed by specgen's kernel: batch-invariant by construction.
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
@@ -161,8 +168,10 @@ class QuantLinear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         group = int4_group_size(k, n) if scheme == "int4-wo" else None
         quantized_layers += 1
-        if scheme == "int8-dyn":
+        if scheme == "int8-dyn" or (scheme == "int4-dyn" and k % cpu_int4.BLOCK):
             return cls(k, n, "int8-dyn", 0, *quantize_int8(w), bias)
+        if scheme == "int4-dyn":
+            return cls(k, n, "int4-dyn", cpu_int4.BLOCK, *cpu_int4.quantize(w), bias)
         if group is None:  # int8, or int4 on an input the kernel's groups cannot divide
             q, scale = quantize_int8(w)
             return cls(k, n, "int8", 0, q, scale, bias)
@@ -192,6 +201,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
+        if self.kind == "int4-dyn":
+            bias = None if self.bias is None else self.bias.float()
+            y = cpu_int4.linear(x.reshape(-1, self.in_features).float(), self.weight, self.scales, bias)
+            return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         if self.kind == "int8-dyn":
             # reduce_range (7-bit activations) keeps vpmaddubsw's int16 pair sums from saturating
             y = self._dyn(x.reshape(-1, self.in_features).float()).to(x.dtype)
@@ -236,8 +249,8 @@ def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
 def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
           source_key: str | None = None, verifier: bool = True) -> nn.Module:
     """Replace every nn.Linear of `model` (lm_head included) in place with a QuantLinear for
-    `scheme` ("int8-wo", "int4-wo" or "int8-dyn"), and return the model. An int8-dyn model
-    that verifies (a target) also gets row-by-row attention; a draft needs no such care.
+    `scheme` (one of SCHEMES), and return the model. An int8-dyn or int4-dyn model that
+    verifies (a target) also gets row-by-row attention; a draft needs no such care.
 
     With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
     the packed weights are saved there the first time and loaded on later calls instead of
@@ -250,6 +263,8 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         raise ResourceError(
             f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
             "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+    if scheme == "int4-dyn":
+        cpu_int4.library()  # no AVX2 or no compiler: say so before quantizing, not at first use
     path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
     saved = load_states(path) if path is not None and path.exists() else None
     fresh = saved is None or set(saved) != set(linears)  # absent, or stale: quantize (again)
@@ -264,7 +279,7 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         setattr(owner, attr, layer)
     if fresh and path is not None:
         save_layers({name: model.get_submodule(name) for name in names}, path)
-    if scheme == "int8-dyn" and verifier:  # the linears are batch-invariant; attention must be too
+    if scheme in DYNAMIC and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
     return model
 

@@ -1,7 +1,7 @@
 """Attention one query row at a time, so that a token's result does not depend on the batch.
 
 A verify pass runs the target over K+1 tokens; plain decoding runs it over one. With
-`int8-dyn`, every linear layer computes a row bit-identically either way (quantize.py), but
+`int8-dyn` or `int4-dyn`, every linear layer computes a row bit-identically either way (quantize.py), but
 the stock attention does not: over several query rows it takes another kernel path whose
 float rounding differs in the last bit, and quantizing the next layer's activations turns that
 bit into a whole quantization step. On the demo pair speculation then matched the int8

@@ -1,0 +1,119 @@
+"""specgen's own int4 kernel for AVX2 CPUs (`int4-dyn`): int4 weights, int8 activations.
+
+PyTorch's CPU int4 kernel converts every weight to floating point before multiplying and is
+compute-bound on AVX2; fbgemm's integer GEMM is fast but int8 only. `cpu_int4.c` multiplies
+int4 weights by int8 activations with integer dot products per block of 32 inputs (as
+llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
+once for up to 4 tokens. Its cost still grows with the tokens of a pass (a float multiply-add
+per block and token): a verify pass over 5 tokens costs about twice a one-token pass, where
+int8-dyn's costs about one (bench/NOTES.md, Round 10).
+
+The C file is compiled once with the system's C compiler (gcc or cc: -O3 -mavx2 -mfma
+-mf16c -fopenmp) into the cache, keyed by its source, and called through ctypes (which lets go of
+the GIL while it runs). Its OpenMP runtime is the one PyTorch loaded (same soname).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specgen.errors import ResourceError
+
+SOURCE = Path(__file__).with_name("cpu_int4.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+BLOCK = 32  # inputs per 4-bit grid, and per activation scale
+
+_lib: ctypes.CDLL | None = None
+
+
+def check_cpu() -> None:
+    """int4-dyn needs AVX2 and FMA (x86 CPUs from about 2013 on)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise ResourceError(
+            f"int4-dyn needs an x86 CPU with AVX2; this one offers "
+            f"{torch.backends.cpu.get_cpu_capability()}. Use int8-wo or int4-wo instead.")
+
+
+def compiler() -> str:
+    found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not found:
+        raise ResourceError(
+            "int4-dyn compiles a small C kernel once and needs a C compiler with OpenMP "
+            "(gcc): install it (Debian/Ubuntu: apt install gcc), or use int8-dyn instead.")
+    return found
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernel, built into specgen's cache on first use (atomically: a crash
+    never leaves half a library) and loaded once per process."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    from specgen.models import cache_dir
+
+    check_cpu()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"cpu_int4-{digest}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        done = subprocess.run([compiler(), *FLAGS, str(SOURCE), "-o", str(tmp)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise ResourceError(f"Compiling the int4-dyn kernel failed:\n{done.stderr.strip()}\n"
+                                "Use int8-dyn instead, or report this with the message above.")
+        os.replace(tmp, path)
+    lib = ctypes.CDLL(str(path))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.int4_linear.argtypes = [p, p, p, p, p, p, i, i, i, p, p, p, i]
+    lib.int4_linear.restype = None
+    _lib = lib
+    return lib
+
+
+# --- the format (pure tensor functions) ---------------------------------------------------
+
+def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w [N, K] (K a multiple of 32) ~= dequantize(packed, scales): per block of 32 inputs
+    w = d q + m with q in 0..15 spanning the block from its minimum m to its maximum (a GGUF
+    Q4_K weight is such a grid per block of 32 already, so it comes back nearly as it was).
+    Returns (packed uint8 [N, K/32, 16], scales float16 [2, N, K/32]: d, then m); byte j of
+    a block holds q[j] in its low nibble and q[j + 16] in its high one. q is rounded against
+    the fp16 d and m, so that dequantizing gives the nearest point of the stored grid."""
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // BLOCK, BLOCK)
+    low = blocks.amin(2).half().float()
+    d = ((blocks.amax(2) - low) / 15).half().float()
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = ((blocks - low[..., None]) * inverse[..., None]).round().clamp(0, 15).to(torch.uint8)
+    scales = torch.stack([d, low]).half().contiguous()
+    return (q[..., :16] | (q[..., 16:] << 4)).contiguous(), scales
+
+
+def dequantize(packed: Tensor, scales: Tensor) -> Tensor:
+    q = torch.cat([packed & 15, packed >> 4], -1).float()
+    d, m = scales.float()
+    return (q * d[..., None] + m[..., None]).reshape(packed.shape[0], -1)
+
+
+def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`."""
+    lib = library()
+    m, k = x.shape
+    n = packed.shape[0]
+    x = x.contiguous()
+    y = torch.empty(m, n)
+    qx = torch.empty(m, k, dtype=torch.int8)
+    ex = torch.empty(2, m, k // BLOCK)  # the scales, and each scale times its block's sum
+    lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
+                    None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
+                    qx.data_ptr(), ex[0].data_ptr(), ex[1].data_ptr(), torch.get_num_threads())
+    return y
