@@ -62,20 +62,44 @@ def trace(result: dict, profile_name: str) -> list[dict]:
     return rows
 
 
+class Calibration:
+    """The "calibrated" policy's estimate of how often the target keeps a draft token that the
+    draft gave probability p, learnt per tenth of p from the verdicts so far, each tenth
+    starting from p itself (worth two observations). Tried in the replay only: it moved
+    nothing (bench/NOTES.md, Round 10), so the engine takes the draft at its word."""
+
+    def __init__(self, prior: float = 2.0) -> None:
+        self.prior, self.kept, self.seen = prior, [0.0] * 10, [0.0] * 10
+
+    def survival(self, p: float) -> float:
+        b = min(int(p * 10), 9)
+        return (self.kept[b] + self.prior * p) / (self.seen[b] + self.prior)
+
+    def update(self, sure: list[float], n_accepted: int) -> None:
+        """Tokens up to the first rejection were judged; the rest were not."""
+        for i, p in enumerate(sure[: n_accepted + 1]):
+            b = min(int(p * 10), 9)
+            self.seen[b] += 1.0
+            self.kept[b] += float(i < n_accepted)
+
+
 class Costs:
-    def __init__(self, draft: float, plain: float, verify: float, per_token: float) -> None:
+    def __init__(self, draft: float, plain: float, verify: float, per_token: float,
+                 peer_draft: float | None = None) -> None:
         self.draft, self.plain, self.verify, self.per_token = draft, plain, verify, per_token
+        self.peer_draft = draft if peer_draft is None else peer_draft
 
     def pass_seconds(self, k: int) -> float:
         """A target pass over k+1 tokens (k = 0: a plain step)."""
         return self.plain if k == 0 else self.verify + self.per_token * k
 
 
-def drafted(sure: list[float], i: int, k: int, stop_below: float, confidence: float) -> int:
+def drafted(sure: list[float], i: int, k: int, stop_below: float, confidence: float,
+            survival=lambda p: p) -> int:
     """How many tokens a draft of up to k from position i proposes before it stops itself."""
     n, whole = 0, 1.0
     for p in sure[i : i + k]:
-        n, whole = n + 1, whole * p
+        n, whole = n + 1, whole * survival(p)
         if p < confidence or whole < stop_below:
             break
     return n
@@ -86,7 +110,8 @@ def replay(row: dict, costs: Costs, policy: str, k_max: int, n_new: int) -> floa
     right, sure = row["right"], row["sure"]
     n_new = min(n_new, len(right))
     verify_cost: dict[int, float] = {}
-    adaptive = AdaptiveK(k_max, verify_cost=verify_cost, self_stopping=policy == "self-ending")
+    adaptive = AdaptiveK(k_max, verify_cost=verify_cost, self_stopping=policy != "one-k")
+    calibration = Calibration() if policy == "calibrated" else None
     done = seconds = 0
     while done < n_new:
         limit = n_new - done - 1
@@ -94,12 +119,16 @@ def replay(row: dict, costs: Costs, policy: str, k_max: int, n_new: int) -> floa
             k = drafted(sure, done, min(20, limit), 0.0, 0.4)
         else:
             k = adaptive.choose(limit)
-            k = drafted(sure, done, k, adaptive.stop_below(k), 0.0)
+            k = drafted(sure, done, k, adaptive.stop_below(k), 0.0,
+                        calibration.survival if calibration else lambda p: p)
         accepted = next((j for j in range(k) if not right[done + j]), k)
-        seconds += k * costs.draft + costs.pass_seconds(k)
+        if calibration:
+            calibration.update(sure[done : done + k], accepted)
+        draft = costs.peer_draft if policy == "peer" else costs.draft
+        seconds += k * draft + costs.pass_seconds(k)
         record_pass(verify_cost, k, costs.pass_seconds(k))
         if k and policy != "peer":
-            adaptive.update(k, accepted, k * costs.draft)
+            adaptive.update(k, accepted, k * draft)
         done += accepted + 1
     return seconds * n_new / done  # a last step may overshoot n_new
 
@@ -119,6 +148,7 @@ def main() -> None:
     ap.add_argument("--plain", type=float, default=0.67, help="seconds per plain target step")
     ap.add_argument("--verify", type=float, default=0.68, help="seconds of a verify pass, fixed part")
     ap.add_argument("--per-token", type=float, default=0.071, help="seconds per verified draft")
+    ap.add_argument("--peer-draft", type=float, help="seconds per peer draft pass (default --draft)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -129,8 +159,9 @@ def main() -> None:
         rows = trace(result, args.profile)
         if args.trace:
             args.trace.write_text(json.dumps(rows))
-    costs = Costs(args.draft, args.plain, args.verify, args.per_token)
-    policies = ("peer", "one-k", "self-ending")  # adaptive K before and since Round 7
+    costs = Costs(args.draft, args.plain, args.verify, args.per_token, args.peer_draft)
+    # adaptive K before and since Round 7, and with the draft's confidence calibrated
+    policies = ("peer", "one-k", "self-ending", "calibrated")
     print(f"{'prompt':>6} {'category':16s} " + " ".join(f"{p:>12s}" for p in policies))
     speedups = {p: [] for p in policies}
     for row in rows:

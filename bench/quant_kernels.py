@@ -3,8 +3,8 @@
     flock /tmp/specgen-heavy.lock python bench/quant_kernels.py layers
     flock /tmp/specgen-heavy.lock python bench/quant_kernels.py model --model DIR [--schemes ...]
 
-`layers`: milliseconds per call of one linear over M tokens (M = 1, 2, 3, 5, 9) for the demo
-target's layer shapes, bf16 vs int8 vs int4 vs int8-dyn, with each arrangement of the
+`layers`: milliseconds per call of one linear over M tokens (M = 1, 2, 3, 5, 9, 17) for the
+demo target's layer shapes, bf16 vs int8 vs int4 vs int8-dyn vs int4-dyn, with each arrangement of the
 weight-only kernels' M > 4 path, and the
 relative output error of each scheme. Weights are rotated over several copies so that they
 stream from memory as in decoding instead of sitting in the 32 MB L3.
@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen import quantize
+from specgen import cpu_int4, quantize
 from specgen.decoder import crop
 from specgen.quantize import quantize_int4, quantize_int8
 
-MS = (1, 2, 3, 5, 9)
+MS = (1, 2, 3, 5, 9, 17)
 SHAPES = {  # (in, out) of the Qwen2.5-Coder-1.5B layers
     "mlp up/gate 1536->8960": (1536, 8960),
     "mlp down 8960->1536": (8960, 1536),
@@ -96,6 +96,9 @@ def layers(reps: int) -> None:
             return lambda x: torch.cat([mm(c) for c in x.split(quantize.ROWS_PER_CALL)])
 
         dyn = rotating(lambda: quantize.QuantLinear(k, n, "int8-dyn", 0, q8, s8, None), q8.nbytes)
+        p4d, s4d = cpu_int4.quantize(w)
+        dyn4 = rotating(lambda: quantize.QuantLinear(k, n, "int4-dyn", 32, p4d.clone(), s4d.clone(), None),
+                        p4d.nbytes)
 
         def dequant_bf16(x):  # dequantize int8 then a bf16 matmul
             qw, s = i8()
@@ -105,7 +108,8 @@ def layers(reps: int) -> None:
                    "int8 one call": int8_mm, "int8 4-row calls": chunked(int8_mm),
                    "int4 g128 one call": int4_mm, "int4 g128 4-row calls": chunked(int4_mm),
                    "int8 dequant+bf16 mm": dequant_bf16,
-                   "int8-dyn (fbgemm, fp32 in)": lambda x: dyn()(x.float())}
+                   "int8-dyn (fbgemm, fp32 in)": lambda x: dyn()(x.float()),
+                   "int4-dyn (specgen's kernel, fp32 in)": lambda x: dyn4()(x.float())}
         for name, fn in kernels.items():
             if "dequant" in name and n > 10_000:
                 continue  # materialising the 467 MB head per call is plainly hopeless
@@ -118,7 +122,8 @@ def layers(reps: int) -> None:
         for name, y in {"int8": x @ (q8.float() * s8.float()[:, None]).t(),
                         "int4 g128": x @ quantize.dequantize_int4(q4, sz4, 128).t(),
                         "int4 g32": x @ quantize.dequantize_int4(*quantize_int4(w, 32), 32).t(),
-                        "int8-dyn": quantize.QuantLinear(k, n, "int8-dyn", 0, q8, s8, None)(x)}.items():
+                        "int8-dyn": quantize.QuantLinear(k, n, "int8-dyn", 0, q8, s8, None)(x),
+                        "int4-dyn": x @ cpu_int4.dequantize(p4d, s4d).t()}.items():
             print(f"|  | relative error {name} (random weights) | {((y - ref).norm() / ref.norm()).item():.4f} |", flush=True)
 
 
@@ -129,8 +134,8 @@ def load(model_dir: str, scheme: str, cache_dir: str) -> tuple[torch.nn.Module, 
     first (quantize and save) and a later (load from the cache) time are measured."""
     from transformers import AutoModelForCausalLM
 
-    def fresh():  # int8-dyn quantizes fp32 activations: its other layers stay fp32
-        dtype = torch.float32 if scheme == "int8-dyn" else torch.bfloat16
+    def fresh():  # int8-dyn and int4-dyn quantize fp32 activations: their other layers stay fp32
+        dtype = torch.float32 if scheme in quantize.DYNAMIC else torch.bfloat16
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     if scheme == "bf16":
         return fresh(), ""
