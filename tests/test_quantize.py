@@ -160,13 +160,15 @@ def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations():
     assert torch.equal(target.lm_head(x)[1:2], target.lm_head(x[1:2]))
 
 
-def test_int8_dyn_cache_round_trip_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("scheme", quantize.DYNAMIC)
+def test_dynamic_cache_round_trip_is_bit_identical(tmp_path, scheme):
     torch.manual_seed(0)
-    first = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", tmp_path, "sha-dyn")
+    first = quantize.apply(tiny_model("qwen2", hidden=64), scheme, tmp_path, "sha-dyn")
     (saved,) = tmp_path.iterdir()
-    assert saved.name.startswith("int8-dyn-float32-")
+    assert saved.name.startswith(f"{scheme}-float32-")
+    assert all(m.kind == scheme for m in first.modules() if isinstance(m, QuantLinear))
     before = quantize.quantized_layers
-    second = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", tmp_path, "sha-dyn")
+    second = quantize.apply(tiny_model("qwen2", hidden=64), scheme, tmp_path, "sha-dyn")
     assert quantize.quantized_layers == before
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
@@ -229,20 +231,6 @@ def test_int4_dyn_falls_back_to_int8_dyn_where_the_input_is_not_blocks_of_32():
     layer = QuantLinear.from_linear(nn.Linear(40, 32), "int4-dyn")
     assert layer.kind == "int8-dyn" and layer(torch.randn(3, 40)).shape == (3, 32)
     assert QuantLinear.from_linear(nn.Linear(96, 32), "int4-dyn").kind == "int4-dyn"
-
-
-def test_int4_dyn_cache_round_trip_is_bit_identical(tmp_path):
-    torch.manual_seed(0)
-    first = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn", tmp_path, "sha-int4")
-    (saved,) = tmp_path.iterdir()
-    assert saved.name.startswith("int4-dyn-float32-")
-    assert all(m.kind == "int4-dyn" for m in first.modules() if isinstance(m, QuantLinear))
-    before = quantize.quantized_layers
-    second = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn", tmp_path, "sha-int4")
-    assert quantize.quantized_layers == before
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        assert torch.equal(first(ids).logits, second(ids).logits)
 
 
 def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_path):
