@@ -8,7 +8,7 @@ weights: int8 reads half of bf16's, int4 a quarter. Four schemes:
   by fbgemm's integer GEMM (AVX2 `vpmaddubsw`). On an AVX2 CPU without native bf16 this is the
   fast one: about 2x bf16 per token, and a pass over 5 tokens costs about one pass over one.
 - `int4-dyn`: int4 weights (blocks of 32) and int8 activations, specgen's own AVX2 kernel
-  (cpu_int4.py): half of int8-dyn's bytes.
+  (cpu_int4.py): 0.625 bytes a weight, five eighths of int8-dyn's.
 A target (the model that verifies) in int8-dyn or int4-dyn also gets row-by-row attention
 (row_attention.py), so that a verify pass and a one-token pass give each token bit-identical
 logits.
