@@ -251,3 +251,45 @@ def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_pa
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     with pytest.raises(ResourceError, match="needs an x86 CPU with AVX2.*int8-wo or int4-wo"):
         cpu_int4.library()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_results(family, monkeypatch):
+    # q/k/v and gate/up read one input: joined, a decoder layer makes 4 kernel calls, not 7,
+    # and every logit is bit-identical to the layers called one by one.
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    joined = quantize.apply(tiny_model(family, hidden=64), "int4-dyn")
+    calls = []
+    real = cpu_int4.linear
+    monkeypatch.setattr(cpu_int4, "linear", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    with torch.no_grad():
+        logits = joined(ids).logits
+    assert len(calls) == 2 * 4 + 1  # two layers, and the head
+    assert 64 + 2 * 32 in calls  # q (64) with k and v (2 KV heads of 16 each)
+    monkeypatch.setattr(quantize, "join_int4_dyn", lambda model: 0)
+    apart = quantize.apply(tiny_model(family, hidden=64), "int4-dyn")
+    calls.clear()
+    with torch.no_grad():
+        assert torch.equal(apart(ids).logits, logits)
+    assert len(calls) == 2 * 7 + 1
+    # each layer's own weights come back out of the joined ones (what a cache would save)
+    for (name, a), b in zip(joined.named_modules(), apart.modules()):
+        if isinstance(a, QuantLinear) and a.joined is not None:
+            weight, scales = a.stored()
+            assert torch.equal(weight, b.weight) and torch.equal(scales, b.scales), name
+
+
+def test_a_joined_layer_called_on_another_input_computes_that_input():
+    torch.manual_seed(0)
+    model = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn")
+    attn = model.model.layers[0].self_attn
+    assert attn.k_proj.joined is attn.q_proj.joined is not None
+    x, y = torch.randn(2, 64), torch.randn(2, 64)
+    q_x = attn.q_proj(x)
+    k_y = attn.k_proj(y)  # not x's pending k
+    k_x, v_x = attn.k_proj(x), attn.v_proj(x)
+    weight, scales = attn.k_proj.stored()
+    own = cpu_int4.linear(y, weight, scales, attn.k_proj.bias.float())
+    assert torch.equal(k_y, own)
+    assert torch.equal(attn.q_proj(x), q_x) and torch.equal(attn.k_proj(x), k_x)
+    assert torch.equal(attn.v_proj(x), v_x)

@@ -8,8 +8,11 @@
 // never depends on the others in its pass. Each weight block is unpacked once for up to 4
 // tokens.
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
+
+// Weight rows read ahead of the one being computed (2 was the fastest of 1, 2, 3, 4 and 8,
+// bench/NOTES.md Round 11).
+#define PREFETCH_ROWS 2
 
 // 16 bytes of nibbles -> 32 bytes 0..15: low nibbles in the low lane, high in the high.
 static inline __m256i unpack(const uint8_t *p) {
@@ -25,40 +28,61 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline void fp16_to_float(const uint16_t *h, float *f, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
-}
-
-// sum over i < n of a[i] * c[i]
-static inline float dot(const float *a, const float *c, int n) {
+// sum over i < n of h[i] * c[i], h in fp16
+static inline float dot_fp16(const uint16_t *h, const float *c, int n) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(c + i), acc);
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))),
+                              _mm256_loadu_ps(c + i), acc);
     float s = hsum(acc);
-    for (; i < n; i++) s += a[i] * c[i];
+    for (; i < n; i++) s += _cvtsh_ss(h[i]) * c[i];
     return s;
 }
 
+// scale[t * nb + b] = d[b] e[t * nb + b] for t < nt, d in fp16
+static inline void scales(const uint16_t *d, const float *e, int nb, int nt, float *scale) {
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(scale + t * nb + b, _mm256_mul_ps(dv, _mm256_loadu_ps(e + t * nb + b)));
+    }
+    for (; b < nb; b++)
+        for (int t = 0; t < nt; t++) scale[t * nb + b] = _cvtsh_ss(d[b]) * e[t * nb + b];
+}
+
 // x [n, k] -> qx [n, k] int8, its scales ex [n, k / 32] and sx = scale * sum of the block's
-// values [n, k / 32]; each token on its own.
+// values [n, k / 32]; each token on its own. Vectorised: the rounding (to nearest, ties to
+// even) and the integer sums are those of the scalar loop.
 static void quantize_rows(const float *x, int n, int k, int8_t *qx, float *ex, float *sx) {
     int nb = k / 32;
+    const __m256 sign = _mm256_set1_ps(-0.f);
     for (int r = 0; r < n; r++)
         for (int b = 0; b < nb; b++) {
             const float *v = x + (int64_t)r * k + b * 32;
-            float amax = 0.f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                     _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            float amax = _mm_cvtss_f32(h);
             float e = amax / 127.f, inv = e > 0.f ? 1.f / e : 0.f;
-            int sum = 0;
-            for (int j = 0; j < 32; j++) {
-                int8_t a = (int8_t)lrintf(v[j] * inv);
-                qx[(int64_t)r * k + b * 32 + j] = a;
-                sum += a;
-            }
+            __m256 s = _mm256_set1_ps(inv);
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, s)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, s));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, s)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, s));
+            // packs interleave the 128-bit lanes; the permute puts the 32 values back in order
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qx + (int64_t)r * k + b * 32), p);
+            __m256i t = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
             ex[r * nb + b] = e;
-            sx[r * nb + b] = e * (float)sum;
+            sx[r * nb + b] = e * (float)_mm_cvtsi128_si32(t4);
         }
 }
 
@@ -101,13 +125,17 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int row = 0; row < o; row++) {
         const uint8_t *wr = qw + (int64_t)row * nb * 16;
-        float d[nb], m[nb], scale[4 * nb], out[4];
-        fp16_to_float(dw + (int64_t)row * nb, d, nb);
-        fp16_to_float(mw + (int64_t)row * nb, m, nb);
+        if (row + PREFETCH_ROWS < o) {  // the hardware prefetcher alone leaves loads waiting
+            const char *next = (const char *)(qw + (int64_t)(row + PREFETCH_ROWS) * nb * 16);
+            for (int i = 0; i < nb * 16; i += 64) _mm_prefetch(next + i, _MM_HINT_T0);
+            _mm_prefetch((const char *)(dw + (int64_t)(row + PREFETCH_ROWS) * nb), _MM_HINT_T0);
+            _mm_prefetch((const char *)(mw + (int64_t)(row + PREFETCH_ROWS) * nb), _MM_HINT_T0);
+        }
+        const uint16_t *dr = dw + (int64_t)row * nb, *mr = mw + (int64_t)row * nb;
+        float scale[4 * nb], out[4];
         for (int t0 = 0; t0 < n; t0 += 4) {
             int nt = n - t0 < 4 ? n - t0 : 4;
-            for (int t = 0; t < nt; t++)
-                for (int b = 0; b < nb; b++) scale[t * nb + b] = d[b] * ex[(t0 + t) * nb + b];
+            scales(dr, ex + (int64_t)t0 * nb, nb, nt, scale);
             const int8_t *q = qx + (int64_t)t0 * k;
             switch (nt) {  // constants: see row_dot()
                 case 1: row_dot(wr, q, scale, nb, 1, out); break;
@@ -116,7 +144,7 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
                 default: row_dot(wr, q, scale, nb, 4, out);
             }
             for (int t = 0; t < nt; t++)
-                y[(int64_t)(t0 + t) * o + row] = out[t] + dot(m, sx + (int64_t)(t0 + t) * nb, nb)
+                y[(int64_t)(t0 + t) * o + row] = out[t] + dot_fp16(mr, sx + (int64_t)(t0 + t) * nb, nb)
                                                   + (bias ? bias[row] : 0.f);
         }
     }

@@ -105,15 +105,18 @@ def dequantize(packed: Tensor, scales: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
-    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`."""
+    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`.
+    Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
     y = torch.empty(m, n)
     qx = torch.empty(m, k, dtype=torch.int8)
-    ex = torch.empty(2, m, k // BLOCK)  # the scales, and each scale times its block's sum
-    lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
-                    None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, n,
-                    qx.data_ptr(), ex[0].data_ptr(), ex[1].data_ptr(), torch.get_num_threads())
+    ex = torch.empty(2 * m * (k // BLOCK))  # the scales, then each scale times its block's sum
+    scales = scales.contiguous()  # d [N, K/32], then m
+    lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales.data_ptr(),
+                    scales.data_ptr() + scales.nbytes // 2, None if bias is None else bias.data_ptr(),
+                    y.data_ptr(), m, k, n, qx.data_ptr(), ex.data_ptr(), ex.data_ptr() + ex.nbytes // 2,
+                    torch.get_num_threads())
     return y

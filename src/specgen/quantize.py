@@ -153,6 +153,7 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
         self.batch_invariant = True
+        self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
         if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
             self.packed, self.anchor = prepack_int8(weight, scales), row_anchor(in_features)
             weight = scales = None
@@ -185,6 +186,8 @@ class QuantLinear(nn.Module):
 
     def stored(self) -> tuple[Tensor, Tensor]:
         """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
+        if self.joined is not None:
+            return self.joined.stored(self)
         return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
 
     def _dyn(self, x: Tensor) -> Tensor:
@@ -201,6 +204,8 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
+        if self.joined is not None:
+            return self.joined.output(self, x)
         if self.kind == "int4-dyn":
             bias = None if self.bias is None else self.bias.float()
             y = cpu_int4.linear(x.reshape(-1, self.in_features).float(), self.weight, self.scales, bias)
@@ -244,6 +249,70 @@ def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
     return prepack_int8(torch.cat(weights), torch.cat(scales)), bias
 
 
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings on one input
+
+
+class Joined:
+    """int4-dyn layers that read the same input (a decoder layer's q/k/v projections, its
+    gate/up ones), computed by one kernel call: the first layer called computes every
+    layer's output, the others take theirs. The kernel computes each output row on its own,
+    so each layer's output is bit-identical to its own call; one call quantizes the input
+    once and streams the small k/v weights with q's (bench/NOTES.md, Round 11). A layer
+    called with another input tensor, or twice, starts a new call. (The input is known by
+    identity: inference tensors keep no version counter, and no decoder changes its
+    projections' input in place between them.)"""
+
+    def __init__(self, layers: list[QuantLinear]) -> None:
+        self.packed = torch.cat([layer.weight for layer in layers])
+        self.scales = torch.cat([layer.scales for layer in layers], dim=1)
+        biases = [layer.bias for layer in layers]
+        self.bias = None if all(b is None for b in biases) else torch.cat([
+            torch.zeros(layer.out_features) if b is None else b.float()
+            for layer, b in zip(layers, biases)])
+        self.index = {id(layer): i for i, layer in enumerate(layers)}
+        self.sizes = [layer.out_features for layer in layers]
+        self.input: Tensor | None = None
+        self.pending: dict[int, Tensor] = {}
+
+    def output(self, layer: QuantLinear, x: Tensor) -> Tensor:
+        i = self.index[id(layer)]
+        if x is not self.input or i not in self.pending:
+            y = cpu_int4.linear(x.reshape(-1, layer.in_features).float(), self.packed, self.scales,
+                                self.bias)
+            self.pending = dict(enumerate(y.split(self.sizes, dim=-1)))
+            self.input = x
+        y = self.pending.pop(i)
+        if not self.pending:
+            self.input = None  # nothing left to hand out: do not hold the input
+        return y.to(x.dtype).contiguous().reshape(*x.shape[:-1], layer.out_features)
+
+    def stored(self, layer: QuantLinear) -> tuple[Tensor, Tensor]:
+        """The layer's own (weight, scales), cut out of the joined ones."""
+        i = self.index[id(layer)]
+        start = sum(self.sizes[:i])
+        rows = slice(start, start + self.sizes[i])
+        return self.packed[rows].clone(), self.scales[:, rows].contiguous()
+
+
+def join_int4_dyn(model: nn.Module) -> int:
+    """Join each group of SHARED_INPUT siblings that are all int4-dyn layers on one input size.
+    The joined weights replace the layers' own (no second copy). Returns the groups joined."""
+    groups = 0
+    for parent in model.modules():
+        for names in SHARED_INPUT:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(isinstance(layer, QuantLinear) and layer.kind == "int4-dyn"
+                       and layer.joined is None for layer in layers):
+                continue
+            if len({layer.in_features for layer in layers}) > 1:
+                continue
+            joined = Joined(layers)
+            for layer in layers:
+                layer.joined, layer.weight, layer.scales = joined, None, None
+            groups += 1
+    return groups
+
+
 # --- applying to a model, with an on-disk cache ------------------------------------------
 
 def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
@@ -279,6 +348,8 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         setattr(owner, attr, layer)
     if fresh and path is not None:
         save_layers({name: model.get_submodule(name) for name in names}, path)
+    if scheme == "int4-dyn":
+        join_int4_dyn(model)  # after saving: the cache keeps one entry per layer
     if scheme in DYNAMIC and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
     return model
