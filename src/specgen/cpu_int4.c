@@ -122,7 +122,7 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
                  float *sx, int threads) {
     int nb = k / 32;
     quantize_rows(x, n, k, qx, ex, sx);
-// guided: a thread the VM stalls leaves its rows to the other (static measured 3-8% slower)
+// guided: a thread the VM stalls leaves its rows to the other (bench/NOTES.md, Round 11)
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < o; row++) {
         const uint8_t *wr = qw + (int64_t)row * nb * 16;
