@@ -266,7 +266,7 @@ def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_result
         logits = joined(ids).logits
     assert len(calls) == 2 * 4 + 1  # two layers, and the head
     assert 64 + 2 * 32 in calls  # q (64) with k and v (2 KV heads of 16 each)
-    monkeypatch.setattr(quantize, "join_int4_dyn", lambda model: 0)
+    monkeypatch.setattr(quantize, "join_int4_dyn", lambda model: None)
     apart = quantize.apply(tiny_model(family, hidden=64), "int4-dyn")
     calls.clear()
     with torch.no_grad():

@@ -242,11 +242,16 @@ def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
     if len(layers) == 1:
         return layers[0].packed, layers[0].bias
     weights, scales = zip(*(layer.stored() for layer in layers))
-    biases = [layer.bias for layer in layers]
-    bias = None if all(b is None for b in biases) else torch.cat([
-        torch.zeros(layer.out_features) if b is None else b.float()
-        for layer, b in zip(layers, biases)])
-    return prepack_int8(torch.cat(weights), torch.cat(scales)), bias
+    return prepack_int8(torch.cat(weights), torch.cat(scales)), joined_bias(layers)
+
+
+def joined_bias(layers: list[QuantLinear]) -> Tensor | None:
+    """The biases of layers whose outputs are joined side by side (float32; zeros for a layer
+    without one), or None when none has a bias."""
+    if all(layer.bias is None for layer in layers):
+        return None
+    return torch.cat([torch.zeros(layer.out_features) if layer.bias is None else layer.bias.float()
+                      for layer in layers])
 
 
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings on one input
@@ -265,10 +270,7 @@ class Joined:
     def __init__(self, layers: list[QuantLinear]) -> None:
         self.packed = torch.cat([layer.weight for layer in layers])
         self.scales = torch.cat([layer.scales for layer in layers], dim=1)
-        biases = [layer.bias for layer in layers]
-        self.bias = None if all(b is None for b in biases) else torch.cat([
-            torch.zeros(layer.out_features) if b is None else b.float()
-            for layer, b in zip(layers, biases)])
+        self.bias = joined_bias(layers)
         self.index = {id(layer): i for i, layer in enumerate(layers)}
         self.sizes = [layer.out_features for layer in layers]
         self.input: Tensor | None = None
@@ -294,10 +296,9 @@ class Joined:
         return self.packed[rows].clone(), self.scales[:, rows].contiguous()
 
 
-def join_int4_dyn(model: nn.Module) -> int:
+def join_int4_dyn(model: nn.Module) -> None:
     """Join each group of SHARED_INPUT siblings that are all int4-dyn layers on one input size.
-    The joined weights replace the layers' own (no second copy). Returns the groups joined."""
-    groups = 0
+    The joined weights replace the layers' own (no second copy)."""
     for parent in model.modules():
         for names in SHARED_INPUT:
             layers = [getattr(parent, name, None) for name in names]
@@ -309,8 +310,6 @@ def join_int4_dyn(model: nn.Module) -> int:
             joined = Joined(layers)
             for layer in layers:
                 layer.joined, layer.weight, layer.scales = joined, None, None
-            groups += 1
-    return groups
 
 
 # --- applying to a model, with an on-disk cache ------------------------------------------
