@@ -10,8 +10,11 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-// Weight rows read ahead of the one being computed (2 was the fastest of 1, 2, 3, 4 and 8,
-// bench/NOTES.md Round 11).
+// Nibbles are prefetched this many bytes ahead as a row is read, a cache line at a time: a
+// whole row asked for at once (as before) left the 4.5 KB rows of a down projection 25%
+// slower than short rows (bench/NOTES.md Round 12). Scales and minima are prefetched whole,
+// PREFETCH_ROWS rows ahead.
+#define PREFETCH_BYTES 4096
 #define PREFETCH_ROWS 2
 
 // 16 bytes of nibbles -> 32 bytes 0..15: low nibbles in the low lane, high in the high.
@@ -108,6 +111,8 @@ static inline __attribute__((always_inline)) void row_dot(
     for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
+        if ((b & 3) == 0)  // a line is 4 blocks; prefetches never fault past the last row
+            _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
         block(wr, qx, scale, nb, nt, b, even);
         block(wr, qx, scale, nb, nt, b + 1, odd);
     }
@@ -127,10 +132,12 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
     for (int row = 0; row < o; row++) {
         const uint8_t *wr = qw + (int64_t)row * nb * 16;
         if (row + PREFETCH_ROWS < o) {  // the hardware prefetcher alone leaves loads waiting
-            const char *next = (const char *)(qw + (int64_t)(row + PREFETCH_ROWS) * nb * 16);
-            for (int i = 0; i < nb * 16; i += 64) _mm_prefetch(next + i, _MM_HINT_T0);
-            _mm_prefetch((const char *)(dw + (int64_t)(row + PREFETCH_ROWS) * nb), _MM_HINT_T0);
-            _mm_prefetch((const char *)(mw + (int64_t)(row + PREFETCH_ROWS) * nb), _MM_HINT_T0);
+            const char *d = (const char *)(dw + (int64_t)(row + PREFETCH_ROWS) * nb);
+            const char *m = (const char *)(mw + (int64_t)(row + PREFETCH_ROWS) * nb);
+            for (int i = 0; i < nb * 2; i += 64) {
+                _mm_prefetch(d + i, _MM_HINT_T0);
+                _mm_prefetch(m + i, _MM_HINT_T0);
+            }
         }
         const uint16_t *dr = dw + (int64_t)row * nb, *mr = mw + (int64_t)row * nb;
         float scale[4 * nb], out[4];
