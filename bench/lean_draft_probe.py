@@ -30,7 +30,7 @@ def per_call_ms(decoder, head, ids: torch.Tensor, reps: int) -> tuple[float, flo
     times = []
     for i in range(reps + 3):  # three warm-up calls
         start = time.perf_counter()
-        head(decoder.hidden(ids[i % len(ids):][:1])[None])
+        head(decoder.hidden(ids[i % len(ids):][:1]))
         if i >= 3:
             times.append(time.perf_counter() - start)
         decoder.crop(len(ids))

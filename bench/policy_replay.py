@@ -54,7 +54,7 @@ def trace(result: dict, profile_name: str) -> list[dict]:
         with torch.inference_mode():
             decoder.hidden(prompt[:-1])
             for i, token in enumerate(torch.cat([prompt[-1:], answer[:-1]])):
-                q = torch.softmax(head(decoder.hidden(token[None])[None])[0].float(), -1)
+                q = torch.softmax(head(decoder.hidden(token[None]))[0].float(), -1)
                 guess = int(q.argmax())
                 right.append(guess == int(answer[i]))
                 sure.append(float(q[guess]))

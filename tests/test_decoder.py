@@ -1,4 +1,5 @@
-"""The draft's lean decoder computes what transformers' forward computes, step for step."""
+"""The lean decoder computes what transformers' forward computes, step for step: closely for
+a draft, bit for bit for a target."""
 
 import pytest
 import torch
@@ -39,6 +40,42 @@ def test_lean_decoder_matches_transformers(family, quantization):
             torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
         lean.reset()
         assert lean.length == 0
+
+
+def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
+    """A target's life: the prompt's pass, verify passes over several tokens, rejected drafts
+    dropped, one-token steps, a cache that grows."""
+    out = [decoder.logits(ids[:7], 1), decoder.logits(ids[7:12], 5), decoder.logits(ids[12:13], 1)]
+    decoder.crop(9)
+    out += [decoder.logits(ids[9:14], 5), decoder.logits(ids[14:300], 3)]
+    decoder.crop(290)
+    out.append(decoder.logits(ids[290:291], 1))
+    assert decoder.length == 291
+    return out
+
+
+@pytest.mark.parametrize("quantization", ["int8-dyn", "int4-dyn"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@torch.inference_mode()
+def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantization):
+    """A verifier attends row by row; the lean decoder then serves the target, and its logits
+    must be transformers' own to the last bit, or speculation would not reproduce the
+    target's greedy output."""
+    model = tiny_model(family, vocab=64, hidden=64, layers=2)
+    apply(model, quantization)  # a verifier's: row attention
+    lean = make_decoder(model, exact=True)
+    assert isinstance(lean, LeanDecoder) and lean.rows
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(1))
+    for got, reference in zip(target_steps(lean, ids), target_steps(HFDecoder(model), ids)):
+        assert got.shape == reference.shape and torch.equal(got, reference)
+
+
+def test_targets_without_row_attention_keep_transformers_forward():
+    """Elsewhere the lean decoder's attention is not transformers' to the bit: a float
+    target keeps transformers' forward, while a draft of the same model goes lean."""
+    model = tiny_model("qwen2")
+    assert isinstance(make_decoder(model, exact=True), HFDecoder)
+    assert isinstance(make_decoder(model), LeanDecoder)
 
 
 def test_joined_int8_dyn_layers_give_each_layers_own_output():

@@ -1,14 +1,18 @@
-"""Model forwards over a KV cache: transformers' own (the target's, and any draft's), and a
-lean one for Llama-family drafts.
+"""Model forwards over a KV cache: transformers' own (any architecture), and a lean one for
+Llama-family models.
 
-A draft pass over one token is small matmuls and much overhead around them. On the demo
-draft (0.5B, int8-dyn, 2 CPU threads) the model's own layers, called directly over a
-preallocated KV cache, took 3–9 ms less than transformers' generic forward (cache objects,
-mask building, attention dispatch) of 78–100 ms (bench/lean_draft_probe.py; bench/NOTES.md,
-Round 6). Only drafts use it: what the draft computes is
-what q is, so it need not match any other forward bit for bit (exactness is the target's).
-Both decoders answer `hidden(ids)` (the last position's final hidden state, after the last
-norm), `crop(length)` and `length`.
+A pass over one token is small matmuls and much overhead around them. On the demo draft
+(0.5B, int8-dyn, 2 CPU threads) the model's own layers, called directly over a preallocated
+KV cache, took 3–9 ms less than transformers' generic forward (cache objects, mask building,
+attention dispatch) of 78–100 ms (bench/lean_draft_probe.py; bench/NOTES.md, Round 6).
+
+A draft's lean forward need not match any other bit for bit: what the draft computes is what
+q is (exactness is the target's). A target's must, since its greedy output is the guarantee:
+the lean decoder serves a target only when the target attends row by row (row_attention.py,
+int8-dyn and int4-dyn verifiers), which it then calls exactly as transformers does, with
+every other operation in transformers' order; tests/test_decoder.py checks the logits bit for
+bit. Both decoders answer `hidden(ids, n)` (the last n positions' final hidden states, after
+the last norm), `logits(ids, n)`, `crop(length)`, `reset()` and `length`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 from specgen.quantize import QuantLinear, join_int8_dyn
+from specgen.row_attention import NAME as ROW_ATTENTION, row_attention
 
 LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
 
@@ -55,14 +60,21 @@ class HFDecoder:
     def length(self) -> int:
         return self.cache.get_seq_length()
 
-    def hidden(self, ids: Tensor) -> Tensor:
-        return hidden(self.model, ids, self.cache)[-1]
+    def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
+        return hidden(self.model, ids, self.cache)[-n:]
+
+    def logits(self, ids: Tensor, n: int = 1) -> Tensor:
+        return forward(self.model, ids, self.cache, n)
 
     def crop(self, length: int) -> None:
         crop(self.cache, length)
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
+
+
+def attends_by_rows(model: PreTrainedModel) -> bool:
+    return model.config._attn_implementation == ROW_ATTENTION
 
 
 def lean_supported(model: PreTrainedModel) -> bool:
@@ -119,6 +131,8 @@ class LeanDecoder:
         body = model.base_model
         self.embed, self.layers = body.embed_tokens, body.layers
         self.norm, self.rotary = body.norm, body.rotary_emb
+        self.head = model.get_output_embeddings()
+        self.rows = attends_by_rows(model)  # a target's attention, called as transformers does
         config = model.config
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads)
@@ -143,14 +157,17 @@ class LeanDecoder:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv = kv
 
-    def hidden(self, ids: Tensor) -> Tensor:
+    def logits(self, ids: Tensor, n: int = 1) -> Tensor:
+        return self.head(self.hidden(ids, n))
+
+    def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
         m, start = ids.shape[0], self.length
         end = start + m
         x = self.embed(ids)  # [m, hidden]
         self._reserve(end, x)
         cos, sin = self.rotary(x[None], torch.arange(start, end, device=ids.device)[None])
         # Row i sees the cache and new tokens up to its own; one token sees everything.
-        mask = (None if m == 1 else
+        mask = (None if m == 1 or self.rows else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
             attn = layer.self_attn
@@ -159,15 +176,22 @@ class LeanDecoder:
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = self.kv[i, 0], self.kv[i, 1]
             keys[:, :, start:end], values[:, :, start:end] = k, v
-            out = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
-                enable_gqa=True)
-            x = x + o(out.transpose(1, 2).reshape(m, -1))[0]
+            if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
+                out = row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
+                                    scaling=attn.scaling)[0]
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
+                    enable_gqa=True).transpose(1, 2)
+            x = x + o(out.reshape(m, -1))[0]
             gate, up = gate_up(layer.post_attention_layernorm(x))
             x = x + down(layer.mlp.act_fn(gate) * up)[0]
         self.length = end
-        return self.norm(x[-1:])[0]
+        return self.norm(x[-n:])
 
 
-def make_decoder(model: PreTrainedModel) -> HFDecoder | LeanDecoder:
-    return LeanDecoder(model) if lean_supported(model) else HFDecoder(model)
+def make_decoder(model: PreTrainedModel, exact: bool = False) -> HFDecoder | LeanDecoder:
+    """The lean decoder where it serves; `exact`: it must compute what transformers' forward
+    computes, bit for bit (a target's)."""
+    lean = lean_supported(model) and (attends_by_rows(model) or not exact)
+    return LeanDecoder(model) if lean else HFDecoder(model)

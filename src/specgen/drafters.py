@@ -75,10 +75,10 @@ class TorchDraft:
 
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
-        h = self.decoder.hidden(ids)
+        h = self.decoder.hidden(ids)  # [1, H]
         if self.head is None:
-            return self.output(h[None])[0]  # one row, as layers are called elsewhere
-        return torch.nn.functional.linear(h, self.head)
+            return self.output(h)[0]  # one row, as layers are called elsewhere
+        return torch.nn.functional.linear(h[0], self.head)
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)

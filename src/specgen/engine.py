@@ -16,10 +16,10 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specgen.adaptive import AdaptiveK, FixedK, Policies, choose_guesser, record_pass
-from specgen.decoder import crop, forward
+from specgen.decoder import make_decoder
 from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.figures import step_speedup
@@ -170,15 +170,17 @@ class SpeculativeGenerator:
         self.adaptive = adaptive
         self.device = target.device
         self.stats = Stats(k_max=self.k_max, adaptive=adaptive)
-        # Kept between calls so that a prompt extending the last one (a chat) reuses the
-        # KV caches instead of prefilling the whole history again.
-        self._cache: DynamicCache | None = None
+        # The target's forward over its KV cache (transformers', or the lean one where it is
+        # bit-identical: decoder.py). Kept between calls so that a prompt extending the last
+        # one (a chat) reuses the KV caches instead of prefilling the whole history again.
+        self._decoder = make_decoder(target, exact=True)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
 
     def reset(self) -> None:
         """Forget the cached context (start a new conversation)."""
-        self._cache, self._tokens = None, torch.empty(0, dtype=torch.long)
+        self._tokens = torch.empty(0, dtype=torch.long)
+        self._decoder.reset()
         self.drafter.reset()
 
     def _prefill(self, tokens: Tensor) -> Tensor:
@@ -190,13 +192,10 @@ class SpeculativeGenerator:
         prev = self._tokens.to(tokens.device)
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
-        if self._cache is None:
-            self._cache, same = DynamicCache(config=self.target.config), 0
-            self.drafter.reset()
-        crop(self._cache, same)
+        self._decoder.crop(same)
         self.drafter.rollback(same)
         self._reused = same
-        return forward(self.target, tokens[same:], self._cache, 1)
+        return self._decoder.logits(tokens[same:], 1)
 
     def generate(self, input_ids: Tensor | Sequence[int], **kwargs) -> GenerationResult:
         """Run `stream` to the end and collect its tokens and statistics."""
@@ -245,7 +244,6 @@ class SpeculativeGenerator:
         start = time.perf_counter()
         try:
             logits = self._prefill(tokens)
-            cache = self._cache
             stats.prefill_tokens = len(tokens) - self._reused
             stats.prefill_seconds = time.perf_counter() - start
             draft_passes_before = self.drafter.forward_passes
@@ -271,12 +269,12 @@ class SpeculativeGenerator:
                 t1 = time.perf_counter()
 
                 # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions.
-                logits = forward(self.target, torch.cat([tokens[-1:], drafts]), cache, k + 1)
+                logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
                 n, nxt = self._verify(logits, drafts, q, params, gen_t)
                 t2 = time.perf_counter()
 
                 # 3. Accept d1..dn and the target's token; forget the rejected drafts.
-                crop(cache, len(tokens) + n)
+                self._decoder.crop(len(tokens) + n)
                 self.drafter.rollback(len(tokens) + n)
                 new = torch.cat([drafts[:n], nxt[None]])
                 tokens = self._tokens = torch.cat([tokens, new])
