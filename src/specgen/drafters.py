@@ -62,7 +62,7 @@ class TorchDraft:
         self.device = model.device
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = model.config.get_text_config().vocab_size
-        out = self.output = model.get_output_embeddings()
+        out = model.get_output_embeddings()
         # Only a float head can be cut to its first rows; a quantized head drafts in full.
         trim = (head_rows is not None and head_rows < self.vocab_size
                 and isinstance(out, torch.nn.Linear) and out.bias is None)
@@ -75,10 +75,9 @@ class TorchDraft:
 
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
-        h = self.decoder.hidden(ids)  # [1, H]
         if self.head is None:
-            return self.output(h)[0]  # one row, as layers are called elsewhere
-        return torch.nn.functional.linear(h[0], self.head)
+            return self.decoder.logits(ids)[0]
+        return torch.nn.functional.linear(self.decoder.hidden(ids)[0], self.head)
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)
