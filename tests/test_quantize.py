@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from specgen import cpu_int4, quantize
+from specgen import cbuild, cpu_int4, quantize
 from specgen.errors import ConfigError, ResourceError
 from specgen.quantize import QuantLinear, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tiny import tiny_model
@@ -237,7 +237,7 @@ def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_pa
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
     monkeypatch.setattr(cpu_int4, "_lib", None)
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(cpu_int4.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cbuild.shutil, "which", lambda name: None)
     with pytest.raises(ResourceError, match="needs a C compiler.*apt install gcc.*int8-dyn"):
         cpu_int4.library()
     monkeypatch.setenv("CC", "false")  # a compiler that fails

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from specgen import quantize
+from specgen import cpu_rows, quantize
 from specgen.row_attention import NAME, use_row_attention
 from tiny import tiny_model
 
@@ -36,7 +36,13 @@ def test_int8_dyn_models_get_row_attention(model):
     assert draft.config._attn_implementation != NAME
 
 
-def test_a_many_token_pass_equals_one_token_passes_bit_for_bit(model):
+@pytest.mark.parametrize("ops", ["C", "PyTorch"])
+def test_a_many_token_pass_equals_one_token_passes_bit_for_bit(model, ops, monkeypatch):
+    if ops == "PyTorch":  # a machine where cpu_rows.c cannot be built
+        monkeypatch.setattr(cpu_rows, "_lib", None)
+        monkeypatch.setattr(cpu_rows, "_unavailable", True)
+    else:
+        assert cpu_rows.library() is not None
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(1))
     quantized = quantize.apply(deepcopy(model), "int8-dyn")
     for split in (1, 20, 35):

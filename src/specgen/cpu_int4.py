@@ -8,27 +8,21 @@ once for up to 4 tokens. Its cost still grows with the tokens of a pass (a float
 per block and token): a verify pass over 5 tokens costs about twice a one-token pass, where
 int8-dyn's costs about one (bench/NOTES.md, Round 10).
 
-The C file is compiled once with the system's C compiler (gcc or cc: -O3 -mavx2 -mfma
--mf16c -fopenmp) into the cache, keyed by its source, and called through ctypes (which lets go of
-the GIL while it runs). Its OpenMP runtime is the one PyTorch loaded (same soname).
+The C file is compiled once into the cache and called through ctypes (cbuild.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from specgen import cbuild
 from specgen.errors import ResourceError
 
 SOURCE = Path(__file__).with_name("cpu_int4.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 BLOCK = 32  # inputs per 4-bit grid, and per activation scale
 
 _lib: ctypes.CDLL | None = None
@@ -36,42 +30,19 @@ _lib: ctypes.CDLL | None = None
 
 def check_cpu() -> None:
     """int4-dyn needs AVX2 and FMA (x86 CPUs from about 2013 on)."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if not cbuild.has_avx2():
         raise ResourceError(
             f"int4-dyn needs an x86 CPU with AVX2; this one offers "
             f"{torch.backends.cpu.get_cpu_capability()}. Use int8-wo or int4-wo instead.")
 
 
-def compiler() -> str:
-    found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not found:
-        raise ResourceError(
-            "int4-dyn compiles a small C kernel once and needs a C compiler with OpenMP "
-            "(gcc): install it (Debian/Ubuntu: apt install gcc), or use int8-dyn instead.")
-    return found
-
-
 def library() -> ctypes.CDLL:
-    """The compiled kernel, built into specgen's cache on first use (atomically: a crash
-    never leaves half a library) and loaded once per process."""
+    """The compiled kernel (cbuild.py), loaded once per process."""
     global _lib
     if _lib is not None:
         return _lib
-    from specgen.models import cache_dir
-
     check_cpu()
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"cpu_int4-{digest}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        done = subprocess.run([compiler(), *FLAGS, str(SOURCE), "-o", str(tmp)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise ResourceError(f"Compiling the int4-dyn kernel failed:\n{done.stderr.strip()}\n"
-                                "Use int8-dyn instead, or report this with the message above.")
-        os.replace(tmp, path)
-    lib = ctypes.CDLL(str(path))
+    lib = cbuild.build(SOURCE, "the int4-dyn kernel", "int8-dyn")
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.int4_linear.argtypes = [p, p, p, p, p, p, i, i, i, p, p, p, i]
     lib.int4_linear.restype = None

@@ -11,7 +11,7 @@ weights: int8 reads half of bf16's, int4 a quarter. Four schemes:
   (cpu_int4.py): 0.625 bytes a weight, five eighths of int8-dyn's.
 A target (the model that verifies) in int8-dyn or int4-dyn also gets row-by-row attention
 (row_attention.py), so that a verify pass and a one-token pass give each token bit-identical
-logits.
+logits. Either model's float32 RMSNorms run in C (cpu_rows.py), where it builds.
 
 Verification runs the target over K+1 tokens at once, and these kernels process the rows of
 the input in blocks of 4: a call over more than 4 rows splits the row blocks across threads,
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from specgen import cpu_int4
+from specgen import cpu_int4, cpu_rows
 from specgen.errors import ConfigError, ResourceError
 from specgen.row_attention import use_row_attention
 
@@ -351,6 +351,8 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
         join_int4_dyn(model)  # after saving: the cache keeps one entry per layer
     if scheme in DYNAMIC and verifier:  # the linears are batch-invariant; attention must be too
         use_row_attention(model)
+    if scheme in DYNAMIC:  # a CPU model: the small ops around the matmuls are worth the C
+        cpu_rows.use_row_norms(model)
     return model
 
 

@@ -7,7 +7,8 @@ float rounding differs in the last bit, and quantizing the next layer's activati
 bit into a whole quantization step. On the demo pair speculation then matched the int8
 target's own greedy output on only 4 of 12 bench prompts. Here row i of a pass attends to its
 causal prefix with exactly the call that a one-token pass at that position makes, so the two
-agree bit for bit, at the cost of one small attention call per row.
+agree bit for bit. Each row is computed alone: in C where cpu_rows.py builds (one call a
+layer), else by PyTorch (one small attention call per row).
 
 Assumes one unpadded sequence per call, which is what specgen runs: no mask is built or read.
 """
@@ -18,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specgen import cpu_rows
+
 NAME = "specgen_rows"
 
 
@@ -26,13 +29,15 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' attention-function signature: query [B, H, M, D], key and value
     [B, H_kv, T, D] with the M new positions last; returns [B, M, H, D]."""
+    window = kwargs.get("sliding_window")  # a sliding-window layer sees its last keys only
+    if cpu_rows.attends(query, key, value):
+        return cpu_rows.attention(query, key, value, scaling, window), None
     b, h, m, d = query.shape
     t, h_kv = key.shape[2], key.shape[1]
     # The query heads that share a key/value head become rows of one call (no copies of
     # the cache, as repeating the key/value heads would make).
     grouped = query.transpose(1, 2).reshape(b, m, h_kv, h // h_kv, d)
-    window = kwargs.get("sliding_window") or t  # a sliding-window layer sees its last keys only
-    spans = [(max(0, end - window), end) for end in range(t - m + 1, t + 1)]
+    spans = [(max(0, end - (window or t)), end) for end in range(t - m + 1, t + 1)]
     rows = [F.scaled_dot_product_attention(grouped[:, i], key[:, :, lo:hi], value[:, :, lo:hi],
                                            scale=scaling)
             for i, (lo, hi) in enumerate(spans)]

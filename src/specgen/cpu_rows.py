@@ -1,0 +1,103 @@
+"""RMSNorm and causal attention one row at a time, in C (cpu_rows.c), for a quantized target
+on a CPU.
+
+Around its matmuls a decoder layer runs a dozen small PyTorch ops, each a few microseconds of
+dispatch. On the demo target in int4-dyn they took about a tenth of a one-token step, and the
+row-by-row attention (row_attention.py: one call per row, so that a verify pass gives each
+token the bits of a one-token pass) a tenth of a 5-token pass. Here each is one call, and
+each row is still computed alone by the same instructions. Where the library cannot be built
+(no C compiler, no AVX2) `library()` is None and callers keep PyTorch's ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from specgen import cbuild
+from specgen.errors import ResourceError
+
+SOURCE = Path(__file__).with_name("cpu_rows.c")
+NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")  # weight * x / sqrt(mean(x^2) + eps), in float32
+
+_lib: ctypes.CDLL | None = None
+_unavailable = False
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled ops, built on first use; None where they cannot be built."""
+    global _lib, _unavailable
+    if _lib is None and not _unavailable:
+        try:
+            if not cbuild.has_avx2():
+                raise ResourceError("no AVX2")
+            lib = cbuild.build(SOURCE, "specgen's row ops", "PyTorch's")
+        except ResourceError:
+            _unavailable = True
+            return None
+        p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+        lib.rms_norm.argtypes = [p, p, p, i, i, f]
+        lib.attention_rows.argtypes = [p, p, i64, p, i64, p, i, i, i, i, i, i, f, p, i]
+        _lib = lib
+    return _lib
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., k] float32 on the CPU, normalised by its root mean square, times weight [k]."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()
+    y = torch.empty_like(rows)
+    library().rms_norm(rows.data_ptr(), weight.data_ptr(), y.data_ptr(), rows.shape[0], k, eps)
+    return y.view(x.shape)
+
+
+def attends(query: Tensor, key: Tensor, value: Tensor) -> bool:
+    """Whether `attention` takes these (transformers' layout, see there); else PyTorch's."""
+    return (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
+            and query.shape[0] == 1 and query.shape[-1] % 8 == 0
+            and key.stride(-1) == value.stride(-1) == 1
+            and key.stride(2) == value.stride(2) == query.shape[-1]
+            and library() is not None)
+
+
+def attention(query: Tensor, key: Tensor, value: Tensor, scaling: float | None,
+              window: int | None = None) -> Tensor:
+    """Causal attention of the m new positions, the last m of the t keys: query [1, heads,
+    m, d], key and value [1, kv_heads, t, d] (positions contiguous: a DynamicCache's, or a
+    slice of a preallocated cache); [1, m, heads, d]. Row i sees its last `window` positions."""
+    _, heads, m, d = query.shape
+    kv_heads, t = key.shape[1], key.shape[2]
+    rows = query.transpose(1, 2).contiguous()  # [1, m, heads, d]
+    out = torch.empty_like(rows)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, t)
+    library().attention_rows(rows.data_ptr(), key.data_ptr(), key.stride(1), value.data_ptr(),
+                             value.stride(1), out.data_ptr(), m, heads, kv_heads, t, d,
+                             window or t, d ** -0.5 if scaling is None else scaling,
+                             scratch.data_ptr(), threads)
+    return out
+
+
+class RowRMSNorm(nn.Module):
+    """A Llama/Qwen2 RMSNorm (float32, CPU) computed by `rms_norm`: switched in place."""
+
+    weight: Tensor
+    variance_epsilon: float
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.variance_epsilon)
+
+
+def use_row_norms(model: nn.Module) -> int:
+    """Switch the model's float32 CPU RMSNorms to RowRMSNorm where the library builds;
+    returns how many were switched."""
+    norms = [m for m in model.modules() if type(m).__name__ in NORMS
+             and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if not norms or library() is None:
+        return 0
+    for norm in norms:
+        norm.__class__ = RowRMSNorm
+    return len(norms)
