@@ -53,6 +53,41 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
+// Rotary embedding as transformers computes it: x cos + rotate_half(x) sin, each product
+// rounded, then the sum (FLAGS: no fused multiply-add), so the bits are PyTorch's.
+static void rotate(const float *x, const float *cos, const float *sin, float *y, int d) {
+    int half = d / 2;
+    for (int c = 0; c < half; c++) y[c] = x[c] * cos[c] - x[c + half] * sin[c];
+    for (int c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
+}
+
+void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
+                    int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
+                    int window, float scale, float *scratch, int threads);
+
+// A layer's attention in the lean decoder, over its own cache: the m new rows' queries and
+// keys rotated (cos, sin [m, d]), keys and values written at positions start.. of the cache
+// ([kv_heads, capacity, d] with a head stride of cs), then attention_rows over all of it.
+// q, k, v: the projections' outputs, [m, heads * d] and [m, kv_heads * d]; qr: m * heads * d
+// floats of scratch; out [m, heads, d].
+void rope_attend(const float *q, const float *k, const float *v, const float *cos,
+                 const float *sin, float *kcache, float *vcache, int64_t cs, int start, int m,
+                 int heads, int kv_heads, int d, float scale, float *qr, float *out,
+                 float *scratch, int threads) {
+    for (int i = 0; i < m; i++) {
+        const float *c = cos + (int64_t)i * d, *s = sin + (int64_t)i * d;
+        for (int h = 0; h < heads; h++)
+            rotate(q + ((int64_t)i * heads + h) * d, c, s, qr + ((int64_t)i * heads + h) * d, d);
+        for (int h = 0; h < kv_heads; h++) {
+            int64_t at = h * cs + (int64_t)(start + i) * d, from = ((int64_t)i * kv_heads + h) * d;
+            rotate(k + from, c, s, kcache + at, d);
+            for (int e = 0; e < d; e++) vcache[at + e] = v[from + e];
+        }
+    }
+    attention_rows(qr, kcache, cs, vcache, cs, out, m, heads, kv_heads, start + m, d, start + m,
+                   scale, scratch, threads);
+}
+
 // Causal attention of m new rows over t positions (the m rows are the last m), grouped-query:
 // query head h reads key/value head h / (heads / kv_heads). Row i sees positions
 // [max(0, end - window), end) with end = t - m + i + 1. q [m, heads, d] contiguous; key and

@@ -41,6 +41,7 @@ def library() -> ctypes.CDLL | None:
         p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
         lib.rms_norm.argtypes = [p, p, p, i, i, f]
         lib.attention_rows.argtypes = [p, p, i64, p, i64, p, i, i, i, i, i, i, f, p, i]
+        lib.rope_attend.argtypes = [p, p, p, p, p, p, p, i64, i, i, i, i, i, f, p, p, p, i]
         _lib = lib
     return _lib
 
@@ -54,13 +55,18 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return y.view(x.shape)
 
 
+def usable(x: Tensor, head_dim: int) -> bool:
+    """Whether the ops take a model whose hidden states are like x; else PyTorch's."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and head_dim % 8 == 0
+            and library() is not None)
+
+
 def attends(query: Tensor, key: Tensor, value: Tensor) -> bool:
-    """Whether `attention` takes these (transformers' layout, see there); else PyTorch's."""
-    return (query.device.type == "cpu" and query.dtype == key.dtype == value.dtype == torch.float32
-            and query.shape[0] == 1 and query.shape[-1] % 8 == 0
+    """Whether `attention` takes these (transformers' layout, see there)."""
+    return (query.shape[0] == 1 and key.dtype == value.dtype == query.dtype
             and key.stride(-1) == value.stride(-1) == 1
             and key.stride(2) == value.stride(2) == query.shape[-1]
-            and library() is not None)
+            and usable(query, query.shape[-1]))
 
 
 def attention(query: Tensor, key: Tensor, value: Tensor, scaling: float | None,
@@ -78,6 +84,27 @@ def attention(query: Tensor, key: Tensor, value: Tensor, scaling: float | None,
                              value.stride(1), out.data_ptr(), m, heads, kv_heads, t, d,
                              window or t, d ** -0.5 if scaling is None else scaling,
                              scratch.data_ptr(), threads)
+    return out
+
+
+def rope_attend(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, cache: Tensor,
+                start: int, scaling: float) -> Tensor:
+    """A layer's attention for the lean decoder (decoder.py), in one call: the new rows'
+    queries and keys rotated as transformers rotates them (bit for bit), keys and values
+    written into `cache` [2 (keys, values), 1, kv_heads, capacity, d] at positions start..,
+    then `attention` over positions up to start + m. q [m, heads * d], k and v [m, kv_heads
+    * d], cos and sin [m, d]; returns [m, heads * d]."""
+    m = q.shape[0]
+    kv_heads, capacity, d = cache.shape[2:]
+    heads = q.shape[1] // d
+    q, k, v, cos, sin = (t.contiguous() for t in (q, k, v, cos, sin))
+    rotated, out = torch.empty(m, heads, d), torch.empty(m, heads * d)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, start + m)
+    library().rope_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                          cache[0].data_ptr(), cache[1].data_ptr(), capacity * d, start, m, heads,
+                          kv_heads, d, scaling, rotated.data_ptr(), out.data_ptr(),
+                          scratch.data_ptr(), threads)
     return out
 
 

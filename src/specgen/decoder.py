@@ -25,6 +25,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
+from specgen import cpu_rows
 from specgen.quantize import QuantLinear, join_int8_dyn
 from specgen.row_attention import NAME as ROW_ATTENTION, row_attention
 
@@ -169,20 +170,24 @@ class LeanDecoder:
         # Row i sees the cache and new tokens up to its own; one token sees everything.
         mask = (None if m == 1 or self.rows else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
+        in_c = self.rows and cpu_rows.usable(x, self.head_dim)  # rotary, cache and attention
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
             attn = layer.self_attn
-            q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2)
-                       for t in qkv(layer.input_layernorm(x)))
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys, values = self.kv[i, 0], self.kv[i, 1]
-            keys[:, :, start:end], values[:, :, start:end] = k, v
-            if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
-                out = row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
-                                    scaling=attn.scaling)[0]
+            q, k, v = qkv(layer.input_layernorm(x))
+            if in_c:  # row_attention's C, with transformers' rotary to the bit
+                out = cpu_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
             else:
-                out = F.scaled_dot_product_attention(
-                    q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
-                    enable_gqa=True).transpose(1, 2)
+                q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+                keys, values = self.kv[i, 0], self.kv[i, 1]
+                keys[:, :, start:end], values[:, :, start:end] = k, v
+                if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
+                    out = row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
+                                        scaling=attn.scaling)[0]
+                else:
+                    out = F.scaled_dot_product_attention(
+                        q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                        scale=attn.scaling, enable_gqa=True).transpose(1, 2)
             x = x + o(out.reshape(m, -1))[0]
             gate, up = gate_up(layer.post_attention_layernorm(x))
             x = x + down(layer.mlp.act_fn(gate) * up)[0]
