@@ -319,3 +319,22 @@ def test_the_llamacpp_contestant_runs_on_the_targets_gguf(tmp_path, prompts_file
     assert doc["config"]["llamacpp_gguf"] == str(gguf)
     assert {m["contestant"] for m in doc["measurements"]} == {"baseline", "adaptive", "llamacpp"}
     assert "code_vs_llamacpp" in doc["targets"]
+
+
+def test_plain_is_specgens_own_loop_with_nothing_drafted(tiny_profile, prompts_file, tmp_path):
+    from specgen.store import load_runs
+
+    assert "plain" not in b.default_names(b.contestants(), quantized=True, with_llama=True)
+    out = tmp_path / "plain.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "8",
+                    "--contestants", "baseline,plain", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    plain = [m for m in doc["measurements"] if m["contestant"] == "plain"]
+    assert len(plain) == 3
+    for m in plain:
+        assert m["draft_passes"] == 0 and m["target_passes"] == m["new_tokens"]
+        assert set(m["k_per_step"]) <= {0}
+    assert all(r["equal_to_baseline"] for r in doc["per_prompt"])
+    rows = [r for r in load_runs(tmp_path / "history.sqlite3") if r["k_max"] == 0]
+    assert rows and {r["method"] for r in rows} == {"none"} and {r["draft"] for r in rows} == {None}

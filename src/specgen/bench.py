@@ -61,6 +61,8 @@ def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contes
     `lookup` and `hybrid` always use their own method, adaptive up to `k_max`."""
     return {
         "baseline": Contestant("baseline", "baseline"),
+        # specgen's own loop and forward with speculation off (K = 0: nothing drafts)
+        "plain": Contestant("plain", "specgen", "prompt-lookup", 0),
         "peer": Contestant("peer", "peer"),
         **{f"k{k}": Contestant(f"k{k}", "specgen", method, k) for k in (2, 4, 6)},
         "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True),
@@ -72,9 +74,11 @@ def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contes
 
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
-    """Every contestant but `bf16` (only beside a quantized target) and `llamacpp` (only when
-    llama-cpp-python is installed and the target is a GGUF file)."""
-    return [n for n in everyone if (n != "bf16" or quantized) and (n != "llamacpp" or with_llama)]
+    """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
+    target) and `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
+    file)."""
+    return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
+            and (n != "llamacpp" or with_llama)]
 
 
 def builtin_prompts() -> list[BenchPrompt]:
@@ -496,8 +500,8 @@ def report(measurements: Sequence[Measurement], prompts: Sequence[BenchPrompt],
 def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) -> str | None:
     """One history row for one measurement (command "bench")."""
     p = session.profile
-    method = c.method if c.kind == "specgen" else {"peer": "transformers-assisted",
-                                                   "llamacpp": "llama.cpp"}.get(c.kind, "none")
+    method = c.method if c.kind == "specgen" and c.k else {
+        "peer": "transformers-assisted", "llamacpp": "llama.cpp"}.get(c.kind, "none")
     reference = c.kind == "reference"
     dtype = "bfloat16" if reference else session.pair.dtype
     quantization = "none" if reference else session.pair.quantization
