@@ -334,6 +334,7 @@ def test_plain_is_specgens_own_loop_with_nothing_drafted(tiny_profile, prompts_f
     assert len(plain) == 3
     for m in plain:
         assert m["draft_passes"] == 0 and m["target_passes"] == m["new_tokens"]
+        assert m["acceptance_rate"] is None  # nothing drafted: not a rate of 0
         assert set(m["k_per_step"]) <= {0}
     assert all(r["equal_to_baseline"] for r in doc["per_prompt"])
     rows = [r for r in load_runs(tmp_path / "history.sqlite3") if r["k_max"] == 0]

@@ -183,7 +183,7 @@ class Measurement:
     decode_tokens_per_second: float | None  # after the prefill; None where not separable (peer)
     target_passes: int
     draft_passes: int
-    acceptance_rate: float | None  # None: no drafts (baseline)
+    acceptance_rate: float | None  # None: nothing drafted (baseline, plain)
     tau: float
     draft_seconds: float | None  # None: not measurable inside transformers' generate
     verify_seconds: float | None
@@ -299,7 +299,7 @@ class Bench:
             tokens_per_second=len(tokens) / seconds if seconds else 0.0,
             decode_tokens_per_second=decode_tps,
             target_passes=stats.target_passes, draft_passes=stats.draft_passes,
-            acceptance_rate=stats.acceptance_rate if (specgen or c.kind == "peer") else None,
+            acceptance_rate=stats.acceptance_rate if stats.proposed else None,  # None: no drafts
             tau=len(tokens) / stats.target_passes if stats.target_passes else 0.0,
             draft_seconds=split[0], verify_seconds=split[1], rest_seconds=split[2],
             prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
