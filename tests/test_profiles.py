@@ -56,6 +56,14 @@ def test_bundled_profiles_all_load_and_describe_hardware():
         assert "GB" in p.description  # says what memory it needs
 
 
+def test_the_int4_demo_profile_drafts_by_prompt_lookup_alone():
+    p = load_profile("qwen-coder-demo-int4")
+    assert p.draft is None and p.speculation.method == "prompt-lookup" and p.speculation.adaptive
+    assert (p.target.quantization, p.target.dtype) == ("int4-dyn", "float32")
+    assert p.target.sha256 == load_profile("qwen-coder-demo").target.sha256
+    assert "GB" in p.description and "AVX2" in p.description
+
+
 def test_default_profile_names_upstream_gguf_with_sha256():
     p = load_profile(DEFAULT_PROFILE)
     assert p.target.model == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"

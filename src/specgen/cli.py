@@ -484,7 +484,8 @@ def bench(
         console.print(table)
     for name, t in doc["targets"].items():
         state = "[green]met[/]" if t["met"] else "[red]not met[/]"
-        console.print(f"target {name}: {b.fmt_ratio(t['value'])} (goal {t['goal']}x) {state}")
+        by = f" by {t['by']}" if "by" in t else ""
+        console.print(f"target {name}: {b.fmt_ratio(t['value'])}{by} (goal {t['goal']}x) {state}")
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}")
     if interrupted:
