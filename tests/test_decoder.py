@@ -4,6 +4,7 @@ a draft, bit for bit for a target."""
 import pytest
 import torch
 
+from specgen import cpu_rows
 from specgen.decoder import HFDecoder, LeanDecoder, Projections, lean_supported, make_decoder
 from specgen.quantize import QuantLinear, apply
 from tiny import tiny_model
@@ -54,13 +55,21 @@ def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("ops", ["C", "PyTorch"])
 @pytest.mark.parametrize("quantization", ["int8-dyn", "int4-dyn"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantization):
+def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantization, ops,
+                                                              monkeypatch):
     """A verifier attends row by row; the lean decoder then serves the target, and its logits
     must be transformers' own to the last bit, or speculation would not reproduce the
-    target's greedy output."""
+    target's greedy output. Both with cpu_rows.c (rotary, cache and attention one C call)
+    and where it cannot be built (PyTorch's ops)."""
+    if ops == "PyTorch":
+        monkeypatch.setattr(cpu_rows, "_lib", None)
+        monkeypatch.setattr(cpu_rows, "_unavailable", True)
+    else:
+        assert cpu_rows.library() is not None
     model = tiny_model(family, vocab=64, hidden=64, layers=2)
     apply(model, quantization)  # a verifier's: row attention
     lean = make_decoder(model, exact=True)

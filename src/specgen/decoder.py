@@ -177,22 +177,28 @@ class LeanDecoder:
             if in_c:  # row_attention's C, with transformers' rotary to the bit
                 out = cpu_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
             else:
-                q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-                q, k = apply_rotary_pos_emb(q, k, cos, sin)
-                keys, values = self.kv[i, 0], self.kv[i, 1]
-                keys[:, :, start:end], values[:, :, start:end] = k, v
-                if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
-                    out = row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
-                                        scaling=attn.scaling)[0]
-                else:
-                    out = F.scaled_dot_product_attention(
-                        q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                        scale=attn.scaling, enable_gqa=True).transpose(1, 2)
+                out = self._attend(i, attn, q, k, v, cos, sin, start, mask)
             x = x + o(out.reshape(m, -1))[0]
             gate, up = gate_up(layer.post_attention_layernorm(x))
             x = x + down(layer.mlp.act_fn(gate) * up)[0]
         self.length = end
         return self.norm(x[-n:])
+
+    def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,
+                cos: Tensor, sin: Tensor, start: int, mask: Tensor | None) -> Tensor:
+        """Layer i's attention in PyTorch: rotate, write the cache, attend; [m, heads, d]."""
+        m = q.shape[0]
+        end = start + m
+        q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = self.kv[i, 0], self.kv[i, 1]
+        keys[:, :, start:end], values[:, :, start:end] = k, v
+        if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
+            return row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
+                                 scaling=attn.scaling)[0]
+        return F.scaled_dot_product_attention(
+            q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
+            enable_gqa=True).transpose(1, 2)[0]
 
 
 def make_decoder(model: PreTrainedModel, exact: bool = False) -> HFDecoder | LeanDecoder:
