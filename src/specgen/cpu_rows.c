@@ -1,5 +1,5 @@
 // The work around a quantized target's matmuls on an AVX2 CPU, in C (cpu_rows.py calls it):
-// RMSNorm and causal attention, one row (token) at a time. Every row is computed by the same
+// RMSNorm, rotary embedding and causal attention, one row (token) at a time. Every row is computed by the same
 // instructions whatever the rows beside it, so a verify pass gives each token the bits of a
 // one-token pass. In PyTorch these are a dozen small ops a layer; on the demo target (int4-dyn,
 // 2 threads) they took about a tenth of a decoding step (bench/NOTES.md, Round 13).
@@ -34,9 +34,10 @@ void rms_norm(const float *x, const float *w, float *y, int n, int k, float eps)
     }
 }
 
-// e^x for x <= 0 (scores minus their maximum), 8 at a time: Cephes' expf, within 2 ulp.
+// e^x for x <= 0 (scores minus their maximum), 8 at a time: Cephes' expf polynomial
+// (tests/test_cpu_rows.py checks the attention against PyTorch's to 1e-5).
 static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below: 0 to float precision
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below: negligible beside the maximum's 1
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts

@@ -2,9 +2,9 @@
 int8-dyn and int4-dyn models on a CPU.
 
 Around its matmuls a decoder layer runs a dozen small PyTorch ops, each a few microseconds of
-dispatch. On the demo target in int4-dyn they took about a tenth of a one-token step, and the
-row-by-row attention (row_attention.py: one call per row, so that a verify pass gives each
-token the bits of a one-token pass) a tenth of a 5-token pass. Here each is one call, and
+dispatch. On the demo target in int4-dyn the norms, rotary and attention took about 14 of a
+96 ms one-token step, the row-by-row attention alone (row_attention.py: one call per row, so
+that a verify pass gives each token the bits of a one-token pass) 17 of a 241 ms 5-token pass. Here each is one call, and
 each row is still computed alone by the same instructions; the lean decoder's rotary, cache
 write and attention are one call (`rope_attend`). Passes 6-12% shorter (bench/NOTES.md,
 Round 13). Where the library cannot be built (no C compiler, no AVX2) `library()` is None and
