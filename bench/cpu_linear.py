@@ -1,12 +1,14 @@
-"""fp32 linear layers on a CPU: F.linear(x, W) against W @ x.T, side by side in one run.
+"""fp32 and bf16 linear layers on a CPU: PyTorch's products against specgen's C kernel
+(cpu_linear.c), side by side in one run.
 
-    python bench/cpu_linear.py layers
-    python bench/cpu_linear.py model --model DIR      # a transformers folder of the target
+    python bench/cpu_linear.py layers [--dtype float32|bfloat16]
+    python bench/cpu_linear.py model --model DIR [--dtype ...]  # a transformers folder
 
-`layers`: ms per call of one layer over M rows for the demo pair's shapes, both ways, and the
-ratio. `model`: a whole cached forward over M new tokens after a 64-token context, stock
-nn.Linear against specgen's WeightMajorLinear (the same loaded model, switched in place), each
-relative to its own M = 1. What specgen adopted and why: bench/NOTES.md.
+`layers`: ms per call of one layer over M rows for the demo pair's shapes: F.linear, W @ x.T
+(fp32 only) and the C kernel, each on a weight too big for the caches. `model`: a whole cached
+forward over M new tokens after a 64-token context, stock nn.Linear against specgen's
+DecodeLinear (the same loaded model, switched in place), each relative to its own M = 1. What
+specgen adopted and why: bench/NOTES.md.
 """
 
 from __future__ import annotations
@@ -19,32 +21,34 @@ from quant_kernels import rotating, timed
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from specgen.cpu_linear import WeightMajorLinear, use_weight_major_linears
+from specgen.cpu_linear import DecodeLinear, linear, use_decode_linears
 
 SHAPES = {"1.5B mlp up/gate": (1536, 8960), "1.5B mlp down": (8960, 1536),
           "1.5B lm_head": (1536, 151936), "0.5B mlp up/gate": (896, 4864)}
-LAYER_MS = (1, 2, 5, 9, 16, 64, 256)
-MODEL_MS = (1, 2, 3, 5, 9)
+LAYER_MS = (1, 2, 5, 9, 17, 33, 64, 256)
+MODEL_MS = (1, 2, 3, 5, 9, 17)
 
 
-def layers(reps: int) -> None:
-    print("ms per call: minimum (median) of the calls; ratio = W@x.T / F.linear, from the minima")
-    print("| layer | M | F.linear | W @ x.T | ratio |")
-    print("|---|---|---|---|---|")
+def layers(reps: int, dtype: torch.dtype) -> None:
+    print(f"{dtype}, ms per call: minimum (median) of the calls; C / F.linear from the minima")
+    print("| layer | M | F.linear | W @ x.T | C kernel | C / F.linear |")
+    print("|---|---|---|---|---|---|")
     for label, (k, n) in SHAPES.items():
-        w = torch.randn(n, k) * 0.02
+        w = (torch.randn(n, k) * 0.02).to(dtype)
         weights = rotating(lambda: w.clone(), w.nbytes)
         for m in LAYER_MS:
-            x = torch.randn(m, k)
+            x = torch.randn(m, k).to(dtype)
             lin = timed(lambda: F.linear(x, weights()), reps)
-            wxt = timed(lambda: torch.mm(weights(), x.t()), reps)
-            print(f"| {label} | {m} | {lin[0]:.2f} ({lin[1]:.2f}) | {wxt[0]:.2f} ({wxt[1]:.2f}) "
-                  f"| {wxt[0] / lin[0]:.2f} |", flush=True)
+            wxt = timed(lambda: torch.mm(weights(), x.t()), reps) if dtype == torch.float32 else None
+            c = timed(lambda: linear(x, weights(), None), reps)
+            cell = "–" if wxt is None else f"{wxt[0]:.2f} ({wxt[1]:.2f})"
+            print(f"| {label} | {m} | {lin[0]:.2f} ({lin[1]:.2f}) | {cell} | {c[0]:.2f} ({c[1]:.2f}) "
+                  f"| {c[0] / lin[0]:.2f} |", flush=True)
 
 
 @torch.inference_mode()
-def model(model_dir: str, reps: int) -> None:
-    net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def model(model_dir: str, reps: int, dtype: torch.dtype) -> None:
+    net = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     context = torch.randint(0, net.config.vocab_size, (1, 64))
 
     def forward(m: int):
@@ -62,15 +66,15 @@ def model(model_dir: str, reps: int) -> None:
         ratios = " | ".join(f"{lo / times[0][0]:.2f}" for lo, _ in times[1:])
         print(f"| {label} | {cells} | {ratios} |", flush=True)
 
-    print(f"{model_dir}: ms per forward, minimum (median) of {reps}; ratios to M=1 from the minima")
+    print(f"{model_dir} in {dtype}: ms per forward, minimum (median) of {reps}; ratios to M=1 from the minima")
     print("| linear | " + " | ".join(f"M={m}" for m in MODEL_MS) + " | "
           + " | ".join(f"M={m} / M=1" for m in MODEL_MS[1:]) + " |")
     print("|---|" + "---|" * (2 * len(MODEL_MS) - 1))
     row("nn.Linear (F.linear)")
-    switched = use_weight_major_linears(net)
-    row(f"WeightMajorLinear ({switched} layers)")
+    switched = use_decode_linears(net)
+    row(f"DecodeLinear ({switched} layers)")
     for module in net.modules():  # back, and once more, so that drift shows up as a difference
-        if type(module) is WeightMajorLinear:
+        if type(module) is DecodeLinear:
             module.__class__ = nn.Linear
     row("nn.Linear again")
 
@@ -81,12 +85,13 @@ def main() -> None:
     ap.add_argument("--model", help="transformers folder (model)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.what == "layers":
-        layers(args.reps)
+        layers(args.reps, getattr(torch, args.dtype))
     else:
-        model(args.model, args.reps)
+        model(args.model, args.reps, getattr(torch, args.dtype))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""WeightMajorLinear computes the same product as nn.Linear; only plain fp32 layers switch."""
+"""DecodeLinear computes nn.Linear's product (C kernel or PyTorch's), each row alone; only
+plain fp32 and bf16 CPU layers switch."""
 
 from __future__ import annotations
 
@@ -6,29 +7,94 @@ import pytest
 import torch
 from torch import nn
 
-from specgen.cpu_linear import WeightMajorLinear, use_weight_major_linears
+from specgen import cpu_linear
+from specgen.cpu_linear import DecodeLinear, use_decode_linears
 from specgen.quantize import QuantLinear
 
+needs_kernel = pytest.mark.skipif(cpu_linear.library() is None,
+                                  reason="no C compiler or no AVX2 here")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
+
+def reference(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    y = x.double() @ layer.weight.double().t()
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 1, 24), (1, 5, 24), (3, 4, 24), (24,)])
-def test_same_result_as_nn_linear(bias, shape):
+@pytest.mark.parametrize("k,n", [(64, 40), (37, 19), (1536, 24)])  # 37: inputs past the last 8
+def test_kernel_matches_a_float64_product(dtype, bias, k, n):
     torch.manual_seed(0)
-    layer = nn.Linear(24, 40, bias=bias)
-    x = torch.randn(shape)
-    expected = layer(x)
-    use_weight_major_linears(layer)
-    assert type(layer) is WeightMajorLinear
-    got = layer(x)
-    assert got.shape == expected.shape
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    layer = nn.Linear(k, n, bias=bias).to(dtype)
+    for m in (1, 2, 3, 4, 5, 7, 17, 130):  # 130: the kernel takes 64 rows at a time
+        x = torch.randn(m, k).to(dtype)
+        got = cpu_linear.linear(x, layer.weight, layer.bias)
+        assert got.dtype == dtype and got.shape == (m, n)
+        want = reference(x, layer)
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= TOLERANCE[dtype] * scale
 
 
-def test_only_plain_fp32_layers_switch():
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_has_the_bits_of_a_one_row_pass(dtype):
+    """What makes a verify pass exact: a token's outputs do not depend on the rows beside it."""
+    torch.manual_seed(1)
+    layer = nn.Linear(200, 45).to(dtype)  # 45 rows: whole tiles and leftovers
+    x = torch.randn(17, 200).to(dtype)
+    many = cpu_linear.linear(x, layer.weight, layer.bias)
+    for m in (1, 2, 3, 5, 17):
+        alone = torch.cat([cpu_linear.linear(x[i:i + 1], layer.weight, layer.bias)
+                           for i in range(m)])
+        assert torch.equal(cpu_linear.linear(x[:m], layer.weight, layer.bias), alone)
+        assert torch.equal(many[:m], alone)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["C", "pytorch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1, 24), (1, 5, 24), (3, 4, 24), (24,), (1, 60, 24)])
+def test_same_result_as_nn_linear(kernel, dtype, bias, shape, monkeypatch):
+    if kernel and cpu_linear.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    if not kernel:
+        monkeypatch.setattr(cpu_linear, "library", lambda: None)
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40, bias=bias).to(dtype)
+    x = torch.randn(shape).to(dtype)
+    want = reference(x, layer)
+    use_decode_linears(layer)
+    assert type(layer) is DecodeLinear
+    with torch.inference_mode():
+        got = layer(x)
+    assert got.shape == want.shape and got.dtype == dtype
+    assert (got.double() - want).abs().max().item() <= TOLERANCE[dtype] * want.abs().max().item()
+
+
+@needs_kernel
+def test_kernel_serves_decoding_passes_and_not_gradients(monkeypatch):
+    calls = []
+    real = cpu_linear.linear
+    monkeypatch.setattr(cpu_linear, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    layer = nn.Linear(16, 8)
+    use_decode_linears(layer)
+    with torch.no_grad():
+        layer(torch.randn(5, 16))  # a verify pass
+        layer(torch.randn(cpu_linear.FP32_ROWS + 1, 16))  # a long fp32 prompt: W @ x.T
+        layer.to(torch.bfloat16)(torch.randn(100, 16).to(torch.bfloat16))  # bf16: always C
+    layer.float()(torch.randn(2, 16)).sum().backward()  # training: PyTorch's, with a gradient
+    assert calls == [5, 100] and layer.weight.grad is not None
+
+
+def test_only_plain_fp32_and_bf16_cpu_layers_switch():
     model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32).to(torch.bfloat16),
+                          nn.Linear(32, 32).to(torch.float16),
                           QuantLinear.from_linear(nn.Linear(32, 32), "int8-wo"))
     weight = model[0].weight
-    assert use_weight_major_linears(model) == 1
-    assert type(model[0]) is WeightMajorLinear and model[0].weight is weight  # no copy
-    assert type(model[1]) is nn.Linear and type(model[2]) is QuantLinear
-    assert use_weight_major_linears(model) == 0  # already switched
+    assert use_decode_linears(model) == 2
+    assert type(model[0]) is DecodeLinear and model[0].weight is weight  # no copy
+    assert type(model[1]) is DecodeLinear
+    assert type(model[2]) is nn.Linear and type(model[3]) is QuantLinear
+    assert use_decode_linears(model) == 0  # already switched

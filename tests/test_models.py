@@ -175,11 +175,11 @@ def test_load_local_pair(tmp_path, pair_dirs):
     assert (pair.device, pair.quantization, pair.target_name) == ("cpu", "none", str(t))
     assert pair.tokenizer("t5 t6").input_ids == [5, 6]
     assert not pair.target.training
-    # fp32 on a CPU: the linear layers take the product weight-major (cheap verify passes).
-    from specgen.cpu_linear import WeightMajorLinear
+    # fp32 on a CPU: the linear layers are DecodeLinear (cheap verify passes).
+    from specgen.cpu_linear import DecodeLinear
 
-    assert type(pair.target.lm_head) is WeightMajorLinear
-    assert type(pair.draft.model.layers[0].mlp.up_proj) is WeightMajorLinear
+    assert type(pair.target.lm_head) is DecodeLinear
+    assert type(pair.draft.model.layers[0].mlp.up_proj) is DecodeLinear
     assert any(m.startswith("Loading target") for m in seen)
     assert any(m.startswith("Loading draft") for m in seen)
     # The loaded pair runs the speculative engine and matches target greedy decoding.

@@ -1,40 +1,94 @@
-"""fp32 linear layers on a CPU, computed as W @ x.T so that verifying K drafts stays cheap.
+"""fp32 and bf16 linear layers on a CPU, computed so that verifying K drafts stays cheap.
 
-`F.linear(x, W)` over a few rows (the pending token plus K drafts) runs a GEMM that is far
-dearer than the one-row matvec: measured on an AVX2 CPU (torch 2.13, 2 threads), a 1536->8960
-fp32 layer took 5.9 ms for one row and 22.6 ms for five. The same product taken the other way
-round, `W @ x.T`, streams the weight once for all rows: 5.7 ms for one row, 6.5 ms for five,
-and it was no slower at any row count measured (1 to 1024). On the demo target a whole forward
-over five tokens fell from 3.3–3.9 to 1.6–1.7 single-token forwards. bf16 is left alone: there the
-swapped product was slower. Numbers and method: bench/NOTES.md.
+PyTorch's `F.linear(x, W)` over a few rows (the pending token plus K drafts) runs a GEMM that
+is far dearer than the one-row matvec: on an AVX2 CPU (torch 2.13, 2 threads) a 1536->8960
+layer over 17 rows cost 3.5x one row in fp32 and 13x in bf16, whose products PyTorch emulates
+there. `cpu_linear.c` reads each weight row once for all rows of a pass and sums each output
+by the same instructions whatever the number of rows, so a pass over a few tokens costs about
+one over a single token (bench/NOTES.md, Round 14), and a token's logits never depend on the
+drafts verified with it. In bf16 it is faster than PyTorch at any row count measured; in fp32,
+wide passes (a long prompt) go to `W @ x.T`, which streams the weight once for all rows too.
+Where the library cannot be built (no C compiler, no AVX2) the layers keep those products.
 """
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specgen import cbuild
+from specgen.errors import ResourceError
 
-class WeightMajorLinear(nn.Linear):
-    """nn.Linear with the product taken as W @ x.T; same parameters, same result."""
+SOURCE = Path(__file__).with_name("cpu_linear.c")
+FP32_ROWS = 48  # fp32 passes up to this many rows go to the C kernel, wider ones to W @ x.T
+
+_lib: ctypes.CDLL | None = None
+_unavailable = False
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot be built."""
+    global _lib, _unavailable
+    if _lib is None and not _unavailable:
+        try:
+            if not cbuild.has_avx2():
+                raise ResourceError("no AVX2")
+            lib = cbuild.build(SOURCE, "specgen's linear kernel", "PyTorch's")
+        except ResourceError:
+            _unavailable = True
+            return None
+        p, i = ctypes.c_void_p, ctypes.c_int
+        lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i]
+        _lib = lib
+    return _lib
+
+
+def linear(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """rows [M, K] @ weight [N, K].T (+ bias [N]) by the C kernel; all fp32 or all bf16."""
+    rows = rows.contiguous()
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=rows.dtype)
+    library().dense_linear(rows.data_ptr(), weight.data_ptr(),
+                           None if bias is None else bias.data_ptr(), y.data_ptr(),
+                           rows.shape[0], rows.shape[1], weight.shape[0],
+                           int(rows.dtype == torch.bfloat16), torch.get_num_threads())
+    return y
+
+
+class DecodeLinear(nn.Linear):
+    """nn.Linear on a CPU in fp32 or bf16, its product taken by `linear` (same parameters)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).t()
-        if self.bias is None:
-            y = torch.mm(self.weight, rows)
+        rows = x.reshape(-1, self.in_features)
+        if x.dtype == torch.bfloat16:
+            kernel = library() is not None
         else:
-            y = torch.addmm(self.bias[:, None], self.weight, rows)
-        return y.t().reshape(*x.shape[:-1], self.out_features)
+            kernel = rows.shape[0] <= FP32_ROWS and library() is not None
+        if torch.is_grad_enabled() and self.weight.requires_grad or x.dtype != self.weight.dtype:
+            kernel = False  # the kernel has no backward
+        if kernel:
+            y = linear(rows, self.weight, self.bias)
+        elif x.dtype == torch.float32:  # W @ x.T streams the weight once for all rows
+            y = rows.t()
+            y = (torch.mm(self.weight, y) if self.bias is None
+                 else torch.addmm(self.bias[:, None], self.weight, y)).t()
+        else:
+            y = F.linear(rows, self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def use_weight_major_linears(model: nn.Module) -> int:
-    """Switch the model's plain fp32 CPU nn.Linear layers to WeightMajorLinear in place (no
-    copy: the class changes, the parameters stay). Quantized and other subclassed layers are
-    left as they are. Returns how many layers were switched."""
+def use_decode_linears(model: nn.Module) -> int:
+    """Switch the model's plain fp32 and bf16 CPU nn.Linear layers to DecodeLinear in place
+    (no copy: the class changes, the parameters stay). Quantized and other subclassed layers
+    are left as they are. Returns how many layers were switched."""
     switched = 0
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if type(module) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32:
-            module.__class__ = WeightMajorLinear
+        if (type(module) is nn.Linear and w.device.type == "cpu"
+                and w.dtype in (torch.float32, torch.bfloat16)):
+            module.__class__ = DecodeLinear
             switched += 1
     return switched

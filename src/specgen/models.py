@@ -26,7 +26,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretr
                           PreTrainedModel, PreTrainedTokenizerBase)
 
 from specgen import demo, llamacpp
-from specgen.cpu_linear import use_weight_major_linears
+from specgen.cpu_linear import use_decode_linears
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.profiles import ModelSpec, Profile
 
@@ -542,7 +542,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in CPU_SCHEMES:
         _quantize_on_cpu(model, spec.quantization, source, dtype, verifier=role == "target")
-    use_weight_major_linears(model)  # cheap verify passes on fp32 CPU layers
+    use_decode_linears(model)  # cheap verify passes on fp32 and bf16 CPU layers
     return model.eval()
 
 
