@@ -163,7 +163,8 @@ def test_ctrl_c_between_tokens_keeps_the_partial_answer(chat):
 def test_ctrl_c_inside_a_forward_resets_the_caches_and_the_next_turn_reprefills(chat, monkeypatch):
     say(chat, "hello")
     target = chat.session.pair.target
-    real_forward, calls = target.forward, []
+    norm = target.base_model.norm  # the last op of every target pass, whichever decoder runs it
+    real_forward, calls = norm.forward, []
 
     def interrupted_forward(*args, **kwargs):
         calls.append(1)
@@ -171,11 +172,11 @@ def test_ctrl_c_inside_a_forward_resets_the_caches_and_the_next_turn_reprefills(
             raise KeyboardInterrupt
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(target, "forward", interrupted_forward)
+    monkeypatch.setattr(norm, "forward", interrupted_forward)
     with pytest.raises(KeyboardInterrupt):
         say(chat, "a second one")
-    assert chat.last.ended == "interrupted"
-    monkeypatch.setattr(target, "forward", real_forward)
+    assert chat.last.ended == "interrupted" and len(calls) == 3
+    monkeypatch.setattr(norm, "forward", real_forward)
 
     pending = chat.prepare("and a third")
     out = [t.id for t in chat.answer(pending)]

@@ -4,7 +4,8 @@ a draft, bit for bit for a target."""
 import pytest
 import torch
 
-from specgen import cpu_rows
+from specgen import cpu_linear, cpu_rows
+from specgen.cpu_linear import use_decode_linears
 from specgen.decoder import HFDecoder, LeanDecoder, Projections, lean_supported, make_decoder
 from specgen.quantize import QuantLinear, apply
 from tiny import tiny_model
@@ -56,22 +57,27 @@ def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("ops", ["C", "PyTorch"])
-@pytest.mark.parametrize("quantization", ["int8-dyn", "int4-dyn"])
+@pytest.mark.parametrize("quantization", ["int8-dyn", "int4-dyn", "float32", "bfloat16"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
 def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantization, ops,
                                                               monkeypatch):
-    """A verifier attends row by row; the lean decoder then serves the target, and its logits
-    must be transformers' own to the last bit, or speculation would not reproduce the
-    target's greedy output. Both with cpu_rows.c (rotary, cache and attention one C call)
-    and where it cannot be built (PyTorch's ops)."""
+    """A verifier attends row by row (quantized, or fp32/bf16 with specgen's linear kernel);
+    the lean decoder then serves the target, and its logits must be transformers' own to the
+    last bit, or speculation would not reproduce the target's greedy output. Both with
+    cpu_rows.c (rotary, cache and attention one C call; fp32) and where it cannot be built
+    (PyTorch's ops)."""
     if ops == "PyTorch":
         monkeypatch.setattr(cpu_rows, "_lib", None)
         monkeypatch.setattr(cpu_rows, "_unavailable", True)
     else:
         assert cpu_rows.library() is not None
     model = tiny_model(family, vocab=64, hidden=64, layers=2)
-    apply(model, quantization)  # a verifier's: row attention
+    if quantization.endswith("-dyn"):
+        apply(model, quantization)  # a verifier's: row attention
+    else:
+        assert cpu_linear.library() is not None
+        use_decode_linears(model.to(getattr(torch, quantization)), verifier=True)
     lean = make_decoder(model, exact=True)
     assert isinstance(lean, LeanDecoder) and lean.rows
     ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(1))

@@ -53,6 +53,26 @@ def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme):
         assert result.stats.accepted > 0
 
 
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_equals_a_bf16_target_greedy(k):
+    # On a CPU specgen's linear kernel computes each row alone and the target attends row by
+    # row, so in bf16, too, speculation reproduces the target's own greedy output exactly.
+    from copy import deepcopy
+
+    from specgen import cpu_linear
+
+    if cpu_linear.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    target, draft = (deepcopy(m).to(torch.bfloat16) for m in pair("qwen2"))
+    cpu_linear.use_decode_linears(target, verifier=True)
+    cpu_linear.use_decode_linears(draft)
+    for seed in range(4):
+        ids = prompt(seed=seed, length=70)  # past the kernel's 64 rows a sweep
+        result = SpeculativeGenerator(target, draft, k, adaptive=False).generate(ids, max_new_tokens=N)
+        assert result.token_ids == reference(target, ids)
+        assert result.stats.accepted > 0
+
+
 def test_self_drafting_accepts_everything():
     target, _ = pair("llama")
     ids = prompt()

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from specgen import cbuild
 from specgen.errors import ResourceError
+from specgen.row_attention import use_row_attention
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FP32_ROWS = 48  # fp32 passes up to this many rows go to the C kernel, wider ones to W @ x.T
@@ -80,10 +81,13 @@ class DecodeLinear(nn.Linear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def use_decode_linears(model: nn.Module) -> int:
+def use_decode_linears(model: nn.Module, verifier: bool = False) -> int:
     """Switch the model's plain fp32 and bf16 CPU nn.Linear layers to DecodeLinear in place
     (no copy: the class changes, the parameters stay). Quantized and other subclassed layers
-    are left as they are. Returns how many layers were switched."""
+    are left as they are. A verifier's attention then goes row by row (row_attention.py)
+    where the kernel builds: with every linear computing each row alone, a verify pass gives
+    each token the logits of a one-token pass, so greedy speculation reproduces the target's
+    own greedy output in bf16 as in fp32. Returns how many layers were switched."""
     switched = 0
     for module in model.modules():
         w = getattr(module, "weight", None)
@@ -91,4 +95,6 @@ def use_decode_linears(model: nn.Module) -> int:
                 and w.dtype in (torch.float32, torch.bfloat16)):
             module.__class__ = DecodeLinear
             switched += 1
+    if switched and verifier and library() is not None and hasattr(model, "set_attn_implementation"):
+        use_row_attention(model)
     return switched

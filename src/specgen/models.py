@@ -542,7 +542,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         raise ModelError(f"Cannot load {source.name}: {e}") from None
     if spec.quantization in CPU_SCHEMES:
         _quantize_on_cpu(model, spec.quantization, source, dtype, verifier=role == "target")
-    use_decode_linears(model)  # cheap verify passes on fp32 and bf16 CPU layers
+    use_decode_linears(model, verifier=role == "target")  # cheap, exact verify passes on CPUs
     return model.eval()
 
 
