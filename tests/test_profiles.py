@@ -13,7 +13,7 @@ from specgen.errors import ConfigError
 from specgen.profiles import (DEFAULT_PROFILE, bundled_profile_dir, list_profiles, load_profile,
                               with_overrides)
 
-BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
+BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp", "qwen-coder-demo-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
 
 MINIMAL = """
 description = "test pair"
@@ -54,6 +54,14 @@ def test_bundled_profiles_all_load_and_describe_hardware():
         assert p.path.parent == bundled_profile_dir()
         assert p.draft is not None and p.speculation.method == "draft-model"
         assert "GB" in p.description  # says what memory it needs
+
+
+def test_the_llamacpp_demo_profile_keeps_the_bf16_target_and_drafts_in_llama_cpp():
+    p = load_profile("qwen-coder-demo-llamacpp")
+    base = load_profile("qwen-coder-demo")
+    assert p.target == base.target and p.draft.gguf_file == base.draft.gguf_file
+    assert p.draft.runtime == "llama.cpp" and p.draft.quantization == "int8-dyn"  # the peer's copy
+    assert p.speculation.num_speculative_tokens == 16 and p.speculation.adaptive
 
 
 def test_the_int4_demo_profile_drafts_by_prompt_lookup_alone():

@@ -6,8 +6,9 @@ layer over 17 rows cost 3.5x one row in fp32 and 13x in bf16, whose products PyT
 there. `cpu_linear.c` reads each weight row once for all rows of a pass and sums each output
 by the same instructions whatever the number of rows, so a pass over a few tokens costs about
 one over a single token (bench/NOTES.md, Round 14), and a token's logits never depend on the
-drafts verified with it. In bf16 it is faster than PyTorch at any row count measured; in fp32,
-wide passes (a long prompt) go to `W @ x.T`, which streams the weight once for all rows too.
+drafts verified with it. In bf16 it beat PyTorch at every width measured from 2 rows to 256
+(at one row they were about even), so it takes every bf16 pass; in fp32, passes wider than
+FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the weight once for all rows too.
 Where the library cannot be built (no C compiler, no AVX2) the layers keep those products.
 """
 
@@ -64,13 +65,9 @@ class DecodeLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        if x.dtype == torch.bfloat16:
-            kernel = library() is not None
-        else:
-            kernel = rows.shape[0] <= FP32_ROWS and library() is not None
-        if torch.is_grad_enabled() and self.weight.requires_grad or x.dtype != self.weight.dtype:
-            kernel = False  # the kernel has no backward
-        if kernel:
+        wide = x.dtype == torch.float32 and rows.shape[0] > FP32_ROWS
+        grad = torch.is_grad_enabled() and self.weight.requires_grad  # the kernel has no backward
+        if not wide and not grad and x.dtype == self.weight.dtype and library() is not None:
             y = linear(rows, self.weight, self.bias)
         elif x.dtype == torch.float32:  # W @ x.T streams the weight once for all rows
             y = rows.t()
