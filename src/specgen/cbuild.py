@@ -50,3 +50,14 @@ def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
                                 f"Use {instead} instead, or report this with the message above.")
         os.replace(tmp, path)
     return ctypes.CDLL(str(path))
+
+
+def build_if_possible(source: Path, what: str) -> ctypes.CDLL | None:
+    """`build`, or None where it cannot be done (no AVX2, no compiler, a failed compile): for
+    kernels whose callers keep PyTorch's ops instead."""
+    if not has_avx2():
+        return None
+    try:
+        return build(source, what, "PyTorch's")
+    except ResourceError:
+        return None

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specgen import cbuild
-from specgen.errors import ResourceError
 from specgen.row_attention import use_row_attention
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
@@ -36,11 +35,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be built."""
     global _lib, _unavailable
     if _lib is None and not _unavailable:
-        try:
-            if not cbuild.has_avx2():
-                raise ResourceError("no AVX2")
-            lib = cbuild.build(SOURCE, "specgen's linear kernel", "PyTorch's")
-        except ResourceError:
+        lib = cbuild.build_if_possible(SOURCE, "specgen's linear kernel")
+        if lib is None:
             _unavailable = True
             return None
         p, i = ctypes.c_void_p, ctypes.c_int

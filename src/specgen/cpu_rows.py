@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from specgen import cbuild
-from specgen.errors import ResourceError
 
 SOURCE = Path(__file__).with_name("cpu_rows.c")
 NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")  # weight * x / sqrt(mean(x^2) + eps), in float32
@@ -33,11 +32,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled ops, built on first use; None where they cannot be built."""
     global _lib, _unavailable
     if _lib is None and not _unavailable:
-        try:
-            if not cbuild.has_avx2():
-                raise ResourceError("no AVX2")
-            lib = cbuild.build(SOURCE, "specgen's row ops", "PyTorch's")
-        except ResourceError:
+        lib = cbuild.build_if_possible(SOURCE, "specgen's row ops")
+        if lib is None:
             _unavailable = True
             return None
         p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
