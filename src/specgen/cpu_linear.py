@@ -15,6 +15,7 @@ Where the library cannot be built (no C compiler, no AVX2) the layers keep those
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -27,22 +28,15 @@ from specgen.row_attention import use_row_attention
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FP32_ROWS = 48  # fp32 passes up to this many rows go to the C kernel, wider ones to W @ x.T
 
-_lib: ctypes.CDLL | None = None
-_unavailable = False
 
-
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be built."""
-    global _lib, _unavailable
-    if _lib is None and not _unavailable:
-        lib = cbuild.build_if_possible(SOURCE, "specgen's linear kernel")
-        if lib is None:
-            _unavailable = True
-            return None
+    lib = cbuild.build_if_possible(SOURCE, "specgen's linear kernel")
+    if lib is not None:
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i]
-        _lib = lib
-    return _lib
+    return lib
 
 
 def linear(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
