@@ -16,21 +16,33 @@ needs_kernel = pytest.mark.skipif(cpu_linear.library() is None,
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
+def bf16_path(path: int, name: str):
+    return pytest.param(torch.bfloat16, path, id=f"bfloat16-{name}", marks=pytest.mark.skipif(
+        cpu_linear.bf16_path() < path, reason=f"this CPU has no {name}"))
+
+
+# The kernel's paths: fp32 and bf16 in AVX2 wherever it builds; bf16 also by `vdpbf16ps` on
+# an AVX512-BF16 CPU and by AMX tiles on an AMX one.
+PATHS = [(torch.float32, cpu_linear.AVX2), bf16_path(cpu_linear.AVX2, "AVX2"),
+         bf16_path(cpu_linear.DOT, "AVX512-BF16"), bf16_path(cpu_linear.AMX, "AMX")]
+
+
 def reference(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     y = x.double() @ layer.weight.double().t()
     return y if layer.bias is None else y + layer.bias.double()
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,path", PATHS)
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("k,n", [(64, 40), (37, 19), (1536, 24)])  # 37: inputs past the last 8
-def test_kernel_matches_a_float64_product(dtype, bias, k, n):
+# 37: inputs past the last 32 and 16; AMX blocks of 32 and 16 weight rows, and fewer (by DOT)
+@pytest.mark.parametrize("k,n", [(64, 40), (37, 19), (1536, 24), (96, 80)])
+def test_kernel_matches_a_float64_product(dtype, path, bias, k, n):
     torch.manual_seed(0)
     layer = nn.Linear(k, n, bias=bias).to(dtype)
     for m in (1, 2, 3, 4, 5, 7, 17, 130):  # 130: the kernel takes 64 rows at a time
         x = torch.randn(m, k).to(dtype)
-        got = cpu_linear.linear(x, layer.weight, layer.bias)
+        got = cpu_linear.linear(x, layer.weight, layer.bias, path)
         assert got.dtype == dtype and got.shape == (m, n)
         want = reference(x, layer)
         scale = want.abs().max().item()
@@ -38,17 +50,18 @@ def test_kernel_matches_a_float64_product(dtype, bias, k, n):
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_row_has_the_bits_of_a_one_row_pass(dtype):
+@pytest.mark.parametrize("dtype,path", PATHS)
+@pytest.mark.parametrize("k,n", [(200, 45), (256, 61)])  # whole tiles and leftovers
+def test_each_row_has_the_bits_of_a_one_row_pass(dtype, path, k, n):
     """What makes a verify pass exact: a token's outputs do not depend on the rows beside it."""
     torch.manual_seed(1)
-    layer = nn.Linear(200, 45).to(dtype)  # 45 rows: whole tiles and leftovers
-    x = torch.randn(17, 200).to(dtype)
-    many = cpu_linear.linear(x, layer.weight, layer.bias)
-    for m in (1, 2, 3, 5, 17):
-        alone = torch.cat([cpu_linear.linear(x[i:i + 1], layer.weight, layer.bias)
+    layer = nn.Linear(k, n).to(dtype)
+    x = torch.randn(40, k).to(dtype)  # AMX: up to 3 tiles of 16 tokens
+    many = cpu_linear.linear(x, layer.weight, layer.bias, path)
+    for m in (1, 2, 3, 5, 17, 33):
+        alone = torch.cat([cpu_linear.linear(x[i:i + 1], layer.weight, layer.bias, path)
                            for i in range(m)])
-        assert torch.equal(cpu_linear.linear(x[:m], layer.weight, layer.bias), alone)
+        assert torch.equal(cpu_linear.linear(x[:m], layer.weight, layer.bias, path), alone)
         assert torch.equal(many[:m], alone)
 
 
@@ -98,3 +111,28 @@ def test_only_plain_fp32_and_bf16_cpu_layers_switch():
     assert type(model[1]) is DecodeLinear
     assert type(model[2]) is nn.Linear and type(model[3]) is QuantLinear
     assert use_decode_linears(model) == 0  # already switched
+
+
+@pytest.mark.skipif(cpu_linear.bf16_path() == cpu_linear.AVX2,
+                    reason="this CPU has no AVX512-BF16 or AMX")
+def test_bf16_layers_take_the_fastest_path_the_cpu_has():
+    torch.manual_seed(2)
+    layer = nn.Linear(1536, 64).to(torch.bfloat16)
+    with torch.no_grad():  # the second half of each sum cancels the first: the order shows
+        layer.weight[:, 768:] = layer.weight[:, :768]
+    half = torch.randn(5, 768) * 256
+    x = torch.cat([half, -half], 1).to(torch.bfloat16)
+    by_path = [cpu_linear.linear(x, layer.weight, layer.bias, path)
+               for path in range(cpu_linear.bf16_path() + 1)]
+    assert not any(torch.equal(by_path[-1], other) for other in by_path[:-1])
+    use_decode_linears(layer)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), by_path[-1])
+
+
+def test_a_path_the_cpu_lacks_is_refused():
+    if cpu_linear.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    with pytest.raises(ValueError, match="no bf16 path"):
+        cpu_linear.linear(torch.ones(1, 32, dtype=torch.bfloat16),
+                          torch.ones(16, 32, dtype=torch.bfloat16), None, cpu_linear.AMX + 1)

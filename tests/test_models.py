@@ -32,8 +32,8 @@ def tiny_tokenizer(vocab: int = VOCAB, eos: str = "t1", shuffle: bool = False) -
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eos, bos_token="t2", unk_token="t0")
 
 
-def save_pair_dir(path: Path, seed: int = 0, layers: int = 2, **tok) -> Path:
-    save_tiny(tiny_model("llama", vocab=VOCAB, layers=layers, seed=seed, eos=1), path)
+def save_pair_dir(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32, **tok) -> Path:
+    save_tiny(tiny_model("llama", vocab=VOCAB, hidden=hidden, layers=layers, seed=seed, eos=1), path)
     tiny_tokenizer(**tok).save_pretrained(path)
     return path
 
@@ -110,6 +110,18 @@ def pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf")
+
+
+# bitsandbytes 0.50.2's CPU kernels for AVX512-BF16 CPUs need in-features a multiple of its
+# 64-weight blocks and out-features a multiple of 32 (smaller layers fail there, not on AVX2).
+BNB_HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def bnb_pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bnb-pair")
+    return (save_pair_dir(root / "target", seed=0, hidden=BNB_HIDDEN),
+            save_pair_dir(root / "draft", seed=1))
 
 
 def profile(tmp_path: Path, target: str, draft: str | None = None, extra: str = "",
@@ -299,8 +311,8 @@ def test_memory_refusal_suggests_a_profile_that_fits(tmp_path, pair_dirs, monkey
 
 @pytest.mark.parametrize("scheme, layer", [("nf4", "Linear4bit"), ("fp4", "Linear4bit"),
                                            ("int8", "Linear8bitLt")])
-def test_bitsandbytes_on_cpu(tmp_path, pair_dirs, scheme, layer):
-    t, d = pair_dirs
+def test_bitsandbytes_on_cpu(tmp_path, bnb_pair_dirs, scheme, layer):
+    t, d = bnb_pair_dirs
     path = profile(tmp_path, f'model = "{t}"\nquantization = "{scheme}"', f'model = "{d}"')
     pair = load(path)
     assert pair.quantization == scheme and pair.draft_quantization == "none"
@@ -467,8 +479,9 @@ def test_hub_model_loads_from_the_hub_cache(tmp_path, pair_dirs, monkeypatch):
     assert pair.target_name == "org/tiny"
 
 
-def test_gguf_then_bitsandbytes(tmp_path, gguf_file):
+def test_gguf_then_bitsandbytes(tmp_path):
     """GGUF weights load dequantised, so they can be re-quantized (here nf4 on CPU)."""
+    gguf_file = write_tiny_gguf(tmp_path / "tiny-f32.gguf", hidden=BNB_HIDDEN, ff=2 * BNB_HIDDEN)
     pair = load(profile(tmp_path, f'model = "{gguf_file}"\nquantization = "nf4"'))
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
     assert torch.isfinite(pair.target(torch.tensor([[3, 4, 5]])).logits).all()

@@ -7,9 +7,12 @@ there. `cpu_linear.c` reads each weight row once for all rows of a pass and sums
 by the same instructions whatever the number of rows, so a pass over a few tokens costs about
 one over a single token (bench/NOTES.md, Round 14), and a token's logits never depend on the
 drafts verified with it. In bf16 it beat PyTorch at every width measured from 2 rows to 256
-(at one row they were about even), so it takes every bf16 pass; in fp32, passes wider than
+on that CPU (at one row they were about even; with AMX, up to 33 rows, and at 64-256 it cost
+up to 1.4x PyTorch's), so it takes every bf16 pass; in fp32, passes wider than
 FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the weight once for all rows too.
 Where the library cannot be built (no C compiler, no AVX2) the layers keep those products.
+bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles, AVX512-BF16 or AVX2; on the
+AMX test machine a 17-token pass of the demo target cost 1.31 one-token passes (Round 15).
 """
 
 from __future__ import annotations
@@ -35,18 +38,33 @@ def library() -> ctypes.CDLL | None:
     lib = cbuild.build_if_possible(SOURCE, "specgen's linear kernel")
     if lib is not None:
         p, i = ctypes.c_void_p, ctypes.c_int
-        lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i]
+        lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i, i]
     return lib
 
 
-def linear(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """rows [M, K] @ weight [N, K].T (+ bias [N]) by the C kernel; all fp32 or all bf16."""
+AVX2, DOT, AMX = 0, 1, 2  # the kernel's bf16 paths (cpu_linear.c)
+
+
+@functools.cache
+def bf16_path() -> int:
+    """The fastest bf16 path this CPU runs: AMX tiles, AVX512-BF16 `vdpbf16ps`, or AVX2."""
+    lib = library()
+    return AVX2 if lib is None else lib.bf16_path()
+
+
+def linear(rows: Tensor, weight: Tensor, bias: Tensor | None, path: int | None = None) -> Tensor:
+    """rows [M, K] @ weight [N, K].T (+ bias [N]) by the C kernel; all fp32 or all bf16. bf16
+    takes `bf16_path()` unless `path` names a slower one (tests and benches compare them)."""
     rows = rows.contiguous()
+    best = bf16_path()  # also where Linux is asked, once, to let this process use AMX tiles
+    if path is not None and path > best:
+        raise ValueError(f"this CPU has no bf16 path {path} (its fastest is {best})")
+    path = best if path is None else path
     y = torch.empty(rows.shape[0], weight.shape[0], dtype=rows.dtype)
     library().dense_linear(rows.data_ptr(), weight.data_ptr(),
                            None if bias is None else bias.data_ptr(), y.data_ptr(),
                            rows.shape[0], rows.shape[1], weight.shape[0],
-                           int(rows.dtype == torch.bfloat16), torch.get_num_threads())
+                           int(rows.dtype == torch.bfloat16), path, torch.get_num_threads())
     return y
 
 
