@@ -6,13 +6,14 @@ layer over 17 rows cost 3.5x one row in fp32 and 13x in bf16, whose products PyT
 there. `cpu_linear.c` reads each weight row once for all rows of a pass and sums each output
 by the same instructions whatever the number of rows, so a pass over a few tokens costs about
 one over a single token (bench/NOTES.md, Round 14), and a token's logits never depend on the
-drafts verified with it. In bf16 it beat PyTorch at every width measured from 2 rows to 256
-on that CPU (at one row they were about even; with AMX, up to 33 rows, and at 64-256 it cost
-up to 1.4x PyTorch's), so it takes every bf16 pass; in fp32, passes wider than
-FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the weight once for all rows too.
-Where the library cannot be built (no C compiler, no AVX2) the layers keep those products.
-bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles, AVX512-BF16 or AVX2; on the
-AMX test machine a 17-token pass of the demo target cost 1.31 one-token passes (Round 15).
+drafts verified with it. bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles,
+AVX512-BF16 or AVX2. On the AVX2 CPU it beat PyTorch at every width measured from 2 rows to
+256 (at one row they were about even); on the AMX test machine a 17-token pass of the demo
+target cost 1.31 one-token passes, and the AMX path beat PyTorch up to 33 rows and cost up to
+1.4x its time at 64-256 (long prompts; Round 15). So it takes every bf16 pass. In fp32,
+passes wider than FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the weight once
+for all rows too. Where the library cannot be built (no C compiler, no AVX2) the layers keep
+those products.
 """
 
 from __future__ import annotations
