@@ -9,8 +9,8 @@ one over a single token (bench/NOTES.md, Round 14), and a token's logits never d
 drafts verified with it. bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles,
 AVX512-BF16 or AVX2. On the AVX2 CPU it beat PyTorch at every width measured from 2 rows to
 256 (at one row they were about even); on the AMX test machine a 17-token pass of the demo
-target cost 1.31 one-token passes, and the AMX path beat PyTorch up to 33 rows and cost up to
-1.4x its time at 64-256 (long prompts; Round 15). So it takes every bf16 pass. In fp32,
+target cost 1.31 one-token passes, and the AMX path beat PyTorch at every width up to 17 rows
+and took 0.6-1.3x its time at 33-256 (long prompts; Round 15). So it takes every bf16 pass. In fp32,
 passes wider than FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the weight once
 for all rows too. Where the library cannot be built (no C compiler, no AVX2) the layers keep
 those products.
