@@ -6,11 +6,11 @@
 
 `layers`: ms per call of one layer over M rows for the demo pair's shapes: F.linear, W @ x.T
 (fp32 only) and the C kernel, each on a weight too big for the caches; in bf16, each of the
-kernel's paths this CPU runs (AVX2; AVX512-BF16 `vdpbf16ps`; AMX tiles), the fastest first. `model`: a whole cached
-forward over M new tokens after a 64-token context, stock nn.Linear against specgen's
-DecodeLinear (the same loaded model, switched in place; in bf16, each of the kernel's paths),
-each relative to its own M = 1, in interleaved rounds. What
-specgen adopted and why: bench/NOTES.md.
+kernel's paths this CPU runs (AVX2; AVX512-BF16 `vdpbf16ps`; AMX tiles), the fastest first.
+`model`: a whole cached forward over M new tokens after a 64-token context, stock nn.Linear
+against specgen's DecodeLinear (the same loaded model, switched in place; in bf16, each of the
+kernel's paths), each relative to its own M = 1, in interleaved rounds. What specgen adopted
+and why: bench/NOTES.md.
 """
 
 from __future__ import annotations

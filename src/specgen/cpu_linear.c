@@ -133,18 +133,8 @@ AVX512_BF16 static inline __attribute__((always_inline)) void tile_dot(
     const uint16_t *x = xv;
     __m512 acc[16];
     for (int i = 0; i < nw * nx; i++) acc[i] = _mm512_setzero_ps();
-    int kk = 0;
-    for (; kk + 32 <= k; kk += 32) {
-        __m512i xs[4];
-        for (int j = 0; j < nx; j++) xs[j] = _mm512_loadu_si512(x + (int64_t)j * k + kk);
-        for (int r = 0; r < nw; r++) {
-            __m512i wv = _mm512_loadu_si512(w + r * stride + kk * 2);
-            for (int j = 0; j < nx; j++)
-                acc[j * nw + r] = _mm512_dpbf16_ps(acc[j * nw + r], (__m512bh)wv, (__m512bh)xs[j]);
-        }
-    }
-    if (kk < k) {
-        __mmask32 keep = (1u << (k - kk)) - 1;
+    for (int kk = 0; kk < k; kk += 32) {
+        __mmask32 keep = k - kk >= 32 ? 0xffffffffu : (1u << (k - kk)) - 1;
         __m512i xs[4];
         for (int j = 0; j < nx; j++) xs[j] = _mm512_maskz_loadu_epi16(keep, x + (int64_t)j * k + kk);
         for (int r = 0; r < nw; r++) {
