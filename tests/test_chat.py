@@ -237,7 +237,8 @@ def test_commands_change_the_settings(chat):
 
 @pytest.mark.parametrize("name, arg, message", [
     ("k", "two", "/k needs a whole number"),
-    ("k", "-1", "num_speculative_tokens must be >= 0"),
+    ("k", "-1", "num_speculative_tokens must be from 0 to 32"),
+    ("k", "64", "num_speculative_tokens must be from 0 to 32"),
     ("adaptive", "maybe", "on or off"),
     ("temperature", "-1", "temperature must be >= 0"),
     ("temperature", "hot", "needs a number"),

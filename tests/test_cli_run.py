@@ -107,7 +107,8 @@ def test_the_run_is_recorded_in_the_history(tiny_profile, tmp_path):
     [
         (["-p", "no-such-profile", "x"], "No profile named 'no-such-profile'"),
         (["--temperature", "-1", "x"], "temperature must be >= 0"),
-        (["--k", "-2", "x"], "num_speculative_tokens must be >= 0"),
+        (["--k", "-2", "x"], "num_speculative_tokens must be from 0 to 32"),
+        (["--k", "40", "x"], "num_speculative_tokens must be from 0 to 32"),
         (["--top-p", "1.5", "x"], "top_p"),
         (["--format", "xml", "x"], "--format must be"),
         (["--file", "/no/such/file.txt"], "Cannot read the prompt file"),

@@ -5,6 +5,7 @@ import torch
 
 from specgen import SpecgenError, SpeculativeGenerator
 from specgen.errors import ConfigError, ModelError
+from specgen.profiles import MAX_K
 from tiny import sharpen, tiny_model, tiny_pair
 
 N = 40
@@ -282,8 +283,9 @@ def test_bad_generation_arguments(kwargs, match):
 
 def test_bad_inputs():
     target, draft = pair("llama")
-    with pytest.raises(ConfigError, match=">= 0"):
-        SpeculativeGenerator(target, draft, num_speculative_tokens=-1)
+    for k in (-1, MAX_K + 1):
+        with pytest.raises(ConfigError, match="from 0 to 32"):
+            SpeculativeGenerator(target, draft, num_speculative_tokens=k)
     gen = SpeculativeGenerator(target, draft)
     with pytest.raises(ConfigError, match="empty"):
         gen.generate(torch.tensor([], dtype=torch.long))

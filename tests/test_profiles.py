@@ -212,7 +212,8 @@ def test_quantization_names_are_accepted(tmp_path):
 
 @pytest.mark.parametrize("extra, expected", [
     ("[speculation]\nmethod = \"medusa\"\n", "speculation.method = 'medusa' is not allowed"),
-    ("[speculation]\nnum_speculative_tokens = -1\n", "must be >= 0"),
+    ("[speculation]\nnum_speculative_tokens = -1\n", "must be from 0 to 32"),
+    ("[speculation]\nnum_speculative_tokens = 33\n", "must be from 0 to 32"),
     ("[speculation]\nmin_ngram = 4\n", "min_ngram <= max_ngram"),
     ("[speculation]\ndraft_confidence = 1.0\n", "draft_confidence must be in [0, 1)"),
     ("[generation]\ntop_p = 1.5\n", "top_p must be in (0, 1]"),

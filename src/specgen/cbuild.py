@@ -1,6 +1,7 @@
-"""specgen's C kernels (cpu_int4.c, cpu_rows.c): compiled once with the system's C compiler
-into the cache, keyed by their source and flags, and loaded through ctypes, which lets go of
-the GIL while they run. Their OpenMP runtime is the one PyTorch loaded (same soname)."""
+"""specgen's C kernels (cpu_int4.c, cpu_linear.c, cpu_rows.c): compiled once with the system's C
+compiler into the cache, keyed by their source, the header they share and the flags, and
+loaded through ctypes, which lets go of the GIL while they run. Their OpenMP runtime is the
+one PyTorch loaded (same soname)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
     half a library) and loaded. `what` and `instead` name it and its alternative in errors."""
     from specgen.models import cache_dir
 
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # amx_tiles.h
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
     path = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,22 @@
-// int4 weights times int8 activations on an AVX2 CPU (specgen's `int4-dyn`; cpu_int4.py
+// int4 weights times int8 activations on an x86 CPU (specgen's `int4-dyn`; cpu_int4.py
 // compiles and calls it, and its `quantize` writes the format). Weights: blocks of 32
 // inputs, each 16 bytes of nibbles q in 0..15 (byte j holds inputs j and j + 16), with a
 // scale d and a minimum m in fp16: w = d q + m. Activations: quantized here to int8, per
 // token and block of 32 (scale e, values a). A block contributes d e sum(q a) + m e sum(a),
-// with exact integer sums (AVX2 vpmaddubsw, as llama.cpp's Q4_1 x Q8_1). Every output is
-// computed by the same instructions whatever the number of tokens, so a token's result
-// never depends on the others in its pass. Each weight block is unpacked once for up to 4
-// tokens.
+// with exact integer sums (as llama.cpp's Q4_1 x Q8_1). Two paths, chosen by int4_path():
+// AVX2 (`vpmaddubsw`, a block at a time) and AVX512-VNNI (`vpdpbusd`, two blocks at a time).
+// They give the same bits: the same integer sums of 4 products per lane, scaled and added
+// lane by lane in the same order (see row_dot_vnni). Every output is computed by the same
+// instructions whatever the number of tokens, so a token's result never depends on the
+// others in its pass. Each weight block is unpacked once for up to 4 tokens.
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx_tiles.h"
+
+enum { AVX2 = 0, VNNI = 1, AMX = 2 };
 
 // Nibbles are prefetched this many bytes ahead as a row is read, a cache line at a time: a
 // whole row asked for at once (as before) left the 4.5 KB rows of a down projection 25%
@@ -120,11 +128,209 @@ static inline __attribute__((always_inline)) void row_dot(
     for (int t = 0; t < nt; t++) out[t] = hsum(_mm256_add_ps(even[t], odd[t]));
 }
 
-// y [n, o] = x [n, k] @ W.T (+ bias), W as qw [o, k / 32, 16] and fp16 dw, mw [o, k / 32].
-// qx, ex and sx are scratch space of n * k bytes and 2 * n * k / 32 floats.
+// The AVX512-VNNI path. Lanes 0-7 of a 512-bit vector hold block b, lanes 8-15 block b + 1:
+// each int32 lane is the sum of the same 4 products as the AVX2 path's lane (`vpdpbusd` adds
+// 4 adjacent byte products as `vpmaddubsw` then `vpmaddwd` do), and the even blocks' lanes
+// and the odd ones' accumulate as the AVX2 path's `even` and `odd`, so the results are equal.
+#define AVX512_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+// 32 bytes of nibbles (blocks b, b + 1) -> 64 bytes 0..15, in the order of the inputs.
+AVX512_VNNI static inline __m512i unpack2(const uint8_t *p) {
+    __m512i w = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+    w = _mm512_shuffle_i64x2(w, w, 0x50);  // 128-bit lanes 0, 0, 1, 1
+    w = _mm512_srlv_epi64(w, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    return _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
+}
+
+// Blocks b, b + 1 of one weight row against nt tokens, into acc.
+AVX512_VNNI static inline __attribute__((always_inline)) void block2(
+        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, int b,
+        __m512 *acc) {
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i w = unpack2(wr + b * 16);
+    for (int t = 0; t < nt; t++) {
+        __m512i xv = _mm512_loadu_si512(qx + ((int64_t)t * nb + b) * 32);
+        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+        __m512 s = _mm512_castsi512_ps(  // scales b, b + 1 in every pair of lanes
+            _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(scale + t * nb + b))));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(pick, s), acc[t]);
+    }
+}
+
+// row_dot on the VNNI path; a last odd block goes to lanes 0-7, the even ones.
+AVX512_VNNI static inline __attribute__((always_inline)) void row_dot_vnni(
+        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, float *out) {
+    __m512 acc[4];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        if ((b & 3) == 0) _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
+        block2(wr, qx, scale, nb, nt, b, acc);
+    }
+    if (b < nb) {
+        __m512i w = _mm512_zextsi256_si512(unpack(wr + b * 16));
+        for (int t = 0; t < nt; t++) {
+            __m512i xv = _mm512_zextsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(qx + ((int64_t)t * nb + b) * 32)));
+            __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[t * nb + b]), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        __m256 even = _mm512_castps512_ps256(acc[t]);
+        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+        out[t] = hsum(_mm256_add_ps(even, odd));
+    }
+}
+
+// Each path's dot products of one weight row with up to 4 tokens, called with nt a constant.
+static void dots_avx2(const uint8_t *wr, const int8_t *q, const float *scale, int nb, int nt,
+                      float *out) {
+    switch (nt) {  // constants: see row_dot()
+        case 1: row_dot(wr, q, scale, nb, 1, out); break;
+        case 2: row_dot(wr, q, scale, nb, 2, out); break;
+        case 3: row_dot(wr, q, scale, nb, 3, out); break;
+        default: row_dot(wr, q, scale, nb, 4, out);
+    }
+}
+
+AVX512_VNNI static void dots_vnni(const uint8_t *wr, const int8_t *q, const float *scale, int nb,
+                                  int nt, float *out) {
+    switch (nt) {
+        case 1: row_dot_vnni(wr, q, scale, nb, 1, out); break;
+        case 2: row_dot_vnni(wr, q, scale, nb, 2, out); break;
+        case 3: row_dot_vnni(wr, q, scale, nb, 3, out); break;
+        default: row_dot_vnni(wr, q, scale, nb, 4, out);
+    }
+}
+
+// The AMX path, for wide passes (a prompt): the same int8 activations and integer block sums,
+// by tile products of 16 weight rows by 16 tokens over one block (32 inputs), each block's
+// sums then scaled in fp32. Its sums are added in another order than the other paths' (a
+// block's whole integer sum, not 8 partial ones), so its bits differ from theirs, and
+// cpu_int4.py gives it only passes wider than any verify pass. Tiles: 0 the sums C [16 rows,
+// 16 tokens] int32, 1 the weights A [16 rows, 32 bytes] u8, 2 the tokens B [8 quads, 16
+// tokens x 4] s8.
+#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,amx-tile,amx-int8")))
+#define TOKENS 16
+
+static const tile_config INT8_TILES = {
+    .palette = 1,
+    .colsb = {64, 32, 64},
+    .rows = {16, 16, 8},
+};
+
+// Per group of 16 tokens and block: x's int8 values in quads [8][16 tokens] (B's layout), their
+// scales e and scale-times-sum s [16 tokens]; padding tokens zero.
+static void pack_tokens(const int8_t *qx, const float *ex, const float *sx, int n, int k,
+                        uint32_t *xq, float *eg, float *sg) {
+    int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
+    for (int g = 0; g < groups; g++)
+        for (int b = 0; b < nb; b++) {
+            int64_t at = (int64_t)g * nb + b;
+            for (int t = 0; t < TOKENS; t++) {
+                int token = g * TOKENS + t;
+                for (int q = 0; q < 8; q++) {
+                    uint32_t quad = 0;
+                    if (token < n) memcpy(&quad, qx + (int64_t)token * k + b * 32 + 4 * q, 4);
+                    xq[(at * 8 + q) * TOKENS + t] = quad;
+                }
+                eg[at * TOKENS + t] = token < n ? ex[(int64_t)token * nb + b] : 0.f;
+                sg[at * TOKENS + t] = token < n ? sx[(int64_t)token * nb + b] : 0.f;
+            }
+        }
+}
+
+// Weight rows [r0, r0 + nr) (nr <= 16) against every group of tokens into y. Scratch: wa
+// 16 * k bytes (the rows unpacked, zero past nr), dm 2 * 16 * k / 32 floats.
+AMX_INT8 static void rows_amx(const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
+                              const float *bias, int r0, int nr, int n, int k, int o,
+                              const uint32_t *xq, const float *eg, const float *sg,
+                              uint8_t *wa, float *dm, float *y) {
+    int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
+    float *d = dm, *m = dm + 16 * nb;  // [block][row]: a block's 16 rows side by side
+    for (int i = 0; i < 16; i++)
+        for (int b = 0; b < nb; b++) {
+            int64_t at = (int64_t)(r0 + i) * nb + b;
+            __m256i w = i < nr ? unpack(qw + at * 16) : _mm256_setzero_si256();
+            _mm256_storeu_si256((__m256i *)(wa + (int64_t)i * k + b * 32), w);
+            d[b * 16 + i] = i < nr ? _cvtsh_ss(dw[at]) : 0.f;
+            m[b * 16 + i] = i < nr ? _cvtsh_ss(mw[at]) : 0.f;
+        }
+    int32_t sums[16 * TOKENS];
+    float out[16 * TOKENS];
+    for (int g = 0; g < groups; g++) {
+        __m512 acc[16];  // acc[i]: row i, a lane per token
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            int64_t at = (int64_t)g * nb + b;
+            _tile_zero(0);
+            _tile_loadd(1, wa + b * 32, k);
+            _tile_loadd(2, xq + at * 8 * TOKENS, TOKENS * 4);
+            _tile_dpbusd(0, 1, 2);
+            _tile_stored(0, sums, TOKENS * 4);
+            __m512 e = _mm512_loadu_ps(eg + at * TOKENS), sx = _mm512_loadu_ps(sg + at * TOKENS);
+            for (int i = 0; i < 16; i++) {  // d e (sum q a) + m e (sum a)
+                __m512 c = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums + i * TOKENS));
+                acc[i] = _mm512_fmadd_ps(c, _mm512_mul_ps(_mm512_set1_ps(d[b * 16 + i]), e), acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(m[b * 16 + i]), sx, acc[i]);
+            }
+        }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(out + i * TOKENS, acc[i]);
+        for (int t = 0; t < TOKENS && g * TOKENS + t < n; t++)
+            for (int i = 0; i < nr; i++)
+                y[(int64_t)(g * TOKENS + t) * o + r0 + i] = out[i * TOKENS + t] + (bias ? bias[r0 + i] : 0.f);
+    }
+}
+
+static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
+                       const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
+                       float *sx, int threads) {
+    int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
+    quantize_rows(x, n, k, qx, ex, sx);
+    size_t slots = (size_t)groups * nb * TOKENS;
+    uint32_t *xq = malloc(slots * 8 * 4);
+    float *eg = malloc(slots * 4), *sg = malloc(slots * 4);
+    pack_tokens(qx, ex, sx, n, k, xq, eg, sg);
+#pragma omp parallel num_threads(threads)
+    {
+        tile_config before;
+        tiles_on(&before, &INT8_TILES);
+        uint8_t *wa = malloc((size_t)16 * k);
+        float *dm = malloc((size_t)2 * 16 * nb * sizeof(float));
+#pragma omp for schedule(guided)
+        for (int r0 = 0; r0 < o; r0 += 16)
+            rows_amx(qw, dw, mw, bias, r0, o - r0 < 16 ? o - r0 : 16, n, k, o, xq, eg, sg, wa, dm, y);
+        free(wa);
+        free(dm);
+        tiles_off(&before);
+    }
+    free(xq);
+    free(eg);
+    free(sg);
+}
+
+// The fastest path this CPU (and its OS) has: AMX where it has AMX-INT8 and Linux lets this
+// process use the tiles, else VNNI where it has AVX512-VNNI, else AVX2. cpu_int4.py gives AMX
+// only wide passes.
+int int4_path(void) {
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+          && __builtin_cpu_supports("avx512vnni")))
+        return AVX2;
+    if (!__builtin_cpu_supports("amx-int8") || !__builtin_cpu_supports("amx-tile")) return VNNI;
+    return request_tiles() ? VNNI : AMX;
+}
+
+// y [n, o] = x [n, k] @ W.T (+ bias), W as qw [o, k / 32, 16] and fp16 dw, mw [o, k / 32],
+// on `path` (AVX2, VNNI or AMX, as int4_path() allows). qx, ex and sx are scratch space of n * k
+// bytes and 2 * n * k / 32 floats.
 void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
                  const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
-                 float *sx, int threads) {
+                 float *sx, int path, int threads) {
+    if (path == AMX) {
+        linear_amx(x, qw, dw, mw, bias, y, n, k, o, qx, ex, sx, threads);
+        return;
+    }
     int nb = k / 32;
     quantize_rows(x, n, k, qx, ex, sx);
 // guided: a thread the VM stalls leaves its rows to the other (bench/NOTES.md, Round 11)
@@ -145,12 +351,8 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
             int nt = n - t0 < 4 ? n - t0 : 4;
             scales(dr, ex + (int64_t)t0 * nb, nb, nt, scale);
             const int8_t *q = qx + (int64_t)t0 * k;
-            switch (nt) {  // constants: see row_dot()
-                case 1: row_dot(wr, q, scale, nb, 1, out); break;
-                case 2: row_dot(wr, q, scale, nb, 2, out); break;
-                case 3: row_dot(wr, q, scale, nb, 3, out); break;
-                default: row_dot(wr, q, scale, nb, 4, out);
-            }
+            if (path == VNNI) dots_vnni(wr, q, scale, nb, nt, out);
+            else dots_avx2(wr, q, scale, nb, nt, out);
             for (int t = 0; t < nt; t++)
                 y[(int64_t)(t0 + t) * o + row] = out[t] + dot_fp16(mr, sx + (int64_t)(t0 + t) * nb, nb)
                                                   + (bias ? bias[row] : 0.f);

@@ -1,12 +1,17 @@
-"""specgen's own int4 kernel for AVX2 CPUs (`int4-dyn`): int4 weights, int8 activations.
+"""specgen's own int4 kernel for x86 CPUs (`int4-dyn`): int4 weights, int8 activations.
 
 PyTorch's CPU int4 kernel converts every weight to floating point before multiplying and is
 compute-bound on AVX2; fbgemm's integer GEMM is fast but int8 only. `cpu_int4.c` multiplies
 int4 weights by int8 activations with integer dot products per block of 32 inputs (as
 llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
 once for up to 4 tokens. Its cost still grows with the tokens of a pass (a float multiply-add
-per block and token): a verify pass over 5 tokens costs about twice a one-token pass, where
-int8-dyn's costs about one (bench/NOTES.md, Round 10).
+per block and token): a verify pass over 5 tokens costs about 2.5 one-token passes, where
+int8-dyn's costs about one (bench/NOTES.md, Rounds 10 and 16).
+
+Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits two blocks at a
+time; and on CPUs with AMX, tile products for passes wider than any verify pass (a prompt),
+whose sums are added in another order: a 300-token prompt pass of the demo target took 2.1-2.4 s
+on them instead of 10.2-10.9 s row by row (Round 16).
 
 The C file is compiled once into the cache and called through ctypes (cbuild.py).
 """
@@ -14,12 +19,14 @@ The C file is compiled once into the cache and called through ctypes (cbuild.py)
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from specgen import cbuild
+from specgen.cpu_linear import FP32_ROWS
 from specgen.errors import ResourceError
 
 SOURCE = Path(__file__).with_name("cpu_int4.c")
@@ -44,10 +51,29 @@ def library() -> ctypes.CDLL:
     check_cpu()
     lib = cbuild.build(SOURCE, "the int4-dyn kernel", "int8-dyn")
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.int4_linear.argtypes = [p, p, p, p, p, p, i, i, i, p, p, p, i]
+    lib.int4_linear.argtypes = [p, p, p, p, p, p, i, i, i, p, p, p, i, i]
     lib.int4_linear.restype = None
     _lib = lib
     return lib
+
+
+AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (cpu_int4.c)
+WIDE_ROWS = FP32_ROWS  # passes up to this many rows go row by row; wider ones (a prompt) to AMX
+
+
+@functools.cache
+def best_path() -> int:
+    """The fastest path this CPU runs: AMX-INT8 tiles (for wide passes), AVX512-VNNI
+    `vpdpbusd`, or AVX2. Also where Linux is asked, once, to let this process use AMX tiles."""
+    return library().int4_path()
+
+
+def path_for(rows: int) -> int:
+    """The path a pass over `rows` tokens takes. AVX2 and VNNI give the same bits, and each
+    row's whatever the pass's width; AMX adds a row's sums in another order, so it takes only
+    passes wider than a verify pass can be (engine.MAX_K): a prompt's."""
+    best = best_path()
+    return best if rows > WIDE_ROWS else min(best, VNNI)
 
 
 # --- the format (pure tensor functions) ---------------------------------------------------
@@ -75,10 +101,14 @@ def dequantize(packed: Tensor, scales: Tensor) -> Tensor:
     return (q * d[..., None] + m[..., None]).reshape(packed.shape[0], -1)
 
 
-def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
-    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`.
+def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
+           path: int | None = None) -> Tensor:
+    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`,
+    on `path_for(M)` unless `path` names another the CPU has (tests and benches compare them).
     Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
+    if path is not None and path > best_path():
+        raise ValueError(f"this CPU has no int4-dyn path {path} (its fastest is {best_path()})")
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
@@ -89,5 +119,5 @@ def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None) -> Te
     lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales.data_ptr(),
                     scales.data_ptr() + scales.nbytes // 2, None if bias is None else bias.data_ptr(),
                     y.data_ptr(), m, k, n, qx.data_ptr(), ex.data_ptr(), ex.data_ptr() + ex.nbytes // 2,
-                    torch.get_num_threads())
+                    path_for(m) if path is None else path, torch.get_num_threads())
     return y

@@ -11,11 +11,11 @@
 // weight rows by 16 tokens, 32 inputs at a time. Each path sums an output the same way
 // whatever the pass's width; a layer takes one path for every pass.
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "amx_tiles.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -164,14 +164,7 @@ enum { AVX2 = 0, DOT = 1, AMX = 2 };
 // x B [16 input pairs, 16 tokens x 2] (x packed by pack_pairs). Each output of the tile sums
 // its own row of A with its own column of B, pair by pair in order; a token's outputs never
 // depend on the other columns, padding included.
-#define AMX_TILES __attribute__((target("amx-tile,amx-bf16")))
 #define TOKENS 16  // columns of a tile: tokens per group
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 // x [m, k] bf16 -> xp [groups of 16 tokens][k / 32][16 pairs][16 tokens], zero-padded.
 static void pack_pairs(const uint16_t *x, int m, int k, uint32_t *xp) {
@@ -215,27 +208,12 @@ AMX_TILES static void block_amx(const uint16_t *w, int k, int r0, int halves, co
     if (groups > 1 && halves > 1) _tile_stored(3, out + 3 * 16 * TOKENS, TOKENS * 4);
 }
 
-// Every tile 16 rows of 64 bytes. In memory, not built on the stack: gcc's _tile_loadconfig
-// tells the compiler it reads only the first 8 bytes, and stores to the rest were dropped.
+// Every tile 16 rows of 64 bytes (static: see tiles_on).
 static const tile_config ALL_16x64 = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
-
-// The tiles' shapes are each thread's own state, and the OpenMP threads are shared with the
-// other libraries in the process: llama.cpp's AMX kernels set their shapes once per thread
-// and crashed when this kernel released them. So a thread's shapes are put back as they were.
-AMX_TILES __attribute__((noinline)) static void tiles_on(tile_config *before) {
-    _tile_storeconfig(before);
-    __asm__ volatile("" ::: "memory");  // sttilecfg wrote all 64 bytes, not the 8 gcc assumes
-    _tile_loadconfig(&ALL_16x64);
-}
-
-AMX_TILES __attribute__((noinline)) static void tiles_off(const tile_config *before) {
-    if (before->palette) _tile_loadconfig(before);
-    else _tile_release();
-}
 
 // Which bf16 paths this CPU (and its OS) runs: DOT where it has AVX512-BF16, AMX where it
 // also has AMX-BF16 and Linux lets this process use the tiles.
@@ -244,7 +222,7 @@ int bf16_path(void) {
           && __builtin_cpu_supports("avx512bf16")))
         return AVX2;
     if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return DOT;
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) ? DOT : AMX;
+    return request_tiles() ? DOT : AMX;
 }
 
 // x [m, k] bf16 -> xf fp32, each 16 inputs even ones first, then odd (as load16 gives weights).
@@ -311,7 +289,7 @@ void dense_linear(const void *x, const void *w, const void *bias, void *y, int m
 #pragma omp parallel num_threads(threads)
         {
             tile_config before;
-            if (path == AMX) tiles_on(&before);
+            if (path == AMX) tiles_on(&before, &ALL_16x64);
 #pragma omp for schedule(guided)
             for (int b = 0; b < blocks; b++) {
                 int r0 = b * block, nw = n - r0 < block ? n - r0 : block;

@@ -24,6 +24,7 @@ from specgen.drafters import MODEL, Drafter, ModelDrafter
 from specgen.errors import ConfigError, ModelError
 from specgen.figures import step_speedup
 from specgen.llamacpp import LlamaCppDraft
+from specgen.profiles import MAX_K
 from specgen.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
 
 Source = Literal["accepted", "resampled", "bonus"]
@@ -156,9 +157,9 @@ class SpeculativeGenerator:
         num_speculative_tokens: int = 4,
         adaptive: bool = True,
     ) -> None:
-        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 0:
+        if not isinstance(num_speculative_tokens, int) or not 0 <= num_speculative_tokens <= MAX_K:
             raise ConfigError(
-                f"num_speculative_tokens (K) must be an integer >= 0, got "
+                f"num_speculative_tokens (K) must be an integer from 0 to {MAX_K}, got "
                 f"{num_speculative_tokens!r}. Try 4; 0 turns speculation off."
             )
         self.target = target

@@ -52,6 +52,12 @@ class ModelSpec:
     runtime: str = "transformers"  # "llama.cpp": a GGUF draft on llama.cpp's CPU kernels
 
 
+# The most draft tokens a step may verify: a verify pass of MAX_K + 1 rows stays narrower than
+# the passes the CPU kernels compute by another method (cpu_linear.FP32_ROWS), so every token's
+# logits are those of a one-token pass and greedy speculation keeps the target's own output.
+MAX_K = 32
+
+
 @dataclass(frozen=True)
 class SpeculationSpec:
     num_speculative_tokens: int = 4
@@ -294,8 +300,8 @@ def _validate(p: Profile, where: Any) -> None:
     if p.draft is None and s.method != "prompt-lookup":
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
                           "Add a [draft] table, or use method = \"prompt-lookup\".")
-    if s.num_speculative_tokens < 0:
-        raise ConfigError(f"{where}: speculation.num_speculative_tokens must be >= 0 "
+    if not 0 <= s.num_speculative_tokens <= MAX_K:
+        raise ConfigError(f"{where}: speculation.num_speculative_tokens must be from 0 to {MAX_K} "
                           f"(0 turns speculation off), got {s.num_speculative_tokens}.")
     if s.draft_vocab < 0:
         raise ConfigError(f"{where}: speculation.draft_vocab must be >= 0 (0 drafts over the "

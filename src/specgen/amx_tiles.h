@@ -1,0 +1,42 @@
+// What cpu_linear.c and cpu_int4.c share about AMX tiles: the configuration's layout, asking
+// Linux for the tiles, and putting a thread's tile shapes back after use.
+#ifndef SPECGEN_AMX_TILES_H
+#define SPECGEN_AMX_TILES_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_TILES __attribute__((target("amx-tile,amx-bf16,amx-int8")))
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+// Linux hands a process the tiles' state only when asked (once is enough; asking again is
+// harmless). 0 when granted.
+static inline int request_tiles(void) {
+    return (int)syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
+}
+
+// The tiles' shapes are each thread's own state, and the OpenMP threads are shared with the
+// other libraries in the process: llama.cpp's AMX kernels set their shapes once per thread
+// and crashed when a kernel here released them. So a thread's shapes are put back as they
+// were. `config` must be static data, not built on the stack: gcc's _tile_loadconfig tells
+// the compiler it reads only the first 8 bytes, and stores to the rest were dropped.
+AMX_TILES __attribute__((noinline)) static void tiles_on(tile_config *before,
+                                                          const tile_config *config) {
+    _tile_storeconfig(before);
+    __asm__ volatile("" ::: "memory");  // sttilecfg wrote all 64 bytes, not the 8 gcc assumes
+    _tile_loadconfig(config);
+}
+
+AMX_TILES __attribute__((noinline)) static void tiles_off(const tile_config *before) {
+    if (before->palette) _tile_loadconfig(before);
+    else _tile_release();
+}
+
+#endif

@@ -1,0 +1,97 @@
+"""cpu_int4.c's paths: each computes the int4-dyn math (int8 activations, exact integer block
+sums); AVX2 and AVX512-VNNI give the same bits, each row's whatever the pass's width; AMX
+tiles take only passes wider than a verify pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen import cpu_int4
+from specgen.cpu_linear import FP32_ROWS
+from specgen.errors import ResourceError
+from specgen.profiles import MAX_K
+
+try:
+    BEST = cpu_int4.best_path()
+except ResourceError:  # no AVX2, no C compiler
+    BEST = None
+NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "AMX"}
+
+
+def path(p: int):
+    return pytest.param(p, id=NAMES[p], marks=pytest.mark.skipif(
+        BEST is None or BEST < p, reason=f"this CPU has no {NAMES[p]}"))
+
+
+PATHS = [path(cpu_int4.AVX2), path(cpu_int4.VNNI), path(cpu_int4.AMX)]
+
+
+def layer(o: int, k: int, seed: int = 0):
+    torch.manual_seed(seed)
+    packed, scales = cpu_int4.quantize(torch.randn(o, k))
+    return packed, scales, torch.randn(o)
+
+
+@pytest.mark.parametrize("p", PATHS)
+@pytest.mark.parametrize("m", [1, 3, 7, 17, 40])  # AMX: a part, one and three groups of 16
+@pytest.mark.parametrize("o,k", [(40, 128), (21, 96)])  # whole and partial tiles of 16 rows
+def test_each_path_computes_the_integer_dot_products(p, m, o, k):
+    """Against the same math in float64: int8 activations per token and block, integer
+    block sums, scaled; only the float summation order may differ."""
+    packed, scales, bias = layer(o, k)
+    x = torch.randn(m, k)
+    q = torch.cat([packed & 15, packed >> 4], -1).double()  # [o, k / 32, 32] in 0..15
+    blocks = x.reshape(m, k // 32, 32)
+    e = blocks.abs().amax(-1) / 127
+    a = torch.round(blocks / e[..., None]).double()
+    d, low = scales.double()
+    dots = torch.einsum("obj,tbj->tob", q, a)  # exact integers
+    want = (dots * d[None] * e[:, None].double() + low[None] * (e * a.sum(-1))[:, None]).sum(-1)
+    got = cpu_int4.linear(x, packed, scales, bias, p)
+    assert torch.allclose(got.double(), want + bias.double(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(BEST is None or BEST < cpu_int4.VNNI, reason="this CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("o,k", [(40, 128), (21, 96), (300, 1536)])  # even and odd block counts
+def test_vnni_gives_the_avx2_paths_bits(o, k):
+    packed, scales, bias = layer(o, k)
+    x = torch.randn(9, k) * 3
+    for m in (1, 2, 3, 4, 5, 9):
+        for b in (bias, None):
+            assert torch.equal(cpu_int4.linear(x[:m], packed, scales, b, cpu_int4.VNNI),
+                               cpu_int4.linear(x[:m], packed, scales, b, cpu_int4.AVX2))
+
+
+@pytest.mark.skipif(BEST is None, reason="no AVX2 here")
+def test_passes_up_to_a_verify_pass_give_each_row_its_one_row_bits():
+    packed, scales, bias = layer(40, 256)
+    x = torch.randn(FP32_ROWS, 256)
+    alone = torch.cat([cpu_int4.linear(x[i:i + 1], packed, scales, bias) for i in range(FP32_ROWS)])
+    for m in (2, 5, 17, MAX_K + 1, FP32_ROWS):
+        assert torch.equal(cpu_int4.linear(x[:m], packed, scales, bias), alone[:m])
+
+
+@pytest.mark.skipif(BEST is None or BEST < cpu_int4.AMX, reason="this CPU has no AMX")
+def test_only_passes_wider_than_a_verify_pass_take_the_tiles():
+    # The tiles add a row's sums in another order: their bits differ from the one-row pass's,
+    # which is why they get only prompts.
+    packed, scales, bias = layer(40, 1536)
+    x = torch.randn(FP32_ROWS + 1, 1536) * 4
+    assert cpu_int4.path_for(FP32_ROWS) == cpu_int4.VNNI
+    assert cpu_int4.path_for(FP32_ROWS + 1) == cpu_int4.AMX
+    wide = cpu_int4.linear(x, packed, scales, bias)
+    assert torch.equal(wide, cpu_int4.linear(x, packed, scales, bias, cpu_int4.AMX))
+    narrow = cpu_int4.linear(x, packed, scales, bias, cpu_int4.VNNI)
+    assert not torch.equal(wide, narrow) and torch.allclose(wide, narrow, rtol=1e-4, atol=1e-3)
+
+
+def test_the_widest_verify_pass_is_computed_row_by_row():
+    assert MAX_K + 1 <= FP32_ROWS == cpu_int4.WIDE_ROWS
+
+
+@pytest.mark.skipif(BEST is None, reason="no AVX2 here")
+def test_a_path_the_cpu_lacks_is_refused():
+    packed, scales, bias = layer(16, 32)
+    with pytest.raises(ValueError, match="no int4-dyn path"):
+        cpu_int4.linear(torch.ones(1, 32), packed, scales, bias, cpu_int4.AMX + 1)
