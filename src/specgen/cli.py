@@ -82,7 +82,7 @@ TEMPERATURE = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
 TOP_P = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1].")
 TOP_K = typer.Option(None, "--top-k", help="Sample from the k likeliest tokens (0: off).")
 SEED = typer.Option(None, "--seed", help="Seed for reproducible sampling.")
-K = typer.Option(None, "--k", help="Speculative tokens per step (the most, when adaptive).")
+K = typer.Option(None, "--k", help="Speculative tokens per step, 0 to 32 (the most, when adaptive).")
 NO_ADAPTIVE = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens.")
 METHOD = typer.Option(None, "--method", help="draft-model, prompt-lookup or hybrid.")
 DEVICE = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models).")
@@ -341,7 +341,7 @@ def bench(
     method: Optional[str] = typer.Option(
         None, "--method", help="Drafting method of k2/k4/k6/adaptive: draft-model, prompt-lookup or hybrid."
     ),
-    k: Optional[int] = typer.Option(None, "--k", help="Most speculative tokens of the adaptive contestants."),
+    k: Optional[int] = typer.Option(None, "--k", help="Most speculative tokens of the adaptive contestants (0 to 32)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     draft_vocab: Optional[int] = typer.Option(
         None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."

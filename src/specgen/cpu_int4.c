@@ -3,12 +3,13 @@
 // inputs, each 16 bytes of nibbles q in 0..15 (byte j holds inputs j and j + 16), with a
 // scale d and a minimum m in fp16: w = d q + m. Activations: quantized here to int8, per
 // token and block of 32 (scale e, values a). A block contributes d e sum(q a) + m e sum(a),
-// with exact integer sums (as llama.cpp's Q4_1 x Q8_1). Two paths, chosen by int4_path():
-// AVX2 (`vpmaddubsw`, a block at a time) and AVX512-VNNI (`vpdpbusd`, two blocks at a time).
-// They give the same bits: the same integer sums of 4 products per lane, scaled and added
-// lane by lane in the same order (see row_dot_vnni). Every output is computed by the same
-// instructions whatever the number of tokens, so a token's result never depends on the
-// others in its pass. Each weight block is unpacked once for up to 4 tokens.
+// with exact integer sums (as llama.cpp's Q4_1 x Q8_1). Three paths (int4_path() says which
+// this CPU has; cpu_int4.py picks one per pass): AVX2 (`vpmaddubsw`, a block at a time) and
+// AVX512-VNNI (`vpdpbusd`, two blocks at a time) give the same bits: the same integer sums of
+// 4 products per lane, scaled and added lane by lane in the same order (see row_dot_vnni). On
+// both, every output is computed by the same instructions whatever the number of tokens, so
+// a token's result never depends on the others in its pass; each weight block is unpacked
+// once for up to 4 tokens. AMX-INT8 tiles (rows_amx) take prompts only.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>

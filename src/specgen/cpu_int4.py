@@ -5,8 +5,8 @@ compute-bound on AVX2; fbgemm's integer GEMM is fast but int8 only. `cpu_int4.c`
 int4 weights by int8 activations with integer dot products per block of 32 inputs (as
 llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
 once for up to 4 tokens. Its cost still grows with the tokens of a pass (a float multiply-add
-per block and token): a verify pass over 5 tokens costs about 2.5 one-token passes, where
-int8-dyn's costs about one (bench/NOTES.md, Rounds 10 and 16).
+per block and token): a verify pass over 5 tokens costs 2.0-3.4 one-token passes by CPU and
+path, where int8-dyn's costs about one (bench/NOTES.md, Rounds 10 and 16).
 
 Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits two blocks at a
 time; and on CPUs with AMX, tile products for passes wider than any verify pass (a prompt),
@@ -71,7 +71,7 @@ def best_path() -> int:
 def path_for(rows: int) -> int:
     """The path a pass over `rows` tokens takes. AVX2 and VNNI give the same bits, and each
     row's whatever the pass's width; AMX adds a row's sums in another order, so it takes only
-    passes wider than a verify pass can be (engine.MAX_K): a prompt's."""
+    passes wider than a verify pass can be (profiles.MAX_K): a prompt's."""
     best = best_path()
     return best if rows > WIDE_ROWS else min(best, VNNI)
 

@@ -30,7 +30,9 @@ from specgen import cbuild
 from specgen.row_attention import use_row_attention
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
-FP32_ROWS = 48  # fp32 passes up to this many rows go to the C kernel, wider ones to W @ x.T
+# fp32 passes up to this many rows go to the C kernel, wider ones (a prompt) to W @ x.T, which
+# adds a row's products in another order: wider than any verify pass (profiles.MAX_K + 1).
+FP32_ROWS = 48
 
 
 @functools.cache
