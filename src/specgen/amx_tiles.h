@@ -16,10 +16,11 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-// Linux hands a process the tiles' state only when asked (once is enough; asking again is
-// harmless). 0 when granted.
-static inline int request_tiles(void) {
-    return (int)syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
+// Whether this process may use the tiles: the CPU has them, and Linux, which hands a process
+// the tiles' state only when asked, grants it (asking again is harmless).
+static inline int tiles_allowed(void) {
+    return __builtin_cpu_supports("amx-tile")
+           && !syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */);
 }
 
 // The tiles' shapes are each thread's own state, and the OpenMP threads are shared with the

@@ -318,8 +318,7 @@ int int4_path(void) {
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
           && __builtin_cpu_supports("avx512vnni")))
         return AVX2;
-    if (!__builtin_cpu_supports("amx-int8") || !__builtin_cpu_supports("amx-tile")) return VNNI;
-    return request_tiles() ? VNNI : AMX;
+    return __builtin_cpu_supports("amx-int8") && tiles_allowed() ? AMX : VNNI;
 }
 
 // y [n, o] = x [n, k] @ W.T (+ bias), W as qw [o, k / 32, 16] and fp16 dw, mw [o, k / 32],

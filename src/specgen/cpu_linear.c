@@ -221,8 +221,7 @@ int bf16_path(void) {
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
           && __builtin_cpu_supports("avx512bf16")))
         return AVX2;
-    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return DOT;
-    return request_tiles() ? DOT : AMX;
+    return __builtin_cpu_supports("amx-bf16") && tiles_allowed() ? AMX : DOT;
 }
 
 // x [m, k] bf16 -> xf fp32, each 16 inputs even ones first, then odd (as load16 gives weights).
