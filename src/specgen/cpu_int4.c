@@ -13,7 +13,6 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "amx_tiles.h"
 
@@ -213,7 +212,6 @@ AVX512_VNNI static void dots_vnni(const uint8_t *wr, const int8_t *q, const floa
 // 16 tokens] int32, 1 the weights A [16 rows, 32 bytes] u8, 2 the tokens B [8 quads, 16
 // tokens x 4] s8.
 #define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,amx-tile,amx-int8")))
-#define TOKENS 16
 
 static const tile_config INT8_TILES = {
     .palette = 1,
@@ -221,25 +219,17 @@ static const tile_config INT8_TILES = {
     .rows = {16, 16, 8},
 };
 
-// Per group of 16 tokens and block: x's int8 values in quads [8][16 tokens] (B's layout), their
-// scales e and scale-times-sum s [16 tokens]; padding tokens zero.
-static void pack_tokens(const int8_t *qx, const float *ex, const float *sx, int n, int k,
-                        uint32_t *xq, float *eg, float *sg) {
-    int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
-    for (int g = 0; g < groups; g++)
-        for (int b = 0; b < nb; b++) {
-            int64_t at = (int64_t)g * nb + b;
+// Per group of 16 tokens and block: the tokens' scales e and scale-times-sum s [16 tokens]
+// side by side, zero past the last token.
+static void pack_scales(const float *ex, const float *sx, int n, int nb, float *eg, float *sg) {
+    for (int g = 0; g < (n + TOKENS - 1) / TOKENS; g++)
+        for (int b = 0; b < nb; b++)
             for (int t = 0; t < TOKENS; t++) {
                 int token = g * TOKENS + t;
-                for (int q = 0; q < 8; q++) {
-                    uint32_t quad = 0;
-                    if (token < n) memcpy(&quad, qx + (int64_t)token * k + b * 32 + 4 * q, 4);
-                    xq[(at * 8 + q) * TOKENS + t] = quad;
-                }
-                eg[at * TOKENS + t] = token < n ? ex[(int64_t)token * nb + b] : 0.f;
-                sg[at * TOKENS + t] = token < n ? sx[(int64_t)token * nb + b] : 0.f;
+                int64_t at = ((int64_t)g * nb + b) * TOKENS + t;
+                eg[at] = token < n ? ex[(int64_t)token * nb + b] : 0.f;
+                sg[at] = token < n ? sx[(int64_t)token * nb + b] : 0.f;
             }
-        }
 }
 
 // Weight rows [r0, r0 + nr) (nr <= 16) against every group of tokens into y. Scratch: wa
@@ -292,7 +282,8 @@ static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, co
     size_t slots = (size_t)groups * nb * TOKENS;
     uint32_t *xq = malloc(slots * 8 * 4);
     float *eg = malloc(slots * 4), *sg = malloc(slots * 4);
-    pack_tokens(qx, ex, sx, n, k, xq, eg, sg);
+    pack_tokens((const uint8_t *)qx, n, k, 32, xq);  // int8 quads, a block a step
+    pack_scales(ex, sx, n, nb, eg, sg);
 #pragma omp parallel num_threads(threads)
     {
         tile_config before;

@@ -10,7 +10,6 @@
 // times the products per instruction, and no widening); on CPUs with AMX, tile products of 16
 // weight rows by 16 tokens, 32 inputs at a time. Each path sums an output the same way
 // whatever the pass's width; a layer takes one path for every pass.
-#include <string.h>
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -161,24 +160,9 @@ AVX512_BF16 static void rows_dot(const char *w, int64_t stride, const uint16_t *
 enum { AVX2 = 0, DOT = 1, AMX = 2 };
 
 // The AMX path: C [16 weight rows, 16 tokens] += A [16 weight rows, 32 inputs] (W as stored)
-// x B [16 input pairs, 16 tokens x 2] (x packed by pack_pairs). Each output of the tile sums
-// its own row of A with its own column of B, pair by pair in order; a token's outputs never
-// depend on the other columns, padding included.
-#define TOKENS 16  // columns of a tile: tokens per group
-
-// x [m, k] bf16 -> xp [groups of 16 tokens][k / 32][16 pairs][16 tokens], zero-padded.
-static void pack_pairs(const uint16_t *x, int m, int k, uint32_t *xp) {
-    int steps = k / 32, groups = (m + TOKENS - 1) / TOKENS;
-    for (int g = 0; g < groups; g++)
-        for (int s = 0; s < steps; s++)
-            for (int p = 0; p < 16; p++)
-                for (int t = 0; t < TOKENS; t++) {
-                    int token = g * TOKENS + t;
-                    uint32_t pair = 0;
-                    if (token < m) memcpy(&pair, x + (int64_t)token * k + s * 32 + 2 * p, 4);
-                    xp[(((int64_t)g * steps + s) * 16 + p) * TOKENS + t] = pair;
-                }
-}
+// x B [16 input pairs, 16 tokens x 2] (x packed by pack_tokens, 32 inputs a step). Each
+// output of the tile sums its own row of A with its own column of B, pair by pair in order; a
+// token's outputs never depend on the other columns, padding included.
 
 // Weight rows [r0, r0 + 16 * halves) against `groups` (1 or 2) groups of packed tokens:
 // tiles 4-5 hold the weights, 6-7 the tokens, 0-3 the sums (group g, half h: tile 2g + h).
@@ -282,7 +266,7 @@ void dense_linear(const void *x, const void *w, const void *bias, void *y, int m
         int mc = m - x0 < CHUNK ? m - x0 : CHUNK;
         const void *xc = (const char *)x + (int64_t)x0 * k * (bf16 ? 2 : 4);
         if (path == AVX2 && bf16) spread_bf16(xc, mc, k, xs);
-        if (path == AMX) pack_pairs(xc, mc, k, xs);
+        if (path == AMX) pack_tokens(xc, mc, 2 * k, 64, xs);
         const void *xp = path == DOT || !xs ? xc : xs;
 // guided: a thread the VM stalls leaves its rows to the other (bench/NOTES.md, Round 11)
 #pragma omp parallel num_threads(threads)
