@@ -27,15 +27,22 @@ PROMPT = 300  # tokens of a prompt pass
 NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "VNNI, AMX for prompts"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def int4_target(doc: str, rounds: int) -> tuple[argparse.Namespace, AutoModelForCausalLM]:
+    """The command line (--model, --rounds, --threads) and the model it names, quantized to
+    int4-dyn (cached): what the int4 bench scripts measure."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a float32 Llama/Qwen2 model folder")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     quantize.apply(model, "int4-dyn", cache_dir() / "quantized", f"bench:{args.model}")
+    return args, model
+
+
+def main() -> None:
+    args, model = int4_target(__doc__, rounds=5)
     lean = decoder.make_decoder(model, exact=True)
     ids = torch.randint(0, model.config.vocab_size, (64 + PROMPT,))
     paths = list(range(cpu_int4.best_path() + 1))

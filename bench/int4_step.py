@@ -11,14 +11,12 @@ step is one `logits` call of one token. 64 random tokens of context. bench/NOTES
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from int4_paths import int4_target  # bench/, beside this script
 
 from specgen import cpu_rows, decoder, quantize
-from specgen.models import cache_dir
 
 STEPS = 48
 
@@ -74,14 +72,7 @@ def lean_step(model, ids: torch.Tensor, clock: Clock) -> tuple[float, dict, dict
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a float32 Llama/Qwen2 model folder")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    quantize.apply(model, "int4-dyn", cache_dir() / "quantized", f"bench:{args.model}")
+    args, model = int4_target(__doc__, rounds=3)
     clock = Clock({"int4 kernel": (quantize.cpu_int4, "linear"), "norms": (cpu_rows, "rms_norm"),
                    "attention": (cpu_rows, "rope_attend"),  # the lean forward's
                    "row attention": (cpu_rows, "attention")})  # transformers' forward's
