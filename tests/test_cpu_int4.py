@@ -35,7 +35,8 @@ def layer(o: int, k: int, seed: int = 0):
 
 @pytest.mark.parametrize("p", PATHS)
 @pytest.mark.parametrize("m", [1, 3, 7, 17, 40])  # AMX: a part, one and three groups of 16
-@pytest.mark.parametrize("o,k", [(40, 128), (21, 96)])  # whole and partial tiles of 16 rows
+# whole and partial tiles of 16 rows; 21 blocks: a partial quad of blocks and group of 16
+@pytest.mark.parametrize("o,k", [(40, 128), (21, 96), (17, 672)])
 def test_each_path_computes_the_integer_dot_products(p, m, o, k):
     """Against the same math in float64: int8 activations per token and block, integer
     block sums, scaled; only the float summation order may differ."""
@@ -53,7 +54,8 @@ def test_each_path_computes_the_integer_dot_products(p, m, o, k):
 
 
 @pytest.mark.skipif(BEST is None or BEST < cpu_int4.VNNI, reason="this CPU has no AVX512-VNNI")
-@pytest.mark.parametrize("o,k", [(40, 128), (21, 96), (300, 1536)])  # even and odd block counts
+# block counts: even and odd, partial quads of blocks and groups of 16
+@pytest.mark.parametrize("o,k", [(40, 128), (21, 96), (17, 672), (300, 1536), (9, 8960)])
 def test_vnni_gives_the_avx2_paths_bits(o, k):
     packed, scales, bias = layer(o, k)
     x = torch.randn(9, k) * 3

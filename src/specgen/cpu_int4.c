@@ -4,12 +4,12 @@
 // scale d and a minimum m in fp16: w = d q + m. Activations: quantized here to int8, per
 // token and block of 32 (scale e, values a). A block contributes d e sum(q a) + m e sum(a),
 // with exact integer sums (as llama.cpp's Q4_1 x Q8_1). Three paths (int4_path() says which
-// this CPU has; cpu_int4.py picks one per pass): AVX2 (`vpmaddubsw`, a block at a time) and
-// AVX512-VNNI (`vpdpbusd`, two blocks at a time) give the same bits: the same integer sums of
-// 4 products per lane, scaled and added lane by lane in the same order (see row_dot_vnni). On
-// both, every output is computed by the same instructions whatever the number of tokens, so
-// a token's result never depends on the others in its pass; each weight block is unpacked
-// once for up to 4 tokens. AMX-INT8 tiles (rows_amx) take prompts only.
+// this CPU has; cpu_int4.py picks one per pass): AVX2 (`vpmaddubsw`) and AVX512-VNNI
+// (`vpdpbusd`, a 64-byte load of 4 blocks at a time) give the same bits: the same exact
+// integer block sums, scaled and added lane by lane in the same order (see row_dot). On both,
+// every output is computed by the same instructions whatever the number of tokens, so a
+// token's result never depends on the others in its pass; each weight block is unpacked once
+// for up to 4 tokens. AMX-INT8 tiles (rows_amx) take prompts only.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,37 +39,31 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// sum over i < n of h[i] * c[i], h in fp16
-static inline float dot_fp16(const uint16_t *h, const float *c, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))),
-                              _mm256_loadu_ps(c + i), acc);
-    float s = hsum(acc);
-    for (; i < n; i++) s += _cvtsh_ss(h[i]) * c[i];
-    return s;
-}
+// The row-by-row paths read a token's int8 activations a quad of 4 blocks at a time, the way a
+// 64-byte load of weights holds them: 128 bytes, the first 16 inputs of each of the 4 blocks
+// (the weights' low nibbles), then their last 16 (the high ones). A row is QUAD_BYTES * quads
+// long, a last partial quad zero.
+#define QUAD_BYTES 128
 
-// scale[t * nb + b] = d[b] e[t * nb + b] for t < nt, d in fp16
-static inline void scales(const uint16_t *d, const float *e, int nb, int nt, float *scale) {
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
-        for (int t = 0; t < nt; t++)
-            _mm256_storeu_ps(scale + t * nb + b, _mm256_mul_ps(dv, _mm256_loadu_ps(e + t * nb + b)));
-    }
-    for (; b < nb; b++)
-        for (int t = 0; t < nt; t++) scale[t * nb + b] = _cvtsh_ss(d[b]) * e[t * nb + b];
-}
+static inline int quads(int nb) { return (nb + 3) / 4; }
 
-// x [n, k] -> qx [n, k] int8, its scales ex [n, k / 32] and sx = scale * sum of the block's
-// values [n, k / 32]; each token on its own. Vectorised: the rounding (to nearest, ties to
-// even) and the integer sums are those of the scalar loop.
-static void quantize_rows(const float *x, int n, int k, int8_t *qx, float *ex, float *sx) {
+// x [n, k] -> qx int8, its scales ex [n, k / 32] and sx = scale * sum of the block's values
+// [n, k / 32]; each token on its own. qx is [n, k] in the inputs' order for the tiles, or in
+// quads (above) for the row-by-row paths. Vectorised: the rounding (to nearest, ties to even)
+// and the integer sums are those of the scalar loop.
+static void quantize_rows(const float *x, int n, int k, int8_t *qx, float *ex, float *sx,
+                          int in_quads) {
     int nb = k / 32;
+    int64_t row_bytes = in_quads ? (int64_t)quads(nb) * QUAD_BYTES : k;
     const __m256 sign = _mm256_set1_ps(-0.f);
-    for (int r = 0; r < n; r++)
+    for (int r = 0; r < n; r++) {
+        int8_t *row = qx + r * row_bytes;
+        if (in_quads && nb % 4)  // the padding of a last partial quad
+            for (int i = nb % 4; i < 4; i++) {
+                int64_t at = (int64_t)(nb / 4) * QUAD_BYTES + i * 16;
+                _mm_storeu_si128((__m128i *)(row + at), _mm_setzero_si128());
+                _mm_storeu_si128((__m128i *)(row + at + 64), _mm_setzero_si128());
+            }
         for (int b = 0; b < nb; b++) {
             const float *v = x + (int64_t)r * k + b * 32;
             __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
@@ -87,7 +81,13 @@ static void quantize_rows(const float *x, int n, int k, int8_t *qx, float *ex, f
             // packs interleave the 128-bit lanes; the permute puts the 32 values back in order
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
             p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(qx + (int64_t)r * k + b * 32), p);
+            if (in_quads) {
+                int8_t *at = row + (int64_t)(b / 4) * QUAD_BYTES + (b % 4) * 16;
+                _mm_storeu_si128((__m128i *)at, _mm256_castsi256_si128(p));
+                _mm_storeu_si128((__m128i *)(at + 64), _mm256_extracti128_si256(p, 1));
+            } else {
+                _mm256_storeu_si256((__m256i *)(row + b * 32), p);
+            }
             __m256i t = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
             __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
             t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
@@ -95,112 +95,159 @@ static void quantize_rows(const float *x, int n, int k, int8_t *qx, float *ex, f
             ex[r * nb + b] = e;
             sx[r * nb + b] = e * (float)_mm_cvtsi128_si32(t4);
         }
-}
-
-// Block b of one weight row against nt tokens, into acc; scale[t * nb + b] is d e.
-static inline __attribute__((always_inline)) void block(
-        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, int b,
-        __m256 *acc) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i w = unpack(wr + b * 16);
-    for (int t = 0; t < nt; t++) {
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + ((int64_t)t * nb + b) * 32));
-        __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(scale + t * nb + b), acc[t]);
     }
 }
 
-// One weight row against nt <= 4 tokens (qx, scale: theirs). Called with nt a constant, so
-// that the compiler unrolls the token loops and keeps the accumulators in registers; two
-// per token (even and odd blocks) keep the FMA latency off the critical path.
+// Both row-by-row paths take a row 16 blocks at a time: first each block's exact integer sum
+// of products, then one float pass over the 16 blocks, lane by lane (blocks 0-7, then 8-15):
+//     acc = fma(float(sum), d e, acc);  acc = fma(m, e sum(a), acc);  out = hsum(acc).
+// Scaling a block once, not each of its partial sums, halved the instructions per weight
+// (bench/NOTES.md, Round 18). The integer sums are exact whatever the instructions and the
+// float pass is the same lane by lane, so AVX2 and AVX512-VNNI give the same bits, and a
+// token's result never depends on the others in its pass.
+#define GROUP 16
+
+// The float pass over 8 blocks b0 .. b0 + 7 (zero from nb on) given their integer sums in
+// order; e and s are the token's activation scales and scale-times-sums.
+static inline __attribute__((always_inline)) __m256 scale8(
+        __m256i sums, const uint16_t *dr, const uint16_t *mr, const float *e, const float *s,
+        int b0, int nb, __m256 acc) {
+    uint16_t d[8] = {0}, m[8] = {0};
+    float ev[8] = {0}, sv[8] = {0};
+    const uint16_t *dp = dr + b0, *mp = mr + b0;
+    const float *ep = e + b0, *sp = s + b0;
+    if (nb - b0 < 8) {  // the row's end: zeros past it
+        for (int i = 0; i < nb - b0; i++) d[i] = dp[i], m[i] = mp[i], ev[i] = ep[i], sv[i] = sp[i];
+        dp = d, mp = m, ep = ev, sp = sv;
+    }
+    __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
+    __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mp));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dv, _mm256_loadu_ps(ep)), acc);
+    return _mm256_fmadd_ps(mv, _mm256_loadu_ps(sp), acc);
+}
+
+// Blocks b .. b + 3 of a row against one token's quad xq: [0 0 2 2 | 1 1 3 3], each block's
+// integer sum in two parts. Weights past the row's end (nb) read as zero.
+static inline __attribute__((always_inline)) __m256i quad_avx2(
+        const uint8_t *wr, const int8_t *xq, int b, int nb) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    uint8_t spare[64];
+    const uint8_t *wq = wr + b * 16;
+    if (b + 4 > nb) {
+        for (int i = 0; i < 64; i++) spare[i] = i < (nb - b) * 16 ? wq[i] : 0;
+        wq = spare;
+    }
+    __m256i v[2];
+    for (int h = 0; h < 2; h++) {  // blocks b + 2h, b + 2h + 1: their low nibbles, then high
+        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * h));
+        __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(w, low),
+                                          _mm256_loadu_si256((const __m256i *)(xq + 32 * h)));
+        __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
+                                          _mm256_loadu_si256((const __m256i *)(xq + 64 + 32 * h)));
+        v[h] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);  // |sums| < 2^15: exact
+    }
+    return _mm256_hadd_epi32(v[0], v[1]);
+}
+
+// One weight row against nt <= 4 tokens: qx, e, s are the first token's, `stride` bytes of qx
+// a token. Called with nt a constant, so that the compiler unrolls the token loops and keeps
+// the accumulators in registers.
 static inline __attribute__((always_inline)) void row_dot(
-        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, float *out) {
-    __m256 even[4], odd[4];
-    for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        if ((b & 3) == 0)  // a line is 4 blocks; prefetches never fault past the last row
-            _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
-        block(wr, qx, scale, nb, nt, b, even);
-        block(wr, qx, scale, nb, nt, b + 1, odd);
+        const uint8_t *wr, const uint16_t *dr, const uint16_t *mr, const int8_t *qx,
+        const float *e, const float *s, int64_t stride, int nb, int nt, float *out) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 acc[4][2];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 8) {  // a half group: lanes 0-7 or 8-15 of the VNNI path's
+        _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + b * 16 + 64 + PREFETCH_BYTES, _MM_HINT_T0);
+        for (int t = 0; t < nt; t++) {
+            const int8_t *xq = qx + t * stride + (b / 4) * QUAD_BYTES;
+            __m256i first = quad_avx2(wr, xq, b, nb);
+            __m256i second = b + 4 < nb ? quad_avx2(wr, xq + QUAD_BYTES, b + 4, nb)
+                                        : _mm256_setzero_si256();
+            __m256i sums = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(first, second), order);
+            int h = (b / 8) % 2;
+            acc[t][h] = scale8(sums, dr, mr, e + t * nb, s + t * nb, b, nb, acc[t][h]);
+        }
     }
-    if (b < nb) block(wr, qx, scale, nb, nt, b, even);
-    for (int t = 0; t < nt; t++) out[t] = hsum(_mm256_add_ps(even[t], odd[t]));
+    for (int t = 0; t < nt; t++) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-// The AVX512-VNNI path. Lanes 0-7 of a 512-bit vector hold block b, lanes 8-15 block b + 1:
-// each int32 lane is the sum of the same 4 products as the AVX2 path's lane (`vpdpbusd` adds
-// 4 adjacent byte products as `vpmaddubsw` then `vpmaddwd` do), and the even blocks' lanes
-// and the odd ones' accumulate as the AVX2 path's `even` and `odd`, so the results are equal.
+// The AVX512-VNNI path: a 64-byte load holds a quad's weights, `vpdpbusd` sums 4 products a
+// lane, and an unpack tree reduces 4 quads' lanes to the 16 blocks' sums.
 #define AVX512_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
-// 32 bytes of nibbles (blocks b, b + 1) -> 64 bytes 0..15, in the order of the inputs.
-AVX512_VNNI static inline __m512i unpack2(const uint8_t *p) {
-    __m512i w = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
-    w = _mm512_shuffle_i64x2(w, w, 0x50);  // 128-bit lanes 0, 0, 1, 1
-    w = _mm512_srlv_epi64(w, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-    return _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
-}
-
-// Blocks b, b + 1 of one weight row against nt tokens, into acc.
-AVX512_VNNI static inline __attribute__((always_inline)) void block2(
-        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, int b,
-        __m512 *acc) {
-    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i w = unpack2(wr + b * 16);
-    for (int t = 0; t < nt; t++) {
-        __m512i xv = _mm512_loadu_si512(qx + ((int64_t)t * nb + b) * 32);
-        __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
-        __m512 s = _mm512_castsi512_ps(  // scales b, b + 1 in every pair of lanes
-            _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(scale + t * nb + b))));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(pick, s), acc[t]);
-    }
-}
-
-// row_dot on the VNNI path; a last odd block goes to lanes 0-7, the even ones.
+// row_dot on the VNNI path, 16 blocks a step.
 AVX512_VNNI static inline __attribute__((always_inline)) void row_dot_vnni(
-        const uint8_t *wr, const int8_t *qx, const float *scale, int nb, int nt, float *out) {
+        const uint8_t *wr, const uint16_t *dr, const uint16_t *mr, const int8_t *qx,
+        const float *e, const float *s, int64_t stride, int nb, int nt, float *out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    // after the tree lane 4i + j holds block 4j + i; this puts block L in lane L
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     __m512 acc[4];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        if ((b & 3) == 0) _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
-        block2(wr, qx, scale, nb, nt, b, acc);
-    }
-    if (b < nb) {
-        __m512i w = _mm512_zextsi256_si512(unpack(wr + b * 16));
+    for (int g = 0; g < nb; g += GROUP) {
+        __m512i v[4][4];  // token, quad: each 128-bit lane a block's 4 partial sums
+        for (int j = 0; j < 4; j++) {
+            int b = g + 4 * j;
+            if (b >= nb) {
+                for (int t = 0; t < nt; t++) v[t][j] = _mm512_setzero_si512();
+                continue;
+            }
+            _mm_prefetch((const char *)wr + b * 16 + PREFETCH_BYTES, _MM_HINT_T0);
+            __mmask64 in = nb - b >= 4 ? ~0ULL : (1ULL << ((nb - b) * 16)) - 1;
+            __m512i w = _mm512_maskz_loadu_epi8(in, wr + b * 16);
+            __m512i lo = _mm512_and_si512(w, low);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            for (int t = 0; t < nt; t++) {
+                const int8_t *xq = qx + t * stride + (b / 4) * QUAD_BYTES;
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+                v[t][j] = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xq + 64));
+            }
+        }
+        __mmask16 in = nb - g >= GROUP ? 0xFFFF : (__mmask16)((1u << (nb - g)) - 1);
+        __m512 dv = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(in, dr + g)));
+        __m512 mv = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(in, mr + g)));
         for (int t = 0; t < nt; t++) {
-            __m512i xv = _mm512_zextsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(qx + ((int64_t)t * nb + b) * 32)));
-            __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[t * nb + b]), acc[t]);
+            __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(v[t][0], v[t][1]),
+                                          _mm512_unpackhi_epi32(v[t][0], v[t][1]));
+            __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(v[t][2], v[t][3]),
+                                          _mm512_unpackhi_epi32(v[t][2], v[t][3]));
+            __m512i sums = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd),
+                                            _mm512_unpackhi_epi64(ab, cd));
+            sums = _mm512_permutexvar_epi32(order, sums);
+            __m512 de = _mm512_mul_ps(dv, _mm512_maskz_loadu_ps(in, e + t * nb + g));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), de, acc[t]);
+            acc[t] = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(in, s + t * nb + g), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) {
-        __m256 even = _mm512_castps512_ps256(acc[t]);
-        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-        out[t] = hsum(_mm256_add_ps(even, odd));
+        __m256 first = _mm512_castps512_ps256(acc[t]);
+        __m256 second = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+        out[t] = hsum(_mm256_add_ps(first, second));
     }
 }
 
 // Each path's dot products of one weight row with up to 4 tokens, called with nt a constant.
-static void dots_avx2(const uint8_t *wr, const int8_t *q, const float *scale, int nb, int nt,
-                      float *out) {
+static void dots_avx2(const uint8_t *wr, const uint16_t *dr, const uint16_t *mr, const int8_t *q,
+                      const float *e, const float *s, int64_t stride, int nb, int nt, float *out) {
     switch (nt) {  // constants: see row_dot()
-        case 1: row_dot(wr, q, scale, nb, 1, out); break;
-        case 2: row_dot(wr, q, scale, nb, 2, out); break;
-        case 3: row_dot(wr, q, scale, nb, 3, out); break;
-        default: row_dot(wr, q, scale, nb, 4, out);
+        case 1: row_dot(wr, dr, mr, q, e, s, stride, nb, 1, out); break;
+        case 2: row_dot(wr, dr, mr, q, e, s, stride, nb, 2, out); break;
+        case 3: row_dot(wr, dr, mr, q, e, s, stride, nb, 3, out); break;
+        default: row_dot(wr, dr, mr, q, e, s, stride, nb, 4, out);
     }
 }
 
-AVX512_VNNI static void dots_vnni(const uint8_t *wr, const int8_t *q, const float *scale, int nb,
-                                  int nt, float *out) {
+AVX512_VNNI static void dots_vnni(const uint8_t *wr, const uint16_t *dr, const uint16_t *mr,
+                                  const int8_t *q, const float *e, const float *s, int64_t stride,
+                                  int nb, int nt, float *out) {
     switch (nt) {
-        case 1: row_dot_vnni(wr, q, scale, nb, 1, out); break;
-        case 2: row_dot_vnni(wr, q, scale, nb, 2, out); break;
-        case 3: row_dot_vnni(wr, q, scale, nb, 3, out); break;
-        default: row_dot_vnni(wr, q, scale, nb, 4, out);
+        case 1: row_dot_vnni(wr, dr, mr, q, e, s, stride, nb, 1, out); break;
+        case 2: row_dot_vnni(wr, dr, mr, q, e, s, stride, nb, 2, out); break;
+        case 3: row_dot_vnni(wr, dr, mr, q, e, s, stride, nb, 3, out); break;
+        default: row_dot_vnni(wr, dr, mr, q, e, s, stride, nb, 4, out);
     }
 }
 
@@ -278,7 +325,7 @@ static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, co
                        const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
                        float *sx, int threads) {
     int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
-    quantize_rows(x, n, k, qx, ex, sx);
+    quantize_rows(x, n, k, qx, ex, sx, 0);
     size_t slots = (size_t)groups * nb * TOKENS;
     uint32_t *xq = malloc(slots * 8 * 4);
     float *eg = malloc(slots * 4), *sg = malloc(slots * 4);
@@ -313,8 +360,8 @@ int int4_path(void) {
 }
 
 // y [n, o] = x [n, k] @ W.T (+ bias), W as qw [o, k / 32, 16] and fp16 dw, mw [o, k / 32],
-// on `path` (AVX2, VNNI or AMX, as int4_path() allows). qx, ex and sx are scratch space of n * k
-// bytes and 2 * n * k / 32 floats.
+// on `path` (AVX2, VNNI or AMX, as int4_path() allows). qx, ex and sx are scratch space of
+// n * QUAD_BYTES * quads(k / 32) bytes (at least n * k) and 2 * n * k / 32 floats.
 void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
                  const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
                  float *sx, int path, int threads) {
@@ -323,7 +370,8 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
         return;
     }
     int nb = k / 32;
-    quantize_rows(x, n, k, qx, ex, sx);
+    int64_t stride = (int64_t)quads(nb) * QUAD_BYTES;
+    quantize_rows(x, n, k, qx, ex, sx, 1);
 // guided: a thread the VM stalls leaves its rows to the other (bench/NOTES.md, Round 11)
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < o; row++) {
@@ -337,16 +385,15 @@ void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const ui
             }
         }
         const uint16_t *dr = dw + (int64_t)row * nb, *mr = mw + (int64_t)row * nb;
-        float scale[4 * nb], out[4];
+        float out[4];
         for (int t0 = 0; t0 < n; t0 += 4) {
             int nt = n - t0 < 4 ? n - t0 : 4;
-            scales(dr, ex + (int64_t)t0 * nb, nb, nt, scale);
-            const int8_t *q = qx + (int64_t)t0 * k;
-            if (path == VNNI) dots_vnni(wr, q, scale, nb, nt, out);
-            else dots_avx2(wr, q, scale, nb, nt, out);
+            const int8_t *q = qx + t0 * stride;
+            const float *e = ex + (int64_t)t0 * nb, *s = sx + (int64_t)t0 * nb;
+            if (path == VNNI) dots_vnni(wr, dr, mr, q, e, s, stride, nb, nt, out);
+            else dots_avx2(wr, dr, mr, q, e, s, stride, nb, nt, out);
             for (int t = 0; t < nt; t++)
-                y[(int64_t)(t0 + t) * o + row] = out[t] + dot_fp16(mr, sx + (int64_t)(t0 + t) * nb, nb)
-                                                  + (bias ? bias[row] : 0.f);
+                y[(int64_t)(t0 + t) * o + row] = out[t] + (bias ? bias[row] : 0.f);
         }
     }
 }

@@ -4,11 +4,12 @@ PyTorch's CPU int4 kernel converts every weight to floating point before multipl
 compute-bound on AVX2; fbgemm's integer GEMM is fast but int8 only. `cpu_int4.c` multiplies
 int4 weights by int8 activations with integer dot products per block of 32 inputs (as
 llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
-once for up to 4 tokens. Its cost still grows with the tokens of a pass (a float multiply-add
-per block and token): a verify pass over 5 tokens costs 2.0-3.4 one-token passes by CPU and
-path, where int8-dyn's costs about one (bench/NOTES.md, Rounds 10 and 16).
+once for up to 4 tokens. Its cost still grows with the tokens of a pass (each token's integer
+products, and a float pass per 16 blocks): a verify pass over 5 tokens of the demo target cost
+2.1 one-token passes on AVX512-VNNI (2.6 before Round 18, 2.0-3.4 by CPU and path in Rounds 10
+and 16), where int8-dyn's costs about one (bench/NOTES.md).
 
-Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits two blocks at a
+Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits four blocks at a
 time; and on CPUs with AMX, tile products for passes wider than any verify pass (a prompt),
 whose sums are added in another order: a 300-token prompt pass of the demo target took 2.1-2.4 s
 on them instead of 10.2-10.9 s row by row (Round 16).
@@ -76,6 +77,12 @@ def path_for(rows: int) -> int:
     return best if rows > WIDE_ROWS else min(best, VNNI)
 
 
+def quad_bytes(k: int) -> int:
+    """Bytes of one token's int8 activations as the row-by-row paths read them: quads of 4
+    blocks, a last partial quad padded (cpu_int4.c, QUAD_BYTES)."""
+    return -(-k // (4 * BLOCK)) * 4 * BLOCK
+
+
 # --- the format (pure tensor functions) ---------------------------------------------------
 
 def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,7 +120,7 @@ def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
     n = packed.shape[0]
     x = x.contiguous()
     y = torch.empty(m, n)
-    qx = torch.empty(m, k, dtype=torch.int8)
+    qx = torch.empty(m * quad_bytes(k), dtype=torch.int8)  # each token's, padded to quads
     ex = torch.empty(2 * m * (k // BLOCK))  # the scales, then each scale times its block's sum
     scales = scales.contiguous()  # d [N, K/32], then m
     lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales.data_ptr(),
