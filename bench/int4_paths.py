@@ -4,7 +4,7 @@ and a prompt pass.
 
     SPECGEN_CACHE_DIR=... python bench/int4_paths.py --model <fp32 model folder> [--rounds 5]
 
-Paths: AVX2; AVX512-VNNI (AVX2's bits, two blocks at a time); and where the CPU has AMX, what
+Paths: AVX2; AVX512-VNNI (AVX2's bits, four blocks a load); and where the CPU has AMX, what
 specgen runs (VNNI up to cpu_int4.WIDE_ROWS tokens, AMX tiles beyond: a prompt). First checks
 that AVX2 and VNNI give the same logits, bit for bit. Prints ms per pass, minimum (median) of
 interleaved rounds, and each width's cost relative to one token. bench/NOTES.md, Round 16.
@@ -27,10 +27,14 @@ PROMPT = 300  # tokens of a prompt pass
 NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "VNNI, AMX for prompts"}
 
 
-def int4_target(doc: str, rounds: int) -> tuple[argparse.Namespace, AutoModelForCausalLM]:
-    """The command line (--model, --rounds, --threads) and the model it names, quantized to
-    int4-dyn (cached): what the int4 bench scripts measure."""
+def int4_target(doc: str, rounds: int, *extra: tuple[str, dict]
+                ) -> tuple[argparse.Namespace, AutoModelForCausalLM]:
+    """The command line (--model, --rounds, --threads, and `extra` options: (flag, keywords of
+    add_argument)) and the model it names, quantized to int4-dyn (cached): what the int4 bench
+    scripts measure."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for flag, keywords in extra:
+        ap.add_argument(flag, **keywords)
     ap.add_argument("--model", required=True, help="a float32 Llama/Qwen2 model folder")
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--threads", type=int, default=2)

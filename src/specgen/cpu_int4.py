@@ -6,8 +6,8 @@ int4 weights by int8 activations with integer dot products per block of 32 input
 llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
 once for up to 4 tokens. Its cost still grows with the tokens of a pass (each token's integer
 products, and a float pass per 16 blocks): a verify pass over 5 tokens of the demo target cost
-2.1 one-token passes on AVX512-VNNI (2.6 before Round 18, 2.0-3.4 by CPU and path in Rounds 10
-and 16), where int8-dyn's costs about one (bench/NOTES.md).
+1.75-2.1 one-token passes on AVX512-VNNI (2.4-2.6 before Round 18; 2.0-3.4 by CPU and path in
+Rounds 10 and 16), where int8-dyn's costs about one (bench/NOTES.md).
 
 Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits four blocks at a
 time; and on CPUs with AMX, tile products for passes wider than any verify pass (a prompt),
