@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from int4_paths import int4_target  # bench/, beside this script
-from int4_resident import LAYERS, STREAMED_BYTES
+from int4_resident import LAYERS, layer_and_copies
 
 from specgen import cbuild, cpu_int4, decoder
 
@@ -44,10 +44,7 @@ def old_library(rev: str, folder: Path) -> ctypes.CDLL:
 
 def layers(libs: dict[str, ctypes.CDLL], rounds: int) -> None:
     for o, k in (*LAYERS, HEAD_LAYER):
-        torch.manual_seed(0)
-        packed, scales = cpu_int4.quantize(torch.randn(o, k))
-        size = packed.nbytes + scales.nbytes
-        copies = [(packed.clone(), scales.clone()) for _ in range(int(STREAMED_BYTES // size) + 1)]
+        packed, scales, copies = layer_and_copies(o, k)
         for m in (1, 5):
             x = torch.randn(m, k)
             times = {(name, how): [] for name in libs for how in ("cached", "streamed")}

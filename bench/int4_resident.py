@@ -24,6 +24,15 @@ LAYERS = ((1536, 1536), (8960, 1536), (1536, 8960))  # q_proj (fits L2), gate_pr
 STREAMED_BYTES = 400e6
 
 
+def layer_and_copies(o: int, k: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """A random [o, k] layer in int4-dyn, and enough copies of it to stream STREAMED_BYTES."""
+    torch.manual_seed(0)
+    packed, scales = cpu_int4.quantize(torch.randn(o, k))
+    size = packed.nbytes + scales.nbytes
+    return packed, scales, [(packed.clone(), scales.clone())
+                            for _ in range(int(STREAMED_BYTES // size) + 1)]
+
+
 def timed(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> float:
     start = time.perf_counter()
     cpu_int4.linear(x, packed, scales, None)
@@ -37,10 +46,8 @@ def main() -> None:
     torch.set_num_threads(2)
     print(f"path {cpu_int4.path_for(1)} (0 AVX2, 1 AVX512-VNNI), 2 threads, {args.rounds} rounds")
     for o, k in LAYERS:
-        torch.manual_seed(0)
-        packed, scales = cpu_int4.quantize(torch.randn(o, k))
+        packed, scales, copies = layer_and_copies(o, k)
         size = packed.nbytes + scales.nbytes
-        copies = [(packed.clone(), scales.clone()) for _ in range(int(STREAMED_BYTES // size) + 1)]
         for m in (1, 5):
             x = torch.randn(m, k)
             cached, streamed = [], []
