@@ -8,8 +8,10 @@
 // (`vpdpbusd`, a 64-byte load of 4 blocks at a time) give the same bits: the same exact
 // integer block sums, scaled and added lane by lane in the same order (see row_dot). On both,
 // every output is computed by the same instructions whatever the number of tokens, so a
-// token's result never depends on the others in its pass; each weight block is unpacked once
-// for up to 4 tokens. AMX-INT8 tiles (rows_amx) take prompts only.
+// token's result never depends on the others in its pass. VNNI unpacks each 64-byte load of
+// weights once for up to 4 tokens; AVX2 unpacks it again for each token (an AND and a shift,
+// measured no slower than before at 5 tokens: bench/NOTES.md, Round 18). AMX-INT8 tiles
+// (rows_amx) take prompts only.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
 PyTorch's CPU int4 kernel converts every weight to floating point before multiplying and is
 compute-bound on AVX2; fbgemm's integer GEMM is fast but int8 only. `cpu_int4.c` multiplies
 int4 weights by int8 activations with integer dot products per block of 32 inputs (as
-llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight, and unpacks each weight block
-once for up to 4 tokens. Its cost still grows with the tokens of a pass (each token's integer
+llama.cpp's Q4_1 x Q8_1 does), reading 0.625 bytes a weight; on AVX512-VNNI it unpacks each
+weight block once for up to 4 tokens. Its cost still grows with the tokens of a pass (each token's integer
 products, and a float pass per 16 blocks): a verify pass over 5 tokens of the demo target cost
 1.75-2.1 one-token passes on AVX512-VNNI (2.4-2.6 before Round 18; 2.0-3.4 by CPU and path in
 Rounds 10 and 16), where int8-dyn's costs about one (bench/NOTES.md).
