@@ -4,8 +4,9 @@ and a prompt pass.
 
     SPECGEN_CACHE_DIR=... python bench/int4_paths.py --model <fp32 model folder> [--rounds 5]
 
-Paths: AVX2; AVX512-VNNI (AVX2's bits, four blocks a load); and where the CPU has AMX, what
-specgen runs (VNNI up to cpu_int4.WIDE_ROWS tokens, AMX tiles beyond: a prompt). First checks
+Paths: AVX2; AVX512-VNNI (AVX2's bits, four blocks a load); and where the CPU has AVX512-VNNI,
+what specgen runs (VNNI up to cpu_int4.WIDE_ROWS tokens, tile products beyond: a prompt; by AMX
+where the CPU has it, else by VNNI registers). First checks
 that AVX2 and VNNI give the same logits, bit for bit. Prints ms per pass, minimum (median) of
 interleaved rounds, and each width's cost relative to one token. bench/NOTES.md, Round 16.
 """
@@ -24,7 +25,9 @@ from specgen.models import cache_dir
 
 MS = (1, 2, 3, 5, 9, 17)
 PROMPT = 300  # tokens of a prompt pass
-NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "VNNI, AMX for prompts"}
+NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "VNNI, AMX for prompts",
+         cpu_int4.VNNI_TILES: "VNNI, VNNI tiles for prompts"}
+ROW_PATHS = (cpu_int4.AVX2, cpu_int4.VNNI)
 
 
 def int4_target(doc: str, rounds: int, *extra: tuple[str, dict]
@@ -49,10 +52,12 @@ def main() -> None:
     args, model = int4_target(__doc__, rounds=5)
     lean = decoder.make_decoder(model, exact=True)
     ids = torch.randint(0, model.config.vocab_size, (64 + PROMPT,))
-    paths = list(range(cpu_int4.best_path() + 1))
+    paths = [p for p in ROW_PATHS if p in cpu_int4.paths()]
+    if cpu_int4.path_for(PROMPT) not in ROW_PATHS:
+        paths.append(cpu_int4.path_for(PROMPT))
     real, chosen = cpu_int4.linear, {"path": None}
-    # AMX is what specgen picks by width; forcing it would send one-token passes to the tiles.
-    cpu_int4.linear = lambda *a: real(*a, path=None if chosen["path"] == cpu_int4.AMX else chosen["path"])
+    # A tile path is what specgen picks by width; forcing it would send one-token passes to it.
+    cpu_int4.linear = lambda *a: real(*a, path=chosen["path"] if chosen["path"] in ROW_PATHS else None)
 
     def use(path: int) -> None:
         chosen["path"] = path

@@ -1,6 +1,6 @@
 """cpu_int4.c's paths: each computes the int4-dyn math (int8 activations, exact integer block
-sums); AVX2 and AVX512-VNNI give the same bits, each row's whatever the pass's width; AMX
-tiles take only passes wider than a verify pass."""
+sums); AVX2 and AVX512-VNNI give the same bits, each row's whatever the pass's width; tile
+products (AMX, or VNNI registers with AMX's bits) take only passes wider than a verify pass."""
 
 from __future__ import annotations
 
@@ -16,15 +16,18 @@ try:
     BEST = cpu_int4.best_path()
 except ResourceError:  # no AVX2, no C compiler
     BEST = None
-NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "AMX"}
+NAMES = {cpu_int4.AVX2: "AVX2", cpu_int4.VNNI: "AVX512-VNNI", cpu_int4.AMX: "AMX",
+         cpu_int4.VNNI_TILES: "VNNI-tiles"}
+HAS = () if BEST is None else cpu_int4.paths()
 
 
 def path(p: int):
     return pytest.param(p, id=NAMES[p], marks=pytest.mark.skipif(
-        BEST is None or BEST < p, reason=f"this CPU has no {NAMES[p]}"))
+        p not in HAS, reason=f"this CPU has no {NAMES[p]}"))
 
 
-PATHS = [path(cpu_int4.AVX2), path(cpu_int4.VNNI), path(cpu_int4.AMX)]
+PATHS = [path(p) for p in NAMES]
+needs_tiles = pytest.mark.skipif(cpu_int4.VNNI_TILES not in HAS, reason="this CPU has no AVX512-VNNI")
 
 
 def layer(o: int, k: int, seed: int = 0):
@@ -74,18 +77,42 @@ def test_passes_up_to_a_verify_pass_give_each_row_its_one_row_bits():
         assert torch.equal(cpu_int4.linear(x[:m], packed, scales, bias), alone[:m])
 
 
-@pytest.mark.skipif(BEST is None or BEST < cpu_int4.AMX, reason="this CPU has no AMX")
+@needs_tiles
 def test_only_passes_wider_than_a_verify_pass_take_the_tiles():
     # The tiles add a row's sums in another order: their bits differ from the one-row pass's,
     # which is why they get only prompts.
+    tiles = cpu_int4.AMX if BEST == cpu_int4.AMX else cpu_int4.VNNI_TILES
     packed, scales, bias = layer(40, 1536)
     x = torch.randn(FP32_ROWS + 1, 1536) * 4
     assert cpu_int4.path_for(FP32_ROWS) == cpu_int4.VNNI
-    assert cpu_int4.path_for(FP32_ROWS + 1) == cpu_int4.AMX
+    assert cpu_int4.path_for(FP32_ROWS + 1) == tiles
     wide = cpu_int4.linear(x, packed, scales, bias)
-    assert torch.equal(wide, cpu_int4.linear(x, packed, scales, bias, cpu_int4.AMX))
+    assert torch.equal(wide, cpu_int4.linear(x, packed, scales, bias, tiles))
     narrow = cpu_int4.linear(x, packed, scales, bias, cpu_int4.VNNI)
     assert not torch.equal(wide, narrow) and torch.allclose(wide, narrow, rtol=1e-4, atol=1e-3)
+
+
+@needs_tiles
+@pytest.mark.parametrize("o,k", [(40, 1536), (21, 96)])  # a partial tile of rows; 3 blocks
+def test_a_tile_pass_gives_each_row_the_same_bits_whatever_its_width(o, k):
+    """A token's output on the tiles never depends on the other tokens of its pass (groups of
+    16, zero-padded), so the same prompt token gets the same bits in any wide pass."""
+    packed, scales, bias = layer(o, k)
+    x = torch.randn(100, k) * 3
+    full = cpu_int4.linear(x, packed, scales, bias, cpu_int4.VNNI_TILES)
+    for m in (FP32_ROWS + 1, 64, 65, 99):
+        assert torch.equal(cpu_int4.linear(x[:m], packed, scales, bias, cpu_int4.VNNI_TILES), full[:m])
+    assert torch.equal(cpu_int4.linear(x[37:90], packed, scales, bias, cpu_int4.VNNI_TILES), full[37:90])
+
+
+@pytest.mark.skipif(cpu_int4.AMX not in HAS, reason="this CPU has no AMX")
+@pytest.mark.parametrize("o,k", [(40, 1536), (17, 672)])
+def test_vnni_tiles_give_the_amx_tiles_bits(o, k):
+    packed, scales, bias = layer(o, k)
+    x = torch.randn(70, k) * 3
+    for m in (1, 17, 70):
+        assert torch.equal(cpu_int4.linear(x[:m], packed, scales, bias, cpu_int4.VNNI_TILES),
+                           cpu_int4.linear(x[:m], packed, scales, bias, cpu_int4.AMX))
 
 
 def test_the_widest_verify_pass_is_computed_row_by_row():
@@ -96,4 +123,4 @@ def test_the_widest_verify_pass_is_computed_row_by_row():
 def test_a_path_the_cpu_lacks_is_refused():
     packed, scales, bias = layer(16, 32)
     with pytest.raises(ValueError, match="no int4-dyn path"):
-        cpu_int4.linear(torch.ones(1, 32), packed, scales, bias, cpu_int4.AMX + 1)
+        cpu_int4.linear(torch.ones(1, 32), packed, scales, bias, max(NAMES) + 1)

@@ -10,15 +10,17 @@
 // every output is computed by the same instructions whatever the number of tokens, so a
 // token's result never depends on the others in its pass. VNNI unpacks each 64-byte load of
 // weights once for up to 4 tokens; AVX2 unpacks it again for each token (an AND and a shift,
-// measured no slower than before at 5 tokens: bench/NOTES.md, Round 18). AMX-INT8 tiles
-// (rows_amx) take prompts only.
+// measured no slower than before at 5 tokens: bench/NOTES.md, Round 18). Tile products take
+// prompts only (rows_tiles): by AMX-INT8 where the CPU has it, else by AVX512-VNNI registers,
+// with the same bits.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "amx_tiles.h"
 
-enum { AVX2 = 0, VNNI = 1, AMX = 2 };
+enum { AVX2 = 0, VNNI = 1, AMX = 2, VNNI_TILES = 3 };
 
 // Nibbles are prefetched this many bytes ahead as a row is read, a cache line at a time: a
 // whole row asked for at once (as before) left the 4.5 KB rows of a down projection 25%
@@ -253,20 +255,50 @@ AVX512_VNNI static void dots_vnni(const uint8_t *wr, const uint16_t *dr, const u
     }
 }
 
-// The AMX path, for wide passes (a prompt): the same int8 activations and integer block sums,
-// by tile products of 16 weight rows by 16 tokens over one block (32 inputs), each block's
-// sums then scaled in fp32. Its sums are added in another order than the other paths' (a
-// block's whole integer sum, not 8 partial ones), so its bits differ from theirs, and
-// cpu_int4.py gives it only passes wider than any verify pass. Tiles: 0 the sums C [16 rows,
-// 16 tokens] int32, 1 the weights A [16 rows, 32 bytes] u8, 2 the tokens B [8 quads, 16
-// tokens x 4] s8.
+// The tile paths, for wide passes (a prompt): the same int8 activations and integer block
+// sums, by tile products of 16 weight rows by 16 tokens over one block (32 inputs), each
+// block's sums then scaled in fp32. Their sums are added in another order than the row-by-row
+// paths' (a block's whole integer sum, not 8 partial ones), so their bits differ from those,
+// and cpu_int4.py gives them only passes wider than any verify pass. The product is taken by
+// AMX-INT8 tiles where the CPU has them, else by `vpdpbusd` on registers (VNNI_TILES): the
+// integer sums are exact either way and the float pass is one code, so both give the same
+// bits. Tiles: 0 the sums C [16 rows, 16 tokens] int32, 1 the weights A [16 rows, 32 bytes]
+// u8, 2 the tokens B [8 quads, 16 tokens x 4] s8.
 #define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,amx-tile,amx-int8")))
+#define TILE_PATHS __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
 
 static const tile_config INT8_TILES = {
     .palette = 1,
     .colsb = {64, 32, 64},
     .rows = {16, 16, 8},
 };
+
+// C = A B for one block: A's 16 rows `k` bytes apart, B as pack_tokens lays it out.
+AMX_INT8 static inline void product_amx(const uint8_t *a, int k, const uint32_t *b, int32_t *c) {
+    _tile_zero(0);
+    _tile_loadd(1, a, k);
+    _tile_loadd(2, b, TOKENS * 4);
+    _tile_dpbusd(0, 1, 2);
+    _tile_stored(0, c, TOKENS * 4);
+}
+
+// The same product without AMX: a row's 4 weights of a quad broadcast against B's quad of 16
+// tokens, so each of B's 8 registers serves all 16 rows (row by row, a weight load serves at
+// most 4 tokens; a 300-token prompt pass of the demo target: bench/NOTES.md, Round 19).
+AVX512_VNNI static inline void product_vnni(const uint8_t *a, int k, const uint32_t *b, int32_t *c) {
+    __m512i quad[8];
+    for (int q = 0; q < 8; q++) quad[q] = _mm512_loadu_si512(b + q * TOKENS);
+    for (int i = 0; i < 16; i++) {
+        const uint8_t *row = a + (int64_t)i * k;
+        __m512i sum = _mm512_setzero_si512();
+        for (int q = 0; q < 8; q++) {
+            int32_t four;
+            memcpy(&four, row + 4 * q, 4);
+            sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(four), quad[q]);
+        }
+        _mm512_storeu_si512(c + i * TOKENS, sum);
+    }
+}
 
 // Per group of 16 tokens and block: the tokens' scales e and scale-times-sum s [16 tokens]
 // side by side, zero past the last token.
@@ -281,12 +313,13 @@ static void pack_scales(const float *ex, const float *sx, int n, int nb, float *
             }
 }
 
-// Weight rows [r0, r0 + nr) (nr <= 16) against every group of tokens into y. Scratch: wa
-// 16 * k bytes (the rows unpacked, zero past nr), dm 2 * 16 * k / 32 floats.
-AMX_INT8 static void rows_amx(const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
-                              const float *bias, int r0, int nr, int n, int k, int o,
-                              const uint32_t *xq, const float *eg, const float *sg,
-                              uint8_t *wa, float *dm, float *y) {
+// Weight rows [r0, r0 + nr) (nr <= 16) against every group of tokens into y, by AMX tiles or
+// by VNNI registers. Scratch: wa 16 * k bytes (the rows unpacked, zero past nr), dm
+// 2 * 16 * k / 32 floats.
+TILE_PATHS static void rows_tiles(const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
+                                  const float *bias, int r0, int nr, int n, int k, int o,
+                                  const uint32_t *xq, const float *eg, const float *sg,
+                                  uint8_t *wa, float *dm, float *y, int amx) {
     int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
     float *d = dm, *m = dm + 16 * nb;  // [block][row]: a block's 16 rows side by side
     for (int i = 0; i < 16; i++)
@@ -304,11 +337,8 @@ AMX_INT8 static void rows_amx(const uint8_t *qw, const uint16_t *dw, const uint1
         for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             int64_t at = (int64_t)g * nb + b;
-            _tile_zero(0);
-            _tile_loadd(1, wa + b * 32, k);
-            _tile_loadd(2, xq + at * 8 * TOKENS, TOKENS * 4);
-            _tile_dpbusd(0, 1, 2);
-            _tile_stored(0, sums, TOKENS * 4);
+            if (amx) product_amx(wa + b * 32, k, xq + at * 8 * TOKENS, sums);
+            else product_vnni(wa + b * 32, k, xq + at * 8 * TOKENS, sums);
             __m512 e = _mm512_loadu_ps(eg + at * TOKENS), sx = _mm512_loadu_ps(sg + at * TOKENS);
             for (int i = 0; i < 16; i++) {  // d e (sum q a) + m e (sum a)
                 __m512 c = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums + i * TOKENS));
@@ -323,9 +353,9 @@ AMX_INT8 static void rows_amx(const uint8_t *qw, const uint16_t *dw, const uint1
     }
 }
 
-static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
-                       const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
-                       float *sx, int threads) {
+static void linear_tiles(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
+                         const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
+                         float *sx, int amx, int threads) {
     int nb = k / 32, groups = (n + TOKENS - 1) / TOKENS;
     quantize_rows(x, n, k, qx, ex, sx, 0);
     size_t slots = (size_t)groups * nb * TOKENS;
@@ -336,15 +366,15 @@ static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, co
 #pragma omp parallel num_threads(threads)
     {
         tile_config before;
-        tiles_on(&before, &INT8_TILES);
+        if (amx) tiles_on(&before, &INT8_TILES);
         uint8_t *wa = malloc((size_t)16 * k);
         float *dm = malloc((size_t)2 * 16 * nb * sizeof(float));
 #pragma omp for schedule(guided)
         for (int r0 = 0; r0 < o; r0 += 16)
-            rows_amx(qw, dw, mw, bias, r0, o - r0 < 16 ? o - r0 : 16, n, k, o, xq, eg, sg, wa, dm, y);
+            rows_tiles(qw, dw, mw, bias, r0, o - r0 < 16 ? o - r0 : 16, n, k, o, xq, eg, sg, wa, dm, y, amx);
         free(wa);
         free(dm);
-        tiles_off(&before);
+        if (amx) tiles_off(&before);
     }
     free(xq);
     free(eg);
@@ -352,8 +382,8 @@ static void linear_amx(const float *x, const uint8_t *qw, const uint16_t *dw, co
 }
 
 // The fastest path this CPU (and its OS) has: AMX where it has AMX-INT8 and Linux lets this
-// process use the tiles, else VNNI where it has AVX512-VNNI, else AVX2. cpu_int4.py gives AMX
-// only wide passes.
+// process use the tiles, else VNNI where it has AVX512-VNNI, else AVX2. cpu_int4.py gives the
+// tile paths (AMX, or VNNI_TILES where there is no AMX) only wide passes.
 int int4_path(void) {
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
           && __builtin_cpu_supports("avx512vnni")))
@@ -362,13 +392,13 @@ int int4_path(void) {
 }
 
 // y [n, o] = x [n, k] @ W.T (+ bias), W as qw [o, k / 32, 16] and fp16 dw, mw [o, k / 32],
-// on `path` (AVX2, VNNI or AMX, as int4_path() allows). qx, ex and sx are scratch space of
+// on `path` (AVX2, VNNI, AMX or VNNI_TILES, as int4_path() allows). qx, ex and sx are scratch space of
 // n * QUAD_BYTES * quads(k / 32) bytes (at least n * k) and 2 * n * k / 32 floats.
 void int4_linear(const float *x, const uint8_t *qw, const uint16_t *dw, const uint16_t *mw,
                  const float *bias, float *y, int n, int k, int o, int8_t *qx, float *ex,
                  float *sx, int path, int threads) {
-    if (path == AMX) {
-        linear_amx(x, qw, dw, mw, bias, y, n, k, o, qx, ex, sx, threads);
+    if (path == AMX || path == VNNI_TILES) {
+        linear_tiles(x, qw, dw, mw, bias, y, n, k, o, qx, ex, sx, path == AMX, threads);
         return;
     }
     int nb = k / 32;

@@ -9,10 +9,11 @@ products, and a float pass per 16 blocks): a verify pass over 5 tokens of the de
 1.75-2.1 one-token passes on AVX512-VNNI (2.4-2.6 before Round 18; 2.0-3.4 by CPU and path in
 Rounds 10 and 16), where int8-dyn's costs about one (bench/NOTES.md).
 
-Three paths: AVX2 everywhere it builds; AVX512-VNNI, which gives AVX2's bits four blocks at a
-time; and on CPUs with AMX, tile products for passes wider than any verify pass (a prompt),
-whose sums are added in another order: a 300-token prompt pass of the demo target took 2.1-2.4 s
-on them instead of 10.2-10.9 s row by row (Round 16).
+Row by row, two paths: AVX2 everywhere it builds, and AVX512-VNNI, which gives AVX2's bits four
+blocks at a time. Passes wider than any verify pass (a prompt) take tile products of 16 rows by
+16 tokens, whose sums are added in another order: by AMX tiles where the CPU has them (a
+300-token prompt pass of the demo target took 2.1-2.4 s instead of 10.2-10.9 s row by row,
+Round 16), else by AVX512-VNNI registers (VNNI_TILES), with the AMX path's bits.
 
 The C file is compiled once into the cache and called through ctypes (cbuild.py).
 """
@@ -58,8 +59,8 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (cpu_int4.c)
-WIDE_ROWS = FP32_ROWS  # passes up to this many rows go row by row; wider ones (a prompt) to AMX
+AVX2, VNNI, AMX, VNNI_TILES = 0, 1, 2, 3  # the kernel's paths (cpu_int4.c)
+WIDE_ROWS = FP32_ROWS  # passes up to this many rows go row by row; wider ones (a prompt) to tiles
 
 
 @functools.cache
@@ -69,12 +70,20 @@ def best_path() -> int:
     return library().int4_path()
 
 
+def paths() -> tuple[int, ...]:
+    """Every path this CPU runs."""
+    best = best_path()
+    return (AVX2,) + ((VNNI, VNNI_TILES) if best >= VNNI else ()) + ((AMX,) if best == AMX else ())
+
+
 def path_for(rows: int) -> int:
     """The path a pass over `rows` tokens takes. AVX2 and VNNI give the same bits, and each
-    row's whatever the pass's width; AMX adds a row's sums in another order, so it takes only
-    passes wider than a verify pass can be (profiles.MAX_K): a prompt's."""
+    row's whatever the pass's width; the tile paths add a row's sums in another order, so they
+    take only passes wider than a verify pass can be (profiles.MAX_K): a prompt's."""
     best = best_path()
-    return best if rows > WIDE_ROWS else min(best, VNNI)
+    if rows <= WIDE_ROWS:
+        return min(best, VNNI)
+    return {AMX: AMX, VNNI: VNNI_TILES}.get(best, AVX2)
 
 
 def quad_bytes(k: int) -> int:
@@ -114,8 +123,8 @@ def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
     on `path_for(M)` unless `path` names another the CPU has (tests and benches compare them).
     Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
-    if path is not None and path > best_path():
-        raise ValueError(f"this CPU has no int4-dyn path {path} (its fastest is {best_path()})")
+    if path is not None and path not in paths():
+        raise ValueError(f"this CPU has no int4-dyn path {path} (it has {paths()})")
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
