@@ -29,17 +29,17 @@ from specgen import cbuild, cpu_int4, decoder
 HEAD_LAYER = (151936, 1536)  # the demo target's lm_head: always streamed
 
 
-def old_library(rev: str, folder: Path) -> ctypes.CDLL:
-    for name in ("cpu_int4.c", "amx_tiles.h"):
+def old_library(rev: str, folder: Path, stem: str = "cpu_int4") -> ctypes.CDLL:
+    """src/specgen/{stem}.c (with the header) at `rev`, compiled with cbuild's flags; the
+    caller sets the argument types."""
+    for name in (f"{stem}.c", "amx_tiles.h"):
         text = subprocess.run(["git", "show", f"{rev}:src/specgen/{name}"], check=True,
                               capture_output=True).stdout
         (folder / name).write_bytes(text)
-    so = folder / "old.so"
-    subprocess.run([cbuild.compiler("the old kernel", "-"), *cbuild.FLAGS, str(folder / "cpu_int4.c"),
+    so = folder / f"old-{stem}.so"
+    subprocess.run([cbuild.compiler("the old kernel", "-"), *cbuild.FLAGS, str(folder / f"{stem}.c"),
                     "-o", str(so)], check=True)
-    lib = ctypes.CDLL(str(so))
-    lib.int4_linear.argtypes = cpu_int4.library().int4_linear.argtypes
-    return lib
+    return ctypes.CDLL(str(so))
 
 
 def layers(libs: dict[str, ctypes.CDLL], rounds: int) -> None:
@@ -93,6 +93,7 @@ def main() -> None:
                               ("--layer-rounds", {"type": int, "default": 100}))
     with tempfile.TemporaryDirectory() as folder:
         libs = {"old": old_library(args.rev, Path(folder)), "new": cpu_int4.library()}
+        libs["old"].int4_linear.argtypes = libs["new"].int4_linear.argtypes
         print(f"{args.rev} (old) against the working tree (new), path {cpu_int4.path_for(1)} "
               f"(0 AVX2, 1 AVX512-VNNI), {args.threads} threads; medians")
         layers(libs, args.layer_rounds)

@@ -24,7 +24,7 @@ def qkv(m: int, t: int, d: int, capacity: int, seed: int = 0):
     return torch.randn(1, 6, m, d, generator=g), cache[0, :, :, :t], cache[1, :, :, :t]
 
 
-@pytest.mark.parametrize("d", [16, 128])
+@pytest.mark.parametrize("d", [16, 72, 128])  # 72: a last partial group of 64 outputs
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("window", [None, 7])
 def test_attention_matches_pytorchs_row_by_row(d, m, window, monkeypatch):
@@ -39,8 +39,9 @@ def test_attention_matches_pytorchs_row_by_row(d, m, window, monkeypatch):
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 
 
-def test_each_row_has_the_bits_of_a_one_row_call():
-    q, k, v = qkv(5, 40, 128, capacity=40, seed=1)
+@pytest.mark.parametrize("d", [72, 128])
+def test_each_row_has_the_bits_of_a_one_row_call(d):
+    q, k, v = qkv(5, 40, d, capacity=40, seed=1)
     many = cpu_rows.attention(q, k, v, 0.1)
     for i in range(5):
         t = 40 - 5 + i + 1  # the keys a one-token pass at row i's position holds
