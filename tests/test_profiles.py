@@ -13,7 +13,8 @@ from specgen.errors import ConfigError
 from specgen.profiles import (DEFAULT_PROFILE, bundled_profile_dir, list_profiles, load_profile,
                               with_overrides)
 
-BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp", "qwen-coder-demo-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
+BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp",
+           "qwen-coder-demo-int8-int4", "qwen-coder-demo-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
 
 MINIMAL = """
 description = "test pair"
@@ -62,6 +63,14 @@ def test_the_llamacpp_demo_profile_keeps_the_bf16_target_and_drafts_in_llama_cpp
     assert p.target == base.target and p.draft.gguf_file == base.draft.gguf_file
     assert p.draft.runtime == "llama.cpp" and p.draft.quantization == "int8-dyn"  # the peer's copy
     assert p.speculation.num_speculative_tokens == 16 and p.speculation.adaptive
+
+
+def test_the_int8_int4_demo_profile_keeps_the_int8_target_and_drafts_in_int4_dyn():
+    p = load_profile("qwen-coder-demo-int8-int4")
+    base = load_profile("qwen-coder-demo-int8")
+    assert p.target == base.target and p.speculation == base.speculation
+    assert (p.draft.quantization, p.draft.dtype, p.draft.runtime) == ("int4-dyn", "float32", "transformers")
+    assert p.draft.gguf_file == base.draft.gguf_file
 
 
 def test_the_int4_demo_profile_drafts_by_prompt_lookup_alone():

@@ -257,9 +257,10 @@ AVX512_VNNI static void dots_vnni(const uint8_t *wr, const uint16_t *dr, const u
 
 // The tile paths, for wide passes (a prompt): the same int8 activations and integer block
 // sums, by tile products of 16 weight rows by 16 tokens over one block (32 inputs), each
-// block's sums then scaled in fp32. Their sums are added in another order than the row-by-row
-// paths' (a block's whole integer sum, not 8 partial ones), so their bits differ from those,
-// and cpu_int4.py gives them only passes wider than any verify pass. The product is taken by
+// block's sums then scaled in fp32. They add the scaled blocks in another order than the
+// row-by-row paths (block after block into one sum, where those keep 16 blocks in 16 lanes),
+// so their bits differ from those, and cpu_int4.py gives them only passes wider than any
+// verify pass. The product is taken by
 // AMX-INT8 tiles where the CPU has them, else by `vpdpbusd` on registers (VNNI_TILES): the
 // integer sums are exact either way and the float pass is one code, so both give the same
 // bits. Tiles: 0 the sums C [16 rows, 16 tokens] int32, 1 the weights A [16 rows, 32 bytes]
@@ -283,8 +284,9 @@ AMX_INT8 static inline void product_amx(const uint8_t *a, int k, const uint32_t 
 }
 
 // The same product without AMX: a row's 4 weights of a quad broadcast against B's quad of 16
-// tokens, so each of B's 8 registers serves all 16 rows (row by row, a weight load serves at
-// most 4 tokens; a 300-token prompt pass of the demo target: bench/NOTES.md, Round 19).
+// tokens, so each of B's 8 registers serves all 16 rows. Row by row a weight load serves at
+// most 4 tokens: a 300-token prompt pass of the demo target took 2.4 times as long
+// (bench/NOTES.md, Round 19).
 AVX512_VNNI static inline void product_vnni(const uint8_t *a, int k, const uint32_t *b, int32_t *c) {
     __m512i quad[8];
     for (int q = 0; q < 8; q++) quad[q] = _mm512_loadu_si512(b + q * TOKENS);
