@@ -260,11 +260,10 @@ AVX512_VNNI static void dots_vnni(const uint8_t *wr, const uint16_t *dr, const u
 // block's sums then scaled in fp32. They add the scaled blocks in another order than the
 // row-by-row paths (block after block into one sum, where those keep 16 blocks in 16 lanes),
 // so their bits differ from those, and cpu_int4.py gives them only passes wider than any
-// verify pass. The product is taken by
-// AMX-INT8 tiles where the CPU has them, else by `vpdpbusd` on registers (VNNI_TILES): the
-// integer sums are exact either way and the float pass is one code, so both give the same
-// bits. Tiles: 0 the sums C [16 rows, 16 tokens] int32, 1 the weights A [16 rows, 32 bytes]
-// u8, 2 the tokens B [8 quads, 16 tokens x 4] s8.
+// verify pass. The product is taken by AMX-INT8 tiles where the CPU has them, else by
+// `vpdpbusd` on registers (VNNI_TILES): the integer sums are exact either way and the float
+// pass is one code, so both give the same bits. Tiles: 0 the sums C [16 rows, 16 tokens]
+// int32, 1 the weights A [16 rows, 32 bytes] u8, 2 the tokens B [8 quads, 16 tokens x 4] s8.
 #define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,amx-tile,amx-int8")))
 #define TILE_PATHS __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni,amx-tile,amx-int8")))
 
