@@ -89,14 +89,6 @@ void rope_attend(const float *q, const float *k, const float *v, const float *co
                    scale, scratch, threads);
 }
 
-// Row j of a score: q . key row j, 8 lanes then hsum, in the one order every caller gets.
-static inline float score(const float *q, const float *kj, int d) {
-    __m256 a = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kj + c), a);
-    return hsum(a);
-}
-
 // w (<= 8) lanes of 8 outputs: a[u] = sum over j in order of p[j] v[j][8u ..]. Each lane's sum
 // is the same chain whatever w is; 8 chains at once keep the multiply-adds from waiting on
 // each other (one chain at a time was bound by their latency).
@@ -129,24 +121,16 @@ void attention_rows(const float *q, const float *key, int64_t ks, const float *v
         const float *kr = key + (h / group) * ks + (int64_t)lo * d;
         const float *vr = value + (h / group) * vs + (int64_t)lo * d;
         float *s = scratch + (int64_t)omp_get_thread_num() * t, top = -INFINITY;
-        int j = 0;
-        for (; j + 4 <= n; j += 4) {  // 4 scores at once, each its own chain (as score())
-            const float *k0 = kr + (int64_t)j * d;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int c = 0; c < d; c += 8) {
-                __m256 x = _mm256_loadu_ps(qr + c);
-                a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + c), a0);
-                a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + d + c), a1);
-                a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 2 * d + c), a2);
-                a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 3 * d + c), a3);
-            }
-            s[j] = hsum(a0) * scale, s[j + 1] = hsum(a1) * scale;
-            s[j + 2] = hsum(a2) * scale, s[j + 3] = hsum(a3) * scale;
+        for (int j = 0; j < n; j++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int c = 0; c < d; c += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + c), _mm256_loadu_ps(kr + (int64_t)j * d + c), a);
+            s[j] = hsum(a) * scale;
+            top = s[j] > top ? s[j] : top;
         }
-        for (; j < n; j++) s[j] = score(qr, kr + (int64_t)j * d, d) * scale;
-        for (j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
         __m256 sum8 = _mm256_setzero_ps();
-        for (j = 0; j + 8 <= n; j += 8) {
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
             __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
             _mm256_storeu_ps(s + j, e);
             sum8 = _mm256_add_ps(sum8, e);
