@@ -2,8 +2,8 @@
 
 import pytest
 
-from specgen.adaptive import (
-    FIRST_K, FIRST_STOP, TRIAL_STEPS, AdaptiveK, FixedK, Policies, choose_guesser,
+from specgen.core.adaptive import (
+    FIRST_K, FIRST_STOP, PLAIN, TRIAL_STEPS, AdaptiveK, FixedK, Planner, choose_guesser,
     expected_tokens, marginal_verify_cost, record_pass, verify_curve,
 )
 
@@ -236,11 +236,48 @@ def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
     assert policy.rate(16) == pytest.approx(7 / 1.45) and policy.choose(100) == 16
 
 
-def test_policies_are_made_per_guesser_on_first_use():
-    policies = Policies(lambda guesser: AdaptiveK(4, self_stopping=guesser == "model"))
+class Guesser:
+    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts."""
+
+    def __init__(self, ends_own_drafts: bool, offers: tuple[str, ...]) -> None:
+        self.ends_own_drafts, self.offers = ends_own_drafts, offers
+
+    def guessers(self, tokens):
+        return {name: self for name in self.offers}
+
+
+def test_the_planner_makes_one_policy_per_guesser_on_first_use():
+    planner = Planner(4)
+    model, lookup = Guesser(True, ("model",)), Guesser(False, ("lookup-2",))
+    assert planner.plan(model, None, 100) == PLAIN  # a plain step first: its cost is measured
+    planner.plan(lookup, None, 100)
+    policies = planner.policies
     assert policies["model"].self_stopping and not policies["lookup-2"].self_stopping
     assert policies["model"].probe_every == 4 and policies["lookup-2"].probe_every == 16
-    assert policies["model"] is policies["model"] and len(policies) == 2
+    first = policies["model"]
+    planner.plan(model, None, 100)
+    assert policies["model"] is first and len(policies) == 2
+
+
+def test_the_planner_learns_the_passes_and_the_drafts_it_planned():
+    planner = Planner(4)
+    drafter = Guesser(True, ("model",))
+    planner.observe(planner.plan(drafter, None, 100), 0, 0, 0.0, 0.2)
+    assert planner.verify_cost == {0: 0.2}
+    plan = planner.plan(drafter, None, 100)
+    assert plan.drafter is drafter and plan.guesser == "model" and plan.k == 4
+    assert plan.stop_below == FIRST_STOP  # a self-ended draft's, until its costs are known
+    planner.observe(plan, 3, 3, 0.3, 0.25)  # the drafter found 3 of 4
+    assert planner.verify_cost == {0: 0.2, 3: 0.25}
+    assert planner.policies["model"].hits > 2 * 0.7  # the prior's weight, plus three kept
+    assert planner.plan(drafter, None, 2).k <= 2  # never more than are still wanted
+
+
+def test_a_fixed_k_planner_always_drafts_k():
+    planner = Planner(3, adaptive=False)
+    drafter = Guesser(False, ("lookup-1",))
+    assert planner.plan(drafter, None, 100).k == 3 and planner.plan(drafter, None, 1).k == 1
+    assert planner.plan(Guesser(False, ()), None, 100) == PLAIN  # nobody offers: plain
 
 
 def test_a_self_ended_draft_gets_a_few_steps_before_its_yield_is_judged():

@@ -20,21 +20,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specgen.chat import (Chat, history_file, line_editing, parse_command, read_message,
+from specgen.app.chat import (Chat, line_editing, parse_command, read_message,
                           unescape)
 from specgen.cli import app
 from specgen.errors import SpecgenError
+from specgen.paths import chat_history
 from specgen.profiles import load_profile
-from specgen.session import open_session
-from specgen.store import load_runs
-from tiny import write_tiny_profile
+from specgen.app.session import open_session
+from specgen.app.store import load_runs
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-@pytest.fixture(scope="module")
-def tiny_profile(tmp_path_factory) -> Path:
-    return write_tiny_profile(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture(autouse=True)
@@ -94,9 +89,9 @@ def test_read_message_single_lines_and_triple_quoted_blocks():
 
 def test_history_file_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_HISTORY_FILE", str(tmp_path / "h"))
-    assert history_file() == tmp_path / "h"
+    assert chat_history() == tmp_path / "h"
     monkeypatch.delenv("SPECGEN_HISTORY_FILE")
-    assert history_file().name == "chat_history" and "specgen" in str(history_file())
+    assert chat_history().name == "chat_history" and "specgen" in str(chat_history())
 
 
 def test_line_editing_works_without_readline(monkeypatch, tmp_path):

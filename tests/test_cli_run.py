@@ -19,14 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from tiny import write_tiny_profile
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-@pytest.fixture(scope="module")
-def tiny_profile(tmp_path_factory) -> Path:
-    return write_tiny_profile(tmp_path_factory.mktemp("tiny-run"))
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +87,7 @@ def test_seeded_sampling_is_reproducible(tiny_profile):
 
 
 def test_the_run_is_recorded_in_the_history(tiny_profile, tmp_path):
-    from specgen.store import load_runs
+    from specgen.app.store import load_runs
 
     answer = run_json(tiny_profile, "hello")
     (row,) = load_runs(tmp_path / "history.sqlite3")
@@ -184,7 +178,7 @@ def test_terminal_gets_colours_and_legend(tiny_profile, tmp_path):
 
 
 def test_ctrl_c_keeps_partial_output_and_exits_130(tiny_profile, tmp_path):
-    from specgen.store import load_runs
+    from specgen.app.store import load_runs
 
     db = tmp_path / "h.db"
     proc = subprocess.Popen(

@@ -13,10 +13,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specgen import store
+from specgen.app import store
 from specgen.cli import app
-from specgen.cli_stats import parse_since, render_runs, render_summary, summarize
-from specgen.store import RunRecord, load_runs, record_run
+from specgen.cli.stats import parse_since, render_runs, render_summary, summarize
+from specgen.app.store import RunRecord, load_runs, record_run
 
 runner = CliRunner()
 NOW = time.time()

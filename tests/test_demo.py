@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import demo, models
-from specgen.demo import DemoAsset, assemble
+from specgen.loading import demo
+from specgen.loading.demo import DemoAsset, assemble
 from specgen.errors import ModelError
-from specgen.models import load_pair
+from specgen.loading.load import load_pair
 from specgen.profiles import DEFAULT_PROFILE, load_profile
-from test_models import write_tiny_gguf
+from tiny import write_tiny_gguf
 
 N_PARTS = 12  # more than 9, so string order (part10 before part2) would be wrong
 

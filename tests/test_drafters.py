@@ -6,19 +6,19 @@ from collections import Counter
 import pytest
 import torch
 
-import specgen.engine
-from specgen.adaptive import AdaptiveK
-from specgen.drafters import (
+from specgen.core import adaptive as adaptive_mod
+from specgen.core.adaptive import AdaptiveK
+from specgen.core.drafters import (
     HybridDrafter,
     ModelDrafter,
     PromptLookupDrafter,
     make_drafter,
     ngram_match,
 )
-from specgen.engine import SpeculativeGenerator
+from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import ConfigError
-from specgen.sampling import SamplingParams
-from test_exactness import (
+from specgen.core.sampling import SamplingParams
+from distribution import (
     ALPHA, SAMPLES, VOCAB, StopAt, chi_square_pvalue, target_joint, tiny_pair,
 )
 from tiny import sharpen, tiny_model
@@ -156,32 +156,35 @@ def test_hybrid_model_reads_the_whole_context_in_its_first_pass():
     draft = tiny_model("llama", seed=1)
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")
+    ids, _ = hybrid.guessers(context)["model"].propose(context, 2, GREEDY, None)
     assert hybrid.model_drafter.lm.length == len(context) + 1 and hybrid.forward_passes == 2
     assert torch.equal(ids, ModelDrafter(draft, 64).propose(context, 2, GREEDY, None)[0])
 
 
 def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser():
     hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
-    assert hybrid.guessers(torch.arange(10, 20)) == ("model",)
+    assert tuple(hybrid.guessers(torch.arange(10, 20))) == ("model",)
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    assert hybrid.guessers(context) == ("lookup-2", "model")  # named by the match's length
-    ids, q = hybrid.propose(context, 2, GREEDY, None, "lookup-2")
+    assert tuple(hybrid.guessers(context)) == ("lookup-2", "model")  # named by the match's length
+    guessers = hybrid.guessers(context)
+    ids, q = guessers["lookup-2"].propose(context, 2, GREEDY, None)
     assert ids.tolist() == [12, 13] and q is None and hybrid.forward_passes == 0
-    ids, _ = hybrid.propose(context, 2, GREEDY, None, "model")  # a match, but the model drafts
+    ids, _ = guessers["model"].propose(context, 2, GREEDY, None)  # a match, but the model drafts
     assert hybrid.forward_passes == 2 and hybrid.lookup_drafter.matches == 1
+    assert hybrid.propose(context, 2, GREEDY, None)[0].tolist() == [12, 13]  # unplanned: lookup
 
 
 def test_hybrid_searches_the_context_once_a_step(monkeypatch):
-    from specgen import drafters
+    from specgen.core import drafters
 
     calls = []
     real = drafters.ngram_match
     monkeypatch.setattr(drafters, "ngram_match", lambda *a: (calls.append(a), real(*a))[1])
     hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
-    assert hybrid.guessers(context) == ("lookup-2", "model")
-    assert hybrid.propose(context, 2, GREEDY, None, "lookup-2")[0].tolist() == [12, 13]
+    guessers = hybrid.guessers(context)
+    assert tuple(guessers) == ("lookup-2", "model")
+    assert guessers["lookup-2"].propose(context, 2, GREEDY, None)[0].tolist() == [12, 13]
     assert len(calls) == 1
     hybrid.guessers(torch.cat([context, torch.tensor([12])]))  # a new context: a new search
     assert len(calls) == 2
@@ -323,7 +326,7 @@ def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expecte
 def test_a_quantized_draft_head_is_not_trimmed(pair, expected):
     from copy import deepcopy
 
-    from specgen import quantize
+    from specgen.kernels import quantize
 
     target, draft = pair
     drafter = ModelDrafter(quantize.apply(deepcopy(draft), "int8-dyn"), 64, head_rows=40)
@@ -373,7 +376,7 @@ def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):
 def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_below(pair, expected):
     """Adaptive K's stop: the draft goes on while the product of its own token probabilities
     stays above `stop_below`; it keeps the token that took it below. The hybrid passes the
-    threshold to its model; greedy output stays the target's."""
+    model guesser drafts the same way; greedy output stays the target's."""
     target, draft = pair
     context = repetitive_prompt(0)
     probs = []
@@ -387,7 +390,8 @@ def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_b
     ids, _ = ModelDrafter(draft, 64).propose(context, 8, GREEDY, None, stop_below=threshold)
     assert ids.tolist() == uncut[:4].tolist()
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
-    assert hybrid.propose(context, 8, GREEDY, None, "model", threshold)[0].tolist() == uncut[:4].tolist()
+    model_guess = hybrid.guessers(context)["model"]
+    assert model_guess.propose(context, 8, GREEDY, None, threshold)[0].tolist() == uncut[:4].tolist()
     assert PromptLookupDrafter().propose(context, 8, GREEDY, None, stop_below=0.99)[0].numel() == 8
     for seed in PROMPT_SEEDS:  # exact whatever the stop
         gen = SpeculativeGenerator(target, StopAt(draft, 64, threshold), 8, adaptive=False)
@@ -410,10 +414,10 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
         def stop_below(self, k):
             return 0.25
 
-    monkeypatch.setattr(specgen.engine, "AdaptiveK", Stub)
+    monkeypatch.setattr(adaptive_mod, "AdaptiveK", Stub)
     drafter = ModelDrafter(draft, 64)
     asked = []
     propose = drafter.propose
-    drafter.propose = lambda *a: (asked.append((a[1], a[5])), propose(*a))[1]
+    drafter.propose = lambda *a: (asked.append((a[1], a[4])), propose(*a))[1]
     SpeculativeGenerator(target, drafter, 8).generate(repetitive_prompt(0), max_new_tokens=12)
     assert made == {0: True} and asked[0] == (8, 0.25)

@@ -5,7 +5,7 @@ import torch
 
 from specgen import SpecgenError, SpeculativeGenerator
 from specgen.errors import ConfigError, ModelError
-from specgen.profiles import MAX_K
+from specgen.choices import MAX_K
 from tiny import sharpen, tiny_model, tiny_pair
 
 N = 40
@@ -43,9 +43,9 @@ def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme):
     # speculation reproduces the quantized target's own greedy output exactly, as in fp32.
     from copy import deepcopy
 
-    from specgen import quantize
+    from specgen.kernels import prepare, quantize
 
-    target, draft = (quantize.apply(deepcopy(m), scheme) for m in pair("qwen2"))
+    target, draft = (prepare(deepcopy(m), role, scheme) for m, role in zip(pair("qwen2"), ("target", "draft")))
     assert any(m.kind == scheme for m in target.modules() if isinstance(m, quantize.QuantLinear))
     for seed in range(3):
         ids = prompt(seed=seed)
@@ -60,13 +60,13 @@ def test_greedy_equals_a_bf16_target_greedy(k):
     # row, so in bf16, too, speculation reproduces the target's own greedy output exactly.
     from copy import deepcopy
 
-    from specgen import cpu_linear
+    from specgen.kernels import linear, prepare
 
-    if cpu_linear.library() is None:
+    if linear.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
     target, draft = (deepcopy(m).to(torch.bfloat16) for m in pair("qwen2"))
-    cpu_linear.use_decode_linears(target, verifier=True)
-    cpu_linear.use_decode_linears(draft)
+    prepare(target, "target")
+    prepare(draft, "draft")
     for seed in range(4):
         ids = prompt(seed=seed, length=70)  # past the kernel's 64 rows a sweep
         result = SpeculativeGenerator(target, draft, k, adaptive=False).generate(ids, max_new_tokens=N)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specgen.errors import ConfigError
-from specgen.sampling import (
+from specgen.core.sampling import (
     SamplingParams,
     greedy_verify,
     probs_from_logits,

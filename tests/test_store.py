@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen import store
-from specgen.engine import SpeculativeGenerator
+from specgen.app import store
+from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import SpecgenError
-from specgen.store import RunRecord, default_db_path, load_runs, record_run
+from specgen.app.store import RunRecord, load_runs, record_run
+from specgen.paths import history_db
 from tiny import sharpen, tiny_model
 
 
@@ -210,7 +211,7 @@ def test_missing_database_is_an_empty_history_and_is_not_created(tmp_path):
 
 def test_default_db_path(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "x.sqlite3"))
-    assert default_db_path() == tmp_path / "x.sqlite3"
+    assert history_db() == tmp_path / "x.sqlite3"
     monkeypatch.delenv("SPECGEN_STATS_DB")
-    path = default_db_path()
+    path = history_db()
     assert path.name == "history.sqlite3" and "specgen" in path.parent.parts[-1]

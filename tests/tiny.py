@@ -185,3 +185,59 @@ def fake_llama_cpp():
     module.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)  # for find_spec
     module.llama_get_logits_ith = llama_get_logits_ith
     return module
+
+
+def write_tiny_gguf(path: Path, vocab: int = 64, hidden: int = 32, layers: int = 2,
+                    heads: int = 4, kv: int = 2, ff: int = 64, seed: int = 0,
+                    merges: tuple[str, ...] = ()) -> Path:
+    """A real (F32) llama GGUF file with a byte-level tokenizer, written with gguf's writer.
+    llama.cpp refuses a file without merges: give it one (e.g. "a a")."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+    w.add_file_type(0)
+    tokens = ["<unk>", "<s>", "</s>"] + [chr(97 + i % 26) * (1 + i // 26) for i in range(vocab - 3)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (vocab - 3))
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_merges(list(merges))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(vocab, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", t(vocab, hidden))
+    hd = hidden // heads
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "attn_q.weight", t(hidden, hidden))
+        w.add_tensor(p + "attn_k.weight", t(kv * hd, hidden))
+        w.add_tensor(p + "attn_v.weight", t(kv * hd, hidden))
+        w.add_tensor(p + "attn_output.weight", t(hidden, hidden))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "ffn_gate.weight", t(ff, hidden))
+        w.add_tensor(p + "ffn_up.weight", t(ff, hidden))
+        w.add_tensor(p + "ffn_down.weight", t(hidden, ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 __all__ = ["GenerationResult", "SpecgenError", "SpeculativeGenerator", "Stats", "Token", "__version__"]
 
 if TYPE_CHECKING:
-    from specgen.engine import GenerationResult, SpeculativeGenerator, Stats, Token
+    from specgen.core.engine import GenerationResult, SpeculativeGenerator
+    from specgen.core.stats import Stats, Token
     from specgen.errors import SpecgenError
 
 
@@ -20,8 +21,12 @@ def __getattr__(name: str):
         from specgen.errors import SpecgenError
 
         return SpecgenError
+    if name in ("Stats", "Token"):
+        from specgen.core import stats
+
+        return getattr(stats, name)
     if name in __all__:
-        from specgen import engine
+        from specgen.core import engine
 
         return getattr(engine, name)
     raise AttributeError(f"module 'specgen' has no attribute {name!r}")

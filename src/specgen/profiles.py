@@ -1,8 +1,8 @@
 """Profiles: a TOML file naming a target and a draft model and how to run them, read into
 typed, validated dataclasses. Errors name the file, the key and what is allowed.
 
-Search order for `--profile NAME`: the user's profile folder (platformdirs user config dir,
-or $SPECGEN_PROFILE_DIR), then the profiles bundled with specgen. A name containing a slash
+Search order for `--profile NAME`: the user's profile folder (paths.user_profile_dir:
+$SPECGEN_PROFILE_DIR, else the user config dir), then the profiles bundled with specgen. A name containing a slash
 or ending in .toml is a path. A profile may `extends = "other"` and override some keys.
 """
 
@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
+from specgen.choices import (DTYPES, MAX_K, METHODS, MIN_K, MODEL_METHODS, QUANTIZATIONS,
+                             RUNTIMES)
 from specgen.errors import ConfigError
+from specgen.paths import user_profile_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,13 +29,6 @@ else:  # pragma: no cover
 
 DEFAULT_PROFILE = "qwen-coder-demo"
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
-# bitsandbytes (nf4, fp4, int8) and specgen's own CPU kernels (int8-wo, int4-wo, int8-dyn,
-# int4-dyn).
-QUANTIZATIONS = ("none", "nf4", "fp4", "int8", "int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
-METHODS = ("draft-model", "prompt-lookup", "hybrid")
-# What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own quantized weights.
-RUNTIMES = ("transformers", "llama.cpp")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -50,12 +44,6 @@ class ModelSpec:
     sha256: str | None = None  # of the single model file (GGUF)
     trust_remote_code: bool = False
     runtime: str = "transformers"  # "llama.cpp": a GGUF draft on llama.cpp's CPU kernels
-
-
-# The most draft tokens a step may verify: a verify pass of MAX_K + 1 rows stays narrower than
-# the passes the CPU kernels compute by another method (cpu_linear.FP32_ROWS), so every token's
-# logits are those of a one-token pass and greedy speculation keeps the target's own output.
-MAX_K = 32
 
 
 @dataclass(frozen=True)
@@ -105,11 +93,6 @@ TOP_KEYS = ("description", "extends", *SECTIONS)
 
 
 # --- where profiles live ------------------------------------------------------------------
-
-def user_profile_dir() -> Path:
-    env = os.environ.get("SPECGEN_PROFILE_DIR")
-    return Path(env) if env else Path(platformdirs.user_config_dir("specgen")) / "profiles"
-
 
 def bundled_profile_dir() -> Path:
     """The profiles/ folder: inside the installed package, or at the repository root."""
@@ -297,11 +280,11 @@ def _validate(p: Profile, where: Any) -> None:
                           "layer; a llama.cpp draft always drafts over its whole vocabulary. "
                           "Remove draft_vocab, or set draft.runtime = \"transformers\".")
     _choice(s.method, METHODS, "speculation.method", where)
-    if p.draft is None and s.method != "prompt-lookup":
+    if p.draft is None and s.method in MODEL_METHODS:
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
                           "Add a [draft] table, or use method = \"prompt-lookup\".")
-    if not 0 <= s.num_speculative_tokens <= MAX_K:
-        raise ConfigError(f"{where}: speculation.num_speculative_tokens must be from 0 to {MAX_K} "
+    if not MIN_K <= s.num_speculative_tokens <= MAX_K:
+        raise ConfigError(f"{where}: speculation.num_speculative_tokens must be from {MIN_K} to {MAX_K} "
                           f"(0 turns speculation off), got {s.num_speculative_tokens}.")
     if s.draft_vocab < 0:
         raise ConfigError(f"{where}: speculation.draft_vocab must be >= 0 (0 drafts over the "
@@ -329,7 +312,7 @@ def _check_llama_runtime(spec: ModelSpec, role: str, where: Any) -> None:
         raise ConfigError(
             f"{where}: target.runtime = \"llama.cpp\" is not allowed: the target checks K drafts "
             "in one pass, and llama.cpp's CPU kernels cost nearly a decode step per token "
-            "checked (bench/NOTES.md). Run the draft in llama.cpp instead (draft.runtime).")
+            "checked. Run the draft in llama.cpp instead (draft.runtime).")
     if not (spec.model.endswith(".gguf") or spec.gguf_file):
         raise ConfigError(f"{where}: draft.runtime = \"llama.cpp\" runs a GGUF file, but "
                           f"draft.model = {spec.model!r} names none. Point draft.model at a .gguf "

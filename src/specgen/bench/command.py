@@ -1,0 +1,198 @@
+"""`specgen bench` from parsed options to printed tables: validate the request, load the pair
+(and the bf16 reference, and llama.cpp), run the contestants interleaved, keep the JSON up to
+date prompt by prompt, print the tables. The CLI only parses."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from specgen.bench import report as rep
+from specgen.bench import runner as b
+from specgen.choices import MAX_K, METHODS, MIN_K, listing
+from specgen.errors import ConfigError
+from specgen.profiles import Profile, load_profile, with_overrides
+
+
+@dataclass
+class BenchRequest:
+    profile: str
+    prompts: Path | None = None
+    max_new_tokens: int = 128
+    repeats: int = 1
+    out_file: Path | None = None
+    contestants: str | None = None  # comma-separated names; None: the defaults
+    method: str | None = None
+    k: int | None = None
+    threads: int | None = None
+    draft_vocab: int | None = None
+    draft_confidence: float | None = None
+    device: str | None = None
+    target_quantization: str | None = None
+    draft_quantization: str | None = None
+    draft_runtime: str | None = None
+    raw: bool = False
+    stats_db: Path | None = None
+
+    def check(self) -> None:
+        """Refuse bad values before anything loads."""
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}.")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}.")
+        if self.k is not None and not MIN_K <= self.k <= MAX_K:
+            raise ConfigError(f"--k must be from {MIN_K} to {MAX_K}, got {self.k}.")
+        if self.draft_confidence is not None and not 0.0 <= self.draft_confidence < 1.0:
+            raise ConfigError(f"--draft-confidence must be in [0, 1), got {self.draft_confidence}.")
+
+
+def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contestant]]:
+    """The drafting method, every contestant by name, and those that run."""
+    from specgen.decoding import llamacpp
+    from specgen.loading.sources import is_gguf
+
+    method = request.method or prof.speculation.method
+    if method not in METHODS:
+        raise ConfigError(f"--method {method!r} is not a drafting method; choose "
+                          f"{listing(METHODS)}.")
+    k = request.k if request.k is not None else prof.speculation.num_speculative_tokens
+    everyone = b.contestants(method, k)
+    quantized = (request.target_quantization or prof.target.quantization) != "none"
+    default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target))
+    chosen = request.contestants
+    names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
+    unknown = [n for n in names if n not in everyone]
+    if unknown or not names:
+        raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
+                          f"from {', '.join(everyone)}.")
+    picked = [everyone[n] for n in dict.fromkeys(names)]
+    if any(c.needs_draft_model for c in picked) and prof.draft is None:
+        if chosen:
+            raise ConfigError(f"Profile {prof.name!r} has no draft model, which "
+                              f"{', '.join(c.name for c in picked if c.needs_draft_model)} need.")
+        picked = [c for c in picked if not c.needs_draft_model]
+    return method, everyone, picked
+
+
+def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
+    """Run the bench; whether it ran to the end (False: interrupted, figures so far kept)."""
+    request.check()
+    prompt_set = b.read_prompts(request.prompts) if request.prompts else b.builtin_prompts()
+    prof = load_profile(request.profile)
+    method, everyone, picked = pick(request, prof)
+    gguf = _llamacpp_gguf(prof) if any(c.kind == "llamacpp" for c in picked) else None
+    needs_draft = any(c.needs_draft_model for c in picked)
+    # Load the draft whenever a contestant needs it, whatever the profile's own method.
+    prof = with_overrides(prof, method="draft-model" if needs_draft and prof.draft else None,
+                          chat_template=False if request.raw else None,
+                          max_new_tokens=request.max_new_tokens, temperature=0.0,
+                          device=request.device, target_quantization=request.target_quantization,
+                          draft_quantization=request.draft_quantization,
+                          draft_runtime=request.draft_runtime)
+    if request.draft_vocab and prof.draft is not None and prof.draft.runtime == "llama.cpp":
+        raise ConfigError("--draft-vocab trims a transformers draft's output layer; a llama.cpp "
+                          "draft drafts over its whole vocabulary. Drop --draft-vocab.")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from specgen.app.session import encode_messages, messages_for
+    from specgen.decoding import llamacpp
+
+    hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
+    if request.threads is not None:
+        torch.set_num_threads(request.threads)
+    session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked))
+    reference = None
+    if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
+        reference = load_session(with_overrides(
+            prof, method="prompt-lookup", target_quantization="none",
+            target_dtype="bfloat16")).pair.target
+    gen, spec = prof.generation, prof.speculation
+    inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
+                              gen.chat_template) for p in prompt_set]
+    runner = b.Bench(session.pair.target, session.pair.draft, request.max_new_tokens,
+                     session.eos_ids(), spec.max_ngram, spec.min_ngram,
+                     (spec.draft_vocab if request.draft_vocab is None else request.draft_vocab) or None,
+                     spec.draft_confidence if request.draft_confidence is None
+                     else request.draft_confidence,
+                     reference, peer_draft=session.pair.peer_draft)
+    if gguf is not None:  # the same threads as torch, room for the longest prompt
+        runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
+                                     max(len(i) for i in inputs) + request.max_new_tokens + 16)
+    names = [c.name for c in picked]
+    by_name = {c.name: c for c in picked}
+    config = {"profile": prof.name, "target": session.pair.target_name,
+              "draft": session.pair.draft_name, "dtype": session.pair.dtype,
+              "device": session.pair.device, "max_new_tokens": request.max_new_tokens,
+              "quantization": session.pair.quantization,
+              "draft_quantization": session.pair.draft_quantization,
+              "draft_runtime": prof.draft.runtime if prof.draft else None,
+              "repeats": request.repeats, "method": method, "k_max": everyone["adaptive"].k,
+              "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
+              "draft_vocab": runner.drafter_options[2] or 0,
+              "draft_confidence": runner.drafter_options[3],
+              "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
+              **({"llamacpp_gguf": str(gguf)} if gguf is not None else {})}
+    total = len(prompt_set) * request.repeats * len(picked)
+    measurements: list = []
+    warnings: list[str] = []
+
+    def write_json() -> dict:
+        doc = rep.report(measurements, prompt_set, names, config)
+        if request.out_file is not None:
+            try:
+                request.out_file.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            except OSError as e:
+                raise ConfigError(f"Cannot write {request.out_file}: {e.strerror}.") from None
+        return doc
+
+    def progress(m, stats) -> None:
+        measurements.append(m)
+        err.print(f"[dim][{len(measurements)}/{total}] prompt {m.prompt + 1} ({m.category}) "
+                  f"{m.contestant}: {m.new_tokens} tokens, {m.tokens_per_second:.2f} tok/s[/]",
+                  highlight=False)
+        warning = b.record(session, by_name[m.contestant], stats, request.stats_db)
+        if warning and warning not in warnings:
+            warnings.append(warning)
+        if len(measurements) % (len(picked) * request.repeats) == 0:
+            write_json()  # a long bench keeps its figures prompt by prompt
+
+    err.print(f"[dim]bench: {len(prompt_set)} prompts x {len(picked)} contestants x "
+              f"{request.repeats} repeat(s), {request.max_new_tokens} new tokens, "
+              f"{torch.get_num_threads()} threads[/]")
+    complete = False
+    try:
+        b.run_bench(runner, prompt_set, inputs, picked, request.repeats, on_measurement=progress)
+        config["complete"] = complete = True
+    except KeyboardInterrupt:
+        pass  # show and keep what was measured
+    doc = write_json()
+    console = Console()
+    for table in rep.tables(doc):
+        console.print(table)
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    if not complete:
+        err.print("[yellow]interrupted:[/] the figures cover the measurements made so far.")
+    return complete
+
+
+def _llamacpp_gguf(prof: Profile) -> Path:
+    """The target's GGUF file, which the llamacpp contestant decodes."""
+    from specgen.decoding import llamacpp
+    from specgen.loading.sources import gguf_file
+
+    if not llamacpp.available():
+        raise ConfigError(f"The llamacpp contestant needs llama-cpp-python: {llamacpp.INSTALL_HINT}.")
+    gguf = gguf_file(prof.target, "target", prof.path.parent if prof.path else None)
+    if gguf is None:
+        raise ConfigError(f"The llamacpp contestant runs the target's GGUF file, but profile "
+                          f"{prof.name!r}'s target {prof.target.model!r} is not a GGUF model.")
+    return gguf

@@ -1,0 +1,345 @@
+"""`specgen bench`: specgen against plain decoding and transformers' assisted generation on
+the same model pair, in one process, contestants interleaved prompt by prompt so that
+machine drift hits all of them alike.
+
+Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
+(`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
+(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, `bf16`: plain
+decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
+quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
+llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
+geometric means of per-prompt ratios (report.py).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from specgen.app.store import RunRecord, record_run
+from specgen.bench.prompts import PROMPTS
+from specgen.core.drafters import make_drafter
+from specgen.core.engine import SpeculativeGenerator
+from specgen.core.stats import Stats
+from specgen.decoding import llamacpp
+from specgen.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    category: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Contestant:
+    name: str
+    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp"
+    method: str = "draft-model"
+    k: int = 0
+    adaptive: bool = False
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.kind == "peer" or (self.kind == "specgen" and self.method != "prompt-lookup")
+
+
+def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contestant]:
+    """Every contestant by name. `method` drafts for the fixed-K and adaptive entries;
+    `lookup` and `hybrid` always use their own method, adaptive up to `k_max`."""
+    return {
+        "baseline": Contestant("baseline", "baseline"),
+        # specgen's own loop and forward with speculation off (K = 0: nothing drafts)
+        "plain": Contestant("plain", "specgen", "prompt-lookup", 0),
+        "peer": Contestant("peer", "peer"),
+        **{f"k{k}": Contestant(f"k{k}", "specgen", method, k) for k in (2, 4, 6)},
+        "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True),
+        "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
+        "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
+        "bf16": Contestant("bf16", "reference"),
+        "llamacpp": Contestant("llamacpp", "llamacpp"),
+    }
+
+
+def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
+    """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
+    target) and `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
+    file)."""
+    return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
+            and (n != "llamacpp" or with_llama)]
+
+
+def builtin_prompts() -> list[BenchPrompt]:
+    return [BenchPrompt(c, p) for c, p in PROMPTS]
+
+
+def read_prompts(path: Path) -> list[BenchPrompt]:
+    """A JSONL file, one {"category": ..., "prompt": ...} object a line (blank lines skipped)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ConfigError(f"Cannot read the prompts file {path}: {e.strerror}.") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{number}: not valid JSON ({e.msg}).") from None
+        if not (isinstance(item, dict) and isinstance(item.get("category"), str)
+                and isinstance(item.get("prompt"), str) and item["prompt"].strip()):
+            raise ConfigError(f'{path}:{number}: each line must be an object '
+                              f'{{"category": "...", "prompt": "..."}} with a non-empty prompt.')
+        prompts.append(BenchPrompt(item["category"], item["prompt"]))
+    if not prompts:
+        raise ConfigError(f"{path} holds no prompts.")
+    return prompts
+
+
+def schedule(n_prompts: int, names: Sequence[str], repeats: int) -> list[tuple[int, int, str]]:
+    """(prompt, repeat, contestant) in run order: prompt by prompt, every contestant once per
+    repeat, the order rotated each repeat so no contestant always runs first (warm caches)
+    or last."""
+    order = []
+    for p in range(n_prompts):
+        for r in range(repeats):
+            shift = r % len(names)
+            order += [(p, r, name) for name in [*names[shift:], *names[:shift]]]
+    return order
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+class PeakMemory:
+    """Peak memory of one measurement: CUDA's allocator peak on a GPU; on Linux the process's
+    resident high-water mark, reset before each measurement (/proc/self/clear_refs); else the
+    process's lifetime peak (getrusage), which cannot be reset."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def read(self) -> int:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated()
+        try:
+            status = Path("/proc/self/status").read_text()
+            return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+        except (OSError, AttributeError):
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return peak if platform.system() == "Darwin" else peak * 1024
+
+
+class ForwardCounter:
+    """Counts a model's forward calls (how many passes transformers' generate made) and
+    notes when the first (the prompt's prefill) ended."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        self.first_end: float | None = None
+        self._handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output) -> None:
+        self.calls += 1
+        if self.first_end is None:
+            self.first_end = time.perf_counter()
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+@dataclass
+class Measurement:
+    """One contestant on one prompt, one repeat."""
+
+    prompt: int
+    category: str
+    contestant: str
+    repeat: int
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    decode_tokens_per_second: float | None  # after the prefill; None where not separable (peer)
+    target_passes: int
+    draft_passes: int
+    acceptance_rate: float | None  # None: nothing drafted (baseline, plain)
+    tau: float
+    draft_seconds: float | None  # None: not measurable inside transformers' generate
+    verify_seconds: float | None
+    rest_seconds: float | None
+    prefill_seconds: float | None
+    peak_memory_bytes: int
+    token_ids: list[int] = field(repr=False)
+    k_per_step: list[int] = field(default_factory=list, repr=False)
+
+
+class Bench:
+    """Runs contestants on a loaded target (and draft) and returns Measurements."""
+
+    def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
+                 max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
+                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None) -> None:
+        self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
+        # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
+        self.peer_draft = peer_draft if peer_draft is not None else draft
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = list(eos_ids)
+        self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
+        self.memory = PeakMemory(target.device)
+        self.generators: dict[str, SpeculativeGenerator] = {}
+        self.last_stats: dict[str, Stats] = {}
+
+    def generator(self, c: Contestant) -> SpeculativeGenerator:
+        if c.name not in self.generators:
+            vocab = self.target.config.get_text_config().vocab_size
+            drafter = make_drafter(c.method, self.draft, vocab, *self.drafter_options)
+            self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
+        return self.generators[c.name]
+
+    def measure(self, c: Contestant, input_ids: Tensor, max_new_tokens: int | None = None
+                ) -> tuple[list[int], Stats]:
+        """Generate with one contestant; its tokens and a Stats of what it did."""
+        n = max_new_tokens or self.max_new_tokens
+        if c.kind == "specgen":
+            gen = self.generator(c)
+            gen.reset()  # no KV reuse across measurements: every contestant prefills
+            result = gen.generate(input_ids, max_new_tokens=n, eos_token_ids=self.eos_ids)
+            return result.token_ids, result.stats
+        if c.kind == "llamacpp":
+            return self._llamacpp_generate(input_ids, n)
+        return self._hf_generate(c, input_ids, n)
+
+    def _llamacpp_generate(self, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
+        if self.llama is None:
+            raise ConfigError("The llamacpp contestant needs llama.cpp loaded on the target's GGUF file.")
+        tokens, first, seconds = llamacpp.generate(self.llama, input_ids.tolist(), n, self.eos_ids)
+        stats = Stats(k_max=0, adaptive=False, prompt_tokens=len(input_ids),
+                      prefill_tokens=len(input_ids), new_tokens=len(tokens), total_seconds=seconds,
+                      prefill_seconds=first, target_passes=len(tokens))
+        stats.stop_reason = "eos" if tokens and tokens[-1] in self.eos_ids else "max_new_tokens"
+        return tokens, stats
+
+    def _hf_generate(self, c: Contestant, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
+        """transformers' own generate: plain greedy (baseline, reference) or assisted (peer).
+        Passes are counted with forward hooks; acceptance follows from them (each target pass
+        keeps its accepted drafts plus one token of its own)."""
+        kwargs = dict(do_sample=False, max_new_tokens=n, eos_token_id=self.eos_ids or None,
+                      pad_token_id=self.eos_ids[0] if self.eos_ids else None)
+        if c.kind == "peer":
+            if not isinstance(self.peer_draft, PreTrainedModel):
+                raise ConfigError("The peer contestant needs a transformers draft model; the "
+                                  "profile has none.")
+            kwargs["assistant_model"] = self.peer_draft
+        model = self.reference if c.kind == "reference" else self.target
+        if model is None:
+            raise ConfigError("The bf16 contestant needs the unquantized target loaded beside the pair.")
+        ids = input_ids.to(model.device)[None]
+        counters = [ForwardCounter(model)]
+        if c.kind == "peer":
+            counters.append(ForwardCounter(self.peer_draft))
+        try:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            seconds = time.perf_counter() - start
+        finally:
+            for counter in counters:
+                counter.close()
+        tokens = out[0, ids.shape[1]:].tolist()
+        stats = Stats(k_max=0, adaptive=False, prompt_tokens=ids.shape[1],
+                      prefill_tokens=ids.shape[1], new_tokens=len(tokens), total_seconds=seconds)
+        stats.target_passes = counters[0].calls  # includes the prefill, which makes token 1
+        if c.kind != "peer" and counters[0].first_end is not None:
+            stats.prefill_seconds = counters[0].first_end - start
+        if c.kind == "peer":
+            stats.draft_passes = counters[1].calls
+            stats.proposed = counters[1].calls  # one draft forward per proposed token
+            stats.accepted = max(0, len(tokens) - stats.target_passes)
+        stats.stop_reason = "eos" if tokens and tokens[-1] in self.eos_ids else "max_new_tokens"
+        return tokens, stats
+
+    def run_one(self, c: Contestant, prompt_index: int, category: str, repeat: int,
+                input_ids: Tensor) -> Measurement:
+        self.memory.reset()
+        start = time.perf_counter()
+        tokens, stats = self.measure(c, input_ids)
+        seconds = time.perf_counter() - start
+        self.last_stats[c.name] = stats
+        specgen = c.kind == "specgen"
+        split = (stats.draft_seconds, stats.verify_seconds,
+                 seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
+        # Decode speed: every contestant's prefill yields the first token.
+        decoded = len(tokens) - 1
+        decode_s = seconds - stats.prefill_seconds
+        decode_tps = decoded / decode_s if c.kind != "peer" and decode_s > 0 and decoded else None
+        return Measurement(
+            prompt=prompt_index, category=category, contestant=c.name, repeat=repeat,
+            new_tokens=len(tokens), seconds=seconds,
+            tokens_per_second=len(tokens) / seconds if seconds else 0.0,
+            decode_tokens_per_second=decode_tps,
+            target_passes=stats.target_passes, draft_passes=stats.draft_passes,
+            acceptance_rate=stats.acceptance_rate if stats.proposed else None,  # None: no drafts
+            tau=len(tokens) / stats.target_passes if stats.target_passes else 0.0,
+            draft_seconds=split[0], verify_seconds=split[1], rest_seconds=split[2],
+            prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
+            peak_memory_bytes=self.memory.read(), token_ids=tokens,
+            k_per_step=list(stats.k_per_step),
+        )
+
+
+def run_bench(bench: Bench, prompts: Sequence[BenchPrompt], inputs: Sequence[Tensor],
+              chosen: Sequence[Contestant], repeats: int = 1, warmup_tokens: int = 8,
+              on_measurement: Callable[[Measurement, Stats], None] | None = None
+              ) -> list[Measurement]:
+    """Every (prompt, repeat, contestant) of `schedule`, after one short unrecorded warm-up
+    generation per contestant (first-call allocations and lazy initialisation)."""
+    if warmup_tokens:
+        for c in chosen:
+            bench.measure(c, inputs[0], warmup_tokens)
+    by_name = {c.name: c for c in chosen}
+    out = []
+    for p, r, name in schedule(len(prompts), [c.name for c in chosen], repeats):
+        m = bench.run_one(by_name[name], p, prompts[p].category, r, inputs[p])
+        out.append(m)
+        if on_measurement is not None:
+            on_measurement(m, bench.last_stats[name])
+    return out
+
+
+def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) -> str | None:
+    """One history row for one measurement (command "bench")."""
+    p = session.profile
+    method = c.method if c.kind == "specgen" and c.k else {
+        "peer": "transformers-assisted", "llamacpp": "llama.cpp"}.get(c.kind, "none")
+    reference = c.kind == "reference"
+    dtype = "bfloat16" if reference else session.pair.dtype
+    quantization = "none" if reference else session.pair.quantization
+    if c.kind == "llamacpp":  # llama.cpp runs the GGUF's own quantized weights
+        dtype = quantization = "gguf"
+    return record_run(RunRecord(
+        command="bench", profile=p.name, target=session.pair.target_name,
+        draft=session.pair.draft_name if c.needs_draft_model else None, method=method,
+        device="cpu" if c.kind == "llamacpp" else session.pair.device, dtype=dtype,
+        quantization=quantization,
+        adaptive=c.adaptive, k_max=c.k,
+        temperature=0.0, top_p=1.0, top_k=0, ended="completed", stats=stats.to_dict(),
+    ), db_path)

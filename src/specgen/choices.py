@@ -1,0 +1,38 @@
+"""The named choices of a profile and the command line, declared once: profiles validate
+against these, the CLI's help lists them, and the loaders and kernels dispatch on them.
+No imports beyond the standard library, so any layer may use it."""
+
+from __future__ import annotations
+
+# Floating-point types a model may run in ("auto": bf16 where it is fast, else fp16 / fp32).
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+# Quantization schemes. bitsandbytes' run on CUDA (and, more slowly, on a CPU); specgen's own
+# CPU schemes (kernels/quantize.py) are weight-only (`-wo`: float activations) or dynamic
+# (`-dyn`: int8 activations quantized per token, every row computed alone).
+BNB_SCHEMES = ("nf4", "fp4", "int8")
+CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
+DYNAMIC_SCHEMES = ("int8-dyn", "int4-dyn")
+QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES)
+# Bytes a weight of a quantized linear layer takes (4-bit counts its block scales).
+QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
+               "int8-dyn": 1.0, "int4-dyn": 0.63}
+
+# Who drafts: a second model, the prompt itself (n-gram lookup), or the better of the two.
+METHODS = ("draft-model", "prompt-lookup", "hybrid")
+# Methods that need a [draft] model.
+MODEL_METHODS = ("draft-model", "hybrid")
+
+# What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
+RUNTIMES = ("transformers", "llama.cpp")
+
+# Draft tokens a step may verify: 0 turns speculation off. A verify pass of MAX_K + 1 rows
+# stays narrower than the passes the CPU kernels compute by another method (kernels.linear
+# FP32_ROWS, kernels.int4 tile paths), so every token's logits are those of a one-token pass.
+MIN_K, MAX_K = 0, 32
+
+
+def listing(names: tuple[str, ...] | list[str], last: str = "or") -> str:
+    """'a, b or c': a choice list for help texts and error messages."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"

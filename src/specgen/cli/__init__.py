@@ -1,0 +1,65 @@
+"""The `specgen` command line: each command parses its options and delegates to the app
+(app/, bench/, loading/). Errors a user can cause print one line and exit 2; `--debug` shows
+the traceback instead."""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperGroup
+
+from specgen import __version__
+from specgen.cli import bench, chat, profiles, run, stats
+from specgen.cli.options import debug_enabled, err
+from specgen.errors import SpecgenError
+
+
+class _Group(TyperGroup):
+    """Turns a SpecgenError raised by any command into one clear line and exit code 2
+    (the traceback only with --debug or SPECGEN_DEBUG=1), and Ctrl-C into exit code 130."""
+
+    def invoke(self, ctx):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except SpecgenError as e:
+            if debug_enabled():
+                raise
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="specgen",
+    help="Exact speculative decoding for local LLMs: a small draft model proposes, the "
+    "large target model verifies, and the output is exactly the target's.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+app.command(help=run.HELP, no_args_is_help=False)(run.run)
+app.command(help=chat.HELP)(chat.chat)
+app.command(help=bench.HELP)(bench.bench)
+app.add_typer(stats.app, name="stats")
+app.add_typer(profiles.app, name="profiles")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"specgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """specgen: faster local generation that never changes what the model says."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,79 @@
+"""`specgen bench`: parse the options; specgen.bench.command does the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specgen.choices import METHODS, listing
+from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, PROFILE, RAW,
+                                 STATS_DB, TARGET_QUANTIZATION, err, load_session)
+
+HELP = """Measure specgen against plain decoding and transformers' assisted generation.
+
+All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
+greedy: [bold]baseline[/] (the target's own generate), [bold]peer[/] (generate with
+assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] (specgen,
+adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting),
+[bold]plain[/] (specgen's own loop with speculation off; only when named), and,
+by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
+unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
+quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
+and the target is a GGUF file, [bold]llamacpp[/] (llama.cpp's plain decoding of that file, on
+the CPU). Prints tokens/s and speedups per prompt and a summary; --out writes every figure as
+JSON.
+
+[bold]Examples[/]
+
+  specgen bench
+
+  specgen bench --contestants baseline,peer,adaptive --repeats 3 --out bench.json
+
+  specgen bench --prompts my_prompts.jsonl --max-new-tokens 64
+
+  specgen bench --target-quantization int8-dyn --draft-quantization int8-dyn
+"""
+
+
+def bench(
+    profile: str = PROFILE,
+    prompts: Optional[Path] = typer.Option(
+        None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: built-in set).'
+    ),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens per generation."),
+    repeats: int = typer.Option(1, "--repeats", "-r", help="Runs of each contestant per prompt (median)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
+    chosen: Optional[str] = typer.Option(
+        None, "--contestants", "-c",
+        help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16,llamacpp.",
+    ),
+    method: Optional[str] = typer.Option(
+        None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."
+    ),
+    k: Optional[int] = K,
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    draft_vocab: Optional[int] = typer.Option(
+        None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
+    ),
+    draft_confidence: Optional[float] = typer.Option(
+        None, "--draft-confidence",
+        help="End a draft when the draft's probability of its token falls below this (0: never; default: the profile's).",
+    ),
+    device: Optional[str] = DEVICE,
+    target_quantization: Optional[str] = TARGET_QUANTIZATION,
+    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
+    draft_runtime: Optional[str] = DRAFT_RUNTIME,
+    raw: bool = RAW,
+    stats_db: Optional[Path] = STATS_DB,
+    debug: bool = DEBUG,
+) -> None:
+    from specgen.bench.command import BenchRequest, run
+
+    request = BenchRequest(
+        profile, prompts, max_new_tokens, repeats, out_file, chosen, method, k, threads,
+        draft_vocab, draft_confidence, device, target_quantization, draft_quantization,
+        draft_runtime, raw, stats_db)
+    if not run(request, load_session, err):
+        raise typer.Exit(130)

@@ -1,0 +1,296 @@
+"""Choosing K each step: the number of draft tokens that maximises expected tokens per second.
+
+With per-token acceptance rate alpha, a step that drafts K tokens yields on average
+(1 - alpha^(K+1)) / (1 - alpha) tokens and costs K draft passes plus one target pass over
+K+1 tokens. Both costs are measured as the run goes. K = 0 is plain target decoding, so
+speculation that does not pay switches itself off; after `probe_every` plain steps a
+one-token draft probes whether the draft has become useful again. Each failed probe doubles
+the wait (up to `max_probe_every`), so text the draft cannot guess costs few probes; a kept
+draft resets it. Rejections while speculation is on leave the wait alone: they say nothing
+about how soon after switching off the draft may be worth another try.
+
+Several guessers (a hybrid's prompt lookup and draft model) each get a policy of their own,
+since their costs and acceptance differ; each step goes to the one with the best expected
+rate. The target's pass costs are the target's, whoever drafted: the policies share them.
+
+A draft model knows how sure it is of each token, and the chance that a drafted prefix
+survives verification is about the product of its probabilities. So its policy offers it
+k_max and a threshold (`stop_below`) instead of one K for every step: the draft goes on
+while one more token could still pay for itself, which is long in boilerplate and short
+where the text turns. Whether to speculate at all is then decided on the measured yield of
+such drafts (tokens per second of their steps) against a plain step, and probes are
+self-ended drafts too: no model of a draft whose length it does not choose. Such a probe
+stops where the draft is unsure, so it is cheap and comes after 4 plain steps, not 16.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from specgen.core.drafters import Drafter
+
+
+FIRST_K = 2  # a guesser's K while its costs are unknown
+FIRST_STOP = 0.5  # a self-ended draft's stop then: its whole draft as likely wrong as right
+TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is judged
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens emitted by a step with k drafts (accepted prefix plus one target token)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def verify_curve(costs: dict[int, float], k: int) -> float:
+    """Cost of a pass over k+1 tokens for an unmeasured k, from the measured widths: linear
+    between the two measured neighbours, flat beyond the ends. The shape is the hardware's
+    (flat up to K≈8 in bf16 on a CPU with bf16 units; on an AVX2 CPU in fp32 a jump from
+    one token to two, then slowly rising), so it is measured, never assumed; flat beyond the
+    widest measured pass is optimistic, which is what makes the policy try wider drafts."""
+    below = [m for m in costs if m < k]
+    above = [m for m in costs if m > k]
+    if not below or not above:
+        return costs[max(below) if below else min(above)]
+    lo, hi = max(below), min(above)
+    return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
+
+
+def marginal_verify_cost(costs: dict[int, float]) -> float:
+    """Seconds one more draft token adds to a verify pass: the slope between the narrowest
+    and the widest measured speculative passes; 0 until two widths are measured (wider
+    drafts then look free, which gets them measured)."""
+    widths = sorted(k for k in costs if k >= 1)
+    if len(widths) < 2:
+        return 0.0
+    lo, hi = widths[0], widths[-1]
+    return max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
+
+
+def moving_average(old: float | None, new: float) -> float:
+    """Costs drift (caches grow, the machine's load changes): weight recent measurements."""
+    return new if old is None else 0.8 * old + 0.2 * new
+
+
+def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
+    """Fold one measured target pass over k+1 tokens into `costs`."""
+    costs[k] = moving_average(costs.get(k), seconds)
+
+
+class Policy(Protocol):
+    def choose(self, limit: int) -> int: ...
+
+    def rate(self, k: int) -> float: ...
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None: ...
+
+    def stop_below(self, k: int) -> float: ...
+
+
+def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int
+                   ) -> tuple[str | None, int]:
+    """Of the `guessers` whose policy drafts this step, the one with the best expected rate
+    (the first of equals), with its K; (None, 0) when none drafts: a plain step."""
+    best: tuple[str | None, int] = (None, 0)
+    best_rate = -math.inf
+    for guesser in guessers:
+        policy = policies[guesser]
+        k = policy.choose(limit)
+        if k and policy.rate(k) > best_rate:
+            best, best_rate = (guesser, k), policy.rate(k)
+    return best
+
+
+class FixedK:
+    """Always K (adaptive off)."""
+
+    def __init__(self, k: int) -> None:
+        self.k_max = k
+
+    def choose(self, limit: int) -> int:
+        return min(self.k_max, limit)
+
+    def rate(self, k: int) -> float:
+        return 0.0  # no estimate: guessers keep their order of preference
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
+        pass
+
+    def stop_below(self, k: int) -> float:
+        return 0.0  # K is K
+
+
+class AdaptiveK:
+    """Pick K in [0, k_max] from the running acceptance rate and measured costs.
+    `self_stopping`: the guesser ends its drafts itself at `stop_below` (a draft model), so
+    when speculation pays it is offered k_max."""
+
+    def __init__(
+        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7,
+        probe_every: int | None = None, max_probe_every: int = 128,
+        verify_cost: dict[int, float] | None = None, self_stopping: bool = False,
+    ) -> None:
+        self.k_max = k_max
+        self.self_stopping = self_stopping
+        self.decay = decay
+        if probe_every is None:
+            # A self-ended probe stops where the draft is unsure, so it costs little: it can
+            # come four times as often.
+            probe_every = 4 if self_stopping else 16
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.wait = probe_every  # plain steps before the next probe
+        # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
+        self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
+        self.draft_cost: float | None = None  # seconds per draft forward
+        self.warm = False  # drafted once: the first step's cost includes warming up
+        # Seconds per target pass over k+1 tokens, shared by the policies of one generation.
+        self.verify_cost = {} if verify_cost is None else verify_cost
+        self.plain_steps = 0
+        self.probing = False  # the step in flight is a probe
+        # A self-ended draft's length varies with the text, so its yield is measured, not
+        # modelled: decayed tokens made and seconds spent by its speculative steps.
+        self.yield_tokens = self.yield_seconds = 0.0
+        self.spec_steps = 0  # speculative steps taken
+
+    @property
+    def alpha(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def _verify_cost(self, k: int) -> float:
+        if k in self.verify_cost:
+            return self.verify_cost[k]
+        return verify_curve(self.verify_cost, k)
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second when drafting k tokens. An untried guesser is taken
+        to guess at the prior rate for free: it gets a step to be measured only where the
+        others are expected to do worse than that."""
+        if not self.verify_cost:
+            return math.inf  # nothing measured yet
+        if k and self.yield_seconds:
+            return self.yield_tokens / self.yield_seconds  # a self-ended draft's, measured
+        cost = self._verify_cost(k) + k * (self.draft_cost or 0.0)
+        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+
+    def choose(self, limit: int) -> int:
+        self.probing = False  # a probe offered last step but not taken is forgotten
+        top = min(self.k_max, limit)
+        if top == 0 or 0 not in self.verify_cost:
+            # A plain step first: the cost speculation has to beat, never assumed; and an
+            # answer that ends here never pays for the draft reading the prompt.
+            return 0
+        if self.draft_cost is None:
+            # Then short speculative steps: cheap if the draft is useless, and wider drafts
+            # look cheap until measured (verify_curve). A self-ended draft is short where
+            # it is unsure by itself, and long where it is sure (a passage to copy).
+            return top if self.self_stopping else min(top, FIRST_K)
+        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
+            # The yield of two or three steps is noise: one confidently wrong draft would
+            # switch off a draft that pays.
+            return top
+        best = max(range(top + 1), key=self.rate)
+        if best == 0:
+            self.plain_steps += 1
+            if self.plain_steps >= self.wait:
+                self.plain_steps = 0
+                self.probing = True
+                # The cheapest probe: does the draft guess the next token? A self-ended
+                # draft is its own probe: it stops where its guesses stop paying.
+                return top if self.self_stopping else 1
+        return top if best and self.self_stopping else best
+
+    def stop_below(self, k: int) -> float:
+        """End a self-ended draft once the draft's probability of every token so far
+        falls below this. The next token would add at most that probability in expected
+        tokens, for a draft pass and a wider verify pass: worth it only while that is more
+        than those seconds yield at the better of drafting and plain steps. Until those
+        costs are measured: FIRST_STOP."""
+        if not self.self_stopping:
+            return 0.0
+        if self.draft_cost is None or not self.verify_cost:
+            return FIRST_STOP
+        rate = max(self.rate(k), self.rate(0))
+        return rate * (self.draft_cost + marginal_verify_cost(self.verify_cost))
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
+        """After a step this policy drafted (k >= 1); the pass itself goes to record_pass.
+        The first step's drafting time is not a cost of drafting: it includes the draft
+        model reading the prompt (it does so when first asked to draft) and first-call
+        warm-up, and taken as the cost it would switch a good draft off."""
+        if self.warm:
+            self.draft_cost = moving_average(self.draft_cost, draft_seconds / k)
+        self.warm = True
+        if self.self_stopping:  # the first step's draft time is unknown: taken as free
+            # A kept probe says the text has changed since speculation went off: the yield
+            # starts again from it, or a long bad stretch would outvote it for many probes.
+            self.spec_steps += 1
+            keep = 0.0 if self.probing and n_accepted else self.decay
+            self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
+            self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
+                                  + k * (self.draft_cost or 0.0))
+        if n_accepted:
+            self.wait = self.probe_every
+        elif self.probing:  # a failed probe: wait twice as long before the next
+            self.wait = min(2 * self.wait, self.max_probe_every)
+        self.probing = False
+        rejected = 1.0 if n_accepted < k else 0.0
+        self.hits = self.decay * self.hits + n_accepted
+        self.misses = self.decay * self.misses + rejected
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the next step drafts: `drafter` (None: a plain step) up to `k` tokens, stopping
+    early below `stop_below` if it ends its own drafts; `guesser` names its policy."""
+
+    guesser: str | None
+    drafter: Drafter | None
+    k: int
+    stop_below: float = 0.0
+
+
+PLAIN = Plan(None, None, 0)
+
+
+class Planner:
+    """The policy beside the loop: before each step it plans who drafts and how much
+    (`plan`), after it learns from what verification kept and what the step cost
+    (`observe`). One K policy per guesser, made on first use; the target's pass costs are
+    the target's, whoever drafted, so the policies share them."""
+
+    def __init__(self, k_max: int, adaptive: bool = True) -> None:
+        self.verify_cost: dict[int, float] = {}
+        self.policies: dict[str, Policy] = {}
+        self.k_max, self.adaptive = k_max, adaptive
+
+    def _policy(self, guesser: str, drafter: Drafter) -> Policy:
+        if guesser not in self.policies:
+            self.policies[guesser] = (
+                AdaptiveK(self.k_max, verify_cost=self.verify_cost,
+                          self_stopping=drafter.ends_own_drafts)
+                if self.adaptive else FixedK(self.k_max))
+        return self.policies[guesser]
+
+    def plan(self, drafter: Drafter, tokens: Tensor, limit: int) -> Plan:
+        """The next step's plan, drafting at most `limit` tokens."""
+        offered = drafter.guessers(tokens)
+        for guesser, who in offered.items():
+            self._policy(guesser, who)
+        guesser, k = choose_guesser(self.policies, tuple(offered), limit)
+        if guesser is None:
+            return PLAIN
+        return Plan(guesser, offered[guesser], k, self.policies[guesser].stop_below(k))
+
+    def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        """After verifying a step of `plan` that drafted k tokens (a drafter may find fewer
+        than planned) of which n_accepted were kept."""
+        record_pass(self.verify_cost, k, verify_seconds)
+        if k:
+            self.policies[plan.guesser].update(k, n_accepted, draft_seconds)

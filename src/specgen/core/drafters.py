@@ -1,0 +1,347 @@
+"""Drafters: whatever proposes the K tokens the target verifies.
+
+A drafter answers `propose(tokens, k, params, generator, stop_below)` with up to k token ids
+and the distribution each was drawn from (None means one-hot: a deterministic guess, exact
+under rejection sampling), and `rollback(n_valid)` when only the first n_valid context tokens
+survived verification. `guessers(tokens)` names who could draft the next step, in order of
+preference, each with the drafter that drafts for it ({"lookup-3": lookup, "model": model}):
+the planner keeps one K policy per guesser, since their costs and acceptance differ, and asks
+the one it chose. Prompt lookup names its guess by the length of the n-gram it matched: a
+3-gram match is a far better guess than a 1-gram one (in prose a 1-gram match is almost always
+there and almost always wrong), so each length learns its own acceptance and K. A drafter that
+knows its confidence (`ends_own_drafts`) stops a draft once the draft's probability of its
+whole draft falls below `stop_below`, which is part of what it is asked for, as k is.
+
+Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
+guess is already in the context, e.g. code being edited; no model, no forward passes), and
+the two together (HybridDrafter). `make_drafter` builds one from a profile's `method`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from specgen.choices import METHODS, MODEL_METHODS, listing
+from specgen.core.sampling import SamplingParams, probs_from_logits, sample
+from specgen.decoding import make_decoder
+from specgen.errors import ConfigError, ModelError
+
+if TYPE_CHECKING:
+    from specgen.decoding.llamacpp import LlamaCppDraft
+
+MODEL = "model"  # the draft model's guesser name
+
+
+class Drafter(Protocol):
+    ends_own_drafts: bool  # stops a draft by its own confidence (honours stop_below)
+
+    def reset(self) -> None: ...
+
+    def guessers(self, tokens: Tensor) -> dict[str, Drafter]: ...
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+    def rollback(self, n_valid: int) -> None: ...
+
+    @property
+    def forward_passes(self) -> int: ...
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    return model.config.get_text_config().vocab_size
+
+
+def check_pair(target: PreTrainedModel, draft: PreTrainedModel | LlamaCppDraft) -> None:
+    """Refuse a draft whose vocabulary is not the target's. Sizes may differ a little
+    (padded embedding rows, e.g. 151,936 vs 152,064); token ids are compared over the
+    shared range. Cross-tokenizer drafting is not supported."""
+    v_t = vocab_size(target)
+    if isinstance(draft, PreTrainedModel):
+        v_d, eos_d = vocab_size(draft), draft.config.get_text_config().eos_token_id
+    else:  # a runtime of its own (llama.cpp) says its vocabulary and EOS itself
+        v_d, eos_d = draft.vocab_size, draft.eos_token_id
+    if min(v_t, v_d) / max(v_t, v_d) < 0.98:
+        raise ModelError(
+            f"The draft's vocabulary ({v_d:,} tokens) does not match the target's ({v_t:,}): "
+            "the draft must use the same tokenizer as the target. Pick a draft model from "
+            "the target's family (e.g. a smaller model of the same series)."
+        )
+    eos_t = target.config.get_text_config().eos_token_id
+    if eos_t is not None and eos_d is not None and as_set(eos_t).isdisjoint(as_set(eos_d)):
+        raise ModelError(
+            f"The draft's end-of-sequence token ({eos_d}) differs from the target's ({eos_t}): "
+            "they do not share a tokenizer. Pick a draft model from the target's family."
+        )
+
+
+def as_set(ids: int | Sequence[int]) -> set[int]:
+    return {ids} if isinstance(ids, int) else set(ids)
+
+
+class TorchDraft:
+    """A transformers causal LM as a draft model: its decoder (the lean one where it can) and
+    its output layer, answering `logits(ids)`, `crop(length)`, `reset()` and `length`, as
+    llamacpp.LlamaCppDraft does for a GGUF file run by llama.cpp.
+
+    `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
+    by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
+    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
+    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+
+    def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:
+        self.device = model.device
+        self.input_vocab = model.get_input_embeddings().num_embeddings
+        self.vocab_size = model.config.get_text_config().vocab_size
+        out = model.get_output_embeddings()
+        # Only a float head can be cut to its first rows; a quantized head drafts in full.
+        trim = (head_rows is not None and head_rows < self.vocab_size
+                and isinstance(out, torch.nn.Linear) and out.bias is None)
+        self.head = out.weight[:head_rows] if trim else None  # a view: no copy
+        self.decoder = make_decoder(model)  # made once: it may prepare joined weights
+
+    @property
+    def length(self) -> int:
+        return self.decoder.length
+
+    def logits(self, ids: Tensor) -> Tensor:
+        """The next token's logits [V] after reading `ids` [T] into the cache."""
+        if self.head is None:
+            return self.decoder.logits(ids)[0]
+        return torch.nn.functional.linear(self.decoder.hidden(ids)[0], self.head)
+
+    def crop(self, length: int) -> None:
+        self.decoder.crop(length)
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+
+class ModelDrafter:
+    """A small causal LM that drafts autoregressively with its own KV cache: a transformers
+    model (TorchDraft) or a GGUF file run by llama.cpp (llamacpp.LlamaCppDraft).
+
+    Its cache lags the context: after proposing d1..dK it holds d1..d(K-1) but not dK, and
+    after a plain step it has not seen the newest tokens. `propose` feeds whatever is
+    missing in one forward, so catching up never costs an extra pass. The prompt is read the
+    same way, when first asked to draft: an answer that never drafts never pays for it.
+
+    A draft ends early, after the token that brings it below either of two limits: the
+    draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
+    assisted generation has), or its probability of the whole draft so far under the
+    `stop_below` of a `propose` call (adaptive K's estimate of where drafting stops paying).
+    Later guesses are unlikely to survive and would only cost draft passes. The stop depends
+    on the draft's outputs alone, never on the target's, so every position is still either
+    verified by rejection sampling or drawn by the target: the output distribution is
+    unchanged."""
+
+    ends_own_drafts = True
+
+    def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
+                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+        self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
+        self.confidence = confidence
+        self.device = self.lm.device
+        # Draft tokens must be ids the target knows; the draft may have extra rows.
+        self.vocab_size = min(vocab_size, self.lm.vocab_size)
+        self._passes = 0
+
+    def reset(self) -> None:
+        self.lm.reset()
+        self._passes = 0
+
+    @property
+    def forward_passes(self) -> int:
+        return self._passes
+
+    def _missing(self, tokens: Tensor) -> Tensor:
+        # Ids past the draft's embedding rows (a target with a larger vocabulary) are
+        # clamped: that only worsens the guess, never the output's exactness.
+        return tokens[self.lm.length:].to(self.device).clamp_max(self.lm.input_vocab - 1)
+
+    def _logits(self, ids: Tensor) -> Tensor:
+        return self.lm.logits(ids)[: self.vocab_size]
+
+    def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
+        return {MODEL: self}
+
+    @torch.no_grad()  # when called outside the engine's inference mode, as tests do
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        pending = self._missing(tokens)
+        ids, qs = [], []
+        sure = 1.0  # the draft's probability of its whole draft so far
+        for _ in range(k):
+            logits = self._logits(pending)
+            self._passes += 1
+            if params.greedy:
+                token = logits.argmax(-1)
+                q = torch.softmax(logits.float(), -1) if self.confidence or stop_below else None
+            else:
+                q = probs_from_logits(logits, params)
+                token = sample(q, generator)
+                qs.append(q)
+            ids.append(token)
+            pending = token[None]
+            if q is not None:
+                p = float(q[token])
+                sure *= p
+                if p < self.confidence or sure < stop_below:
+                    break
+        if not ids:
+            return tokens.new_empty(0), None
+        return torch.stack(ids), (torch.stack(qs) if qs else None)
+
+    def rollback(self, n_valid: int) -> None:
+        self.lm.crop(n_valid)
+
+
+def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
+    """The longest n-gram (max_ngram >= n >= min_ngram) ending `tokens` [T] that also occurs
+    earlier, at its most recent earlier occurrence: (n, index just past that occurrence),
+    or (0, 0) when there is none. One vectorised pass over the context, whatever max_ngram:
+    row j compares the token j places before each candidate end with the one j places
+    before the context's end, and a cumulative product turns the rows into match lengths."""
+    n_ends = tokens.shape[0] - 1  # candidate occurrence ends 0..T-2 (T-1 is the tail itself)
+    if n_ends < min_ngram:
+        return 0, 0
+    equal = torch.zeros(max_ngram, n_ends, dtype=torch.long, device=tokens.device)
+    for j in range(min(max_ngram, n_ends)):
+        equal[j, j:] = tokens[: n_ends - j] == tokens[n_ends - j]
+    length = equal.cumprod(0).sum(0)  # [T-1] match length ending at each position
+    # Longest first, then most recent: rank by length, break ties by position (one sync).
+    ends = torch.arange(n_ends, device=tokens.device)
+    n, end = divmod(int((length * n_ends + ends).max()), n_ends)
+    return (n, end + 1) if n >= min_ngram else (0, 0)
+
+
+class PromptLookupDrafter:
+    """Proposes what followed the most recent earlier occurrence of the context's tail
+    (prompt lookup decoding, Saxena 2023). Deterministic, so q is one-hot (None); it runs
+    no model, so it holds no state to roll back and costs no forward passes."""
+
+    ends_own_drafts = False
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not isinstance(min_ngram, int) or not isinstance(max_ngram, int) or not (
+            1 <= min_ngram <= max_ngram
+        ):
+            raise ConfigError(
+                f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram!r}, "
+                f"max_ngram={max_ngram!r}. Try max_ngram = 3, min_ngram = 1."
+            )
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matches = 0  # proposals made (steps with a match)
+        self._last: tuple[Tensor, tuple[int, int]] | None = None  # a hybrid asks twice a step
+
+    def reset(self) -> None:
+        self.matches, self._last = 0, None
+
+    @property
+    def forward_passes(self) -> int:
+        return 0
+
+    def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
+        n = self.match(tokens)[0]
+        return {f"lookup-{n}": self} if n else {}
+
+    def match(self, tokens: Tensor) -> tuple[int, int]:
+        """`ngram_match` on the context, remembered for the same context tensor."""
+        if self._last is None or self._last[0] is not tokens:
+            self._last = (tokens, ngram_match(tokens, self.max_ngram, self.min_ngram))
+        return self._last[1]
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        if k < 1:
+            return tokens.new_empty(0), None
+        n, start = self.match(tokens)
+        if n == 0:
+            return tokens.new_empty(0), None
+        self.matches += 1
+        return tokens[start : start + k], None  # shorter when the context ends first
+
+    def rollback(self, n_valid: int) -> None:
+        pass
+
+
+class HybridDrafter:
+    """Prompt lookup when the context has a match, the draft model otherwise. With adaptive
+    K each guesser (the model, lookup at each match length) has its own policy and each step
+    goes to the best expected rate: the model drafts where lookup's matches are short and
+    wrong (prose), lookup drafts long where its guesses hold (edits).
+
+    The model drafter skips the steps lookup drafts, so its cache falls behind the context;
+    its next `propose` feeds every missing token in one forward (ModelDrafter catches up
+    lazily), and `rollback` crops it only where it ran ahead. Each step's q is either None
+    (lookup, one-hot) or the model's, never a mix."""
+
+    ends_own_drafts = True  # when the model drafts: a direct `propose` may reach it
+
+    def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
+        self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
+        self.device = model_drafter.device
+
+    def reset(self) -> None:
+        self.model_drafter.reset()
+        self.lookup_drafter.reset()
+
+    @property
+    def forward_passes(self) -> int:
+        return self.model_drafter.forward_passes
+
+    def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
+        return {**self.lookup_drafter.guessers(tokens), **self.model_drafter.guessers(tokens)}
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Lookup when the context has a match, else the model (a caller that plans asks the
+        guesser it chose instead: `guessers`)."""
+        ids, q = self.lookup_drafter.propose(tokens, k, params, generator)
+        if ids.numel() or k < 1:
+            return ids, q
+        return self.model_drafter.propose(tokens, k, params, generator, stop_below)
+
+    def rollback(self, n_valid: int) -> None:
+        self.model_drafter.rollback(n_valid)
+        self.lookup_drafter.rollback(n_valid)
+
+
+def make_drafter(
+    method: str,
+    draft_model: PreTrainedModel | LlamaCppDraft | None,
+    target_vocab: int,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+    head_rows: int | None = None,
+    confidence: float = 0.0,
+) -> Drafter:
+    """The drafter for a profile's `method`. A draft model is needed by the MODEL_METHODS
+    and ignored by the others. Pairing checks (same tokenizer as the target) are the
+    caller's: check_pair."""
+    if method not in METHODS:
+        raise ConfigError(f"Unknown drafting method {method!r}; choose {listing(METHODS)}.")
+    if method not in MODEL_METHODS:
+        return PromptLookupDrafter(max_ngram, min_ngram)
+    if draft_model is None:
+        raise ConfigError(
+            f"method {method!r} needs a draft model; set one in the profile, or use "
+            "method = \"prompt-lookup\", which needs none."
+        )
+    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
+    if method == "draft-model":
+        return model_drafter
+    return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))

@@ -1,0 +1,296 @@
+"""The speculative decoding loop: draft K, verify in one target pass, accept, roll back.
+
+State between steps: `tokens` (prompt + output so far). The target's KV cache always holds
+every token but the last one, the "pending" token, so each step is one target forward over
+[pending, d1..dK] that yields the K+1 distributions verification needs. The prompt's own
+pass gives the first token, as in plain decoding. Who drafts and how much is the planner's
+(adaptive.Planner), beside the loop; the engine yields tokens as they are decided and knows
+nothing of terminals, files or tokenizer display.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from specgen.choices import MAX_K, MIN_K
+from specgen.core.adaptive import Plan, Planner
+from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
+from specgen.core.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
+from specgen.core.stats import Source, Stats, Token
+from specgen.decoding import make_decoder
+from specgen.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specgen.decoding.llamacpp import LlamaCppDraft
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    sources: list[Source]
+    stats: Stats
+
+
+class SpeculativeGenerator:
+    """Speculative decoding of a transformers causal LM `target` with a smaller `draft`
+    (or any Drafter). Batch size 1. Output is exactly the target's: greedy equals the
+    target's greedy decoding, sampling follows the target's (warped) distribution."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | LlamaCppDraft | Drafter,
+        num_speculative_tokens: int = 4,
+        adaptive: bool = True,
+    ) -> None:
+        k = num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not MIN_K <= k <= MAX_K:
+            raise ConfigError(
+                f"num_speculative_tokens (K) must be an integer from {MIN_K} to {MAX_K}, got "
+                f"{k!r}. Try 4; 0 turns speculation off."
+            )
+        self.target = target
+        if not hasattr(draft, "propose"):  # a draft model (or runtime): it drafts by itself
+            check_pair(target, draft)
+            draft = ModelDrafter(draft, vocab_size(target))
+        self.drafter: Drafter = draft
+        self.k_max = k
+        self.adaptive = adaptive
+        self.device = target.device
+        self.stats = Stats(k_max=self.k_max, adaptive=adaptive)
+        # The target's forward over its KV cache (transformers', or the lean one where it is
+        # bit-identical: decoding/). Kept between calls so that a prompt extending the last
+        # one (a chat) reuses the KV caches instead of prefilling the whole history again.
+        self._decoder = make_decoder(target, exact=True)
+        self._tokens: Tensor = torch.empty(0, dtype=torch.long)
+        self._reused = 0
+
+    def reset(self) -> None:
+        """Forget the cached context (start a new conversation)."""
+        self._tokens = torch.empty(0, dtype=torch.long)
+        self._decoder.reset()
+        self.drafter.reset()
+
+    def _prefill(self, tokens: Tensor) -> Tensor:
+        """Bring the target cache to hold the whole prompt, reusing the longest common prefix
+        with the previous call's context, and return the last position's logits [1, V]: the
+        first token's distribution, as in plain decoding. The drafter is rolled back to that
+        prefix; a draft model reads the rest when first asked to draft, so an answer that
+        never drafts never pays for it."""
+        prev = self._tokens.to(tokens.device)
+        n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
+        same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
+        self._decoder.crop(same)
+        self.drafter.rollback(same)
+        self._reused = same
+        return self._decoder.logits(tokens[same:], 1)
+
+    def generate(self, input_ids: Tensor | Sequence[int], **kwargs) -> GenerationResult:
+        """Run `stream` to the end and collect its tokens and statistics."""
+        tokens = list(self.stream(input_ids, **kwargs))
+        return GenerationResult([t.id for t in tokens], [t.source for t in tokens], self.stats)
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        input_ids: Tensor | Sequence[int],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        eos_token_ids: int | Sequence[int] | None = None,
+        stop_strings: Sequence[str] | None = None,
+        tokenizer=None,
+    ) -> Iterator[Token]:
+        """Yield tokens as verification decides them. `self.stats` is live while it runs."""
+        params = SamplingParams(temperature, top_k, top_p)
+        tokens = self._prompt(input_ids)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}.")
+        if stop_strings and tokenizer is None:
+            raise ConfigError("stop_strings need a tokenizer to read the text; pass tokenizer=.")
+        stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
+        gen_t, gen_d = self._generators(seed)
+        planner = Planner(self.k_max, self.adaptive)
+        stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
+        stats.prompt_tokens = len(tokens)
+        max_new_tokens = self._room(len(tokens), max_new_tokens)
+
+        start = time.perf_counter()
+        try:
+            logits = self._prefill(tokens)
+            stats.prefill_tokens = len(tokens) - self._reused
+            stats.prefill_seconds = time.perf_counter() - start
+            draft_passes_before = self.drafter.forward_passes
+
+            # 0. The prompt's pass already gives the first token: a step with no drafts.
+            nxt = self._verify(logits, tokens.new_empty(0), None, params, gen_t)[1]
+            tokens = self._tokens = torch.cat([tokens, nxt[None]])
+            stats.target_passes = 1
+            if (yield from self._emit(nxt[None], 0, 0, stop, stats)):
+                return
+            while stats.new_tokens < max_new_tokens:
+                # 1. Draft: the planner picks who drafts and how much (never more tokens than
+                #    are still wanted); a drafter may find fewer, or end sooner.
+                plan = planner.plan(self.drafter, tokens, max_new_tokens - stats.new_tokens - 1)
+                t0 = self._clock()
+                drafts, q = self._draft(plan, tokens, params, gen_d)
+                k = drafts.shape[0]
+                t1 = self._clock()
+
+                # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions.
+                logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
+                n, nxt = self._verify(logits, drafts, q, params, gen_t)
+                t2 = self._clock()
+
+                # 3. Accept d1..dn and the target's token; forget the rejected drafts.
+                new = torch.cat([drafts[:n], nxt[None]])
+                tokens = self._tokens = self._accept(tokens, new)
+
+                # 4. Observe: the planner learns what the step kept and what it cost.
+                planner.observe(plan, k, n, t1 - t0, t2 - t1)
+                stats.record_step(k, n)
+                stats.draft_passes = self.drafter.forward_passes - draft_passes_before
+                stats.draft_seconds += t1 - t0
+                stats.verify_seconds += t2 - t1
+                if (yield from self._emit(new, n, k, stop, stats)):
+                    return
+            stats.stop_reason = "max_new_tokens"
+        except GeneratorExit:  # the consumer stopped between tokens: caches are consistent
+            stats.stop_reason = "interrupted"
+            raise
+        except BaseException:  # e.g. Ctrl-C inside a forward: a cache may be half-written
+            stats.stop_reason = "interrupted"
+            self.reset()
+            raise
+        finally:
+            stats.total_seconds = time.perf_counter() - start
+
+    def _draft(self, plan: Plan, tokens: Tensor, params: SamplingParams,
+               generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
+        """The plan's drafts [k] on the target's device and their q (None: one-hot)."""
+        if plan.drafter is None:
+            return tokens.new_empty(0), None
+        drafts, q = plan.drafter.propose(tokens, plan.k, params, generator, plan.stop_below)
+        return drafts.to(self.device), q
+
+    def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, Tensor]:
+        """How many drafts the target keeps, and its own token after them."""
+        if params.greedy:
+            return greedy_verify(logits, drafts)
+        p = probs_from_logits(logits, params)
+        return rejection_verify(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+
+    def _accept(self, tokens: Tensor, new: Tensor) -> Tensor:
+        """The context with a step's kept tokens; both caches rolled back to hold all of it
+        but the newest token (the next pending one)."""
+        kept = len(tokens) + len(new) - 1
+        self._decoder.crop(kept)
+        self.drafter.rollback(kept)
+        return torch.cat([tokens, new])
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # so that draft and verify times are apart
+        return time.perf_counter()
+
+    def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """max_new_tokens, cut to what the model's context leaves after the prompt."""
+        context_limit = self._context_limit()
+        if prompt_tokens + max_new_tokens > context_limit:
+            max_new_tokens = context_limit - prompt_tokens
+            if max_new_tokens < 1:
+                raise ConfigError(
+                    f"The prompt ({prompt_tokens} tokens) fills the model's context "
+                    f"({context_limit} tokens); shorten it."
+                )
+        return max_new_tokens
+
+    @staticmethod
+    def _emit(new: Tensor, n: int, k: int, stop: _Stopper, stats: Stats
+              ) -> Generator[Token, None, bool]:
+        """Yield a step's tokens (n accepted drafts, then the target's own) up to a stop;
+        whether generation stopped."""
+        last: Source = "bonus" if n == k else "resampled"
+        for i, token_id in enumerate(new.tolist()):
+            stats.new_tokens += 1
+            yield Token(token_id, "accepted" if i < n else last)
+            reason = stop.check(token_id)
+            if reason:
+                stats.stop_reason = reason
+                return True
+        return False
+
+    def _prompt(self, input_ids: Tensor | Sequence[int]) -> Tensor:
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise ConfigError(
+                    f"specgen decodes one sequence at a time (batch size 1); got a batch of "
+                    f"{ids.shape[0]}. Call it once per prompt."
+                )
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise ConfigError(f"input_ids must have shape [T] or [1, T], got {list(ids.shape)}.")
+        if ids.numel() == 0:
+            raise ConfigError("The prompt is empty: give at least one token.")
+        return ids.to(self.device)
+
+    def _eos_ids(self, eos_token_ids: int | Sequence[int] | None) -> set[int]:
+        if eos_token_ids is None:
+            config = getattr(self.target, "generation_config", None)
+            eos_token_ids = getattr(config, "eos_token_id", None)
+        return set() if eos_token_ids is None else as_set(eos_token_ids)
+
+    def _generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
+        """One generator per device; seeded for reproducible sampling."""
+        seed = torch.seed() if seed is None else seed
+        draft_device = getattr(self.drafter, "device", self.device)
+        gen_t = torch.Generator(self.device).manual_seed(seed)
+        gen_d = torch.Generator(draft_device).manual_seed(seed + 1)
+        return gen_t, gen_d
+
+    def _context_limit(self) -> int:
+        config = self.target.config.get_text_config()
+        return getattr(config, "max_position_embeddings", None) or 1 << 30
+
+
+def _draft_probs(q: Tensor | None, drafts: Tensor, vocab: int) -> Tensor:
+    """The draft distributions on the target's vocabulary: one-hot for deterministic
+    drafters, zero-padded when the draft's vocabulary is smaller."""
+    if q is None:
+        return torch.nn.functional.one_hot(drafts, vocab).float()
+    q = q.to(drafts.device)
+    if q.shape[-1] < vocab:
+        q = torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+    return q
+
+
+class _Stopper:
+    """Decides, token by token, whether generation is finished: an EOS id, or a stop string
+    appearing in the text of the recent tokens."""
+
+    def __init__(self, eos_ids: set[int], stop_strings: Sequence[str], tokenizer) -> None:
+        self.eos_ids = eos_ids
+        self.stop_strings = list(stop_strings)
+        self.tokenizer = tokenizer
+        self.window = 2 * max((len(s) for s in self.stop_strings), default=0) + 8
+        self.recent: list[int] = []
+
+    def check(self, token_id: int) -> str | None:
+        if token_id in self.eos_ids:
+            return "eos"
+        if not self.stop_strings:
+            return None
+        self.recent = (self.recent + [token_id])[-self.window :]
+        text = self.tokenizer.decode(self.recent)
+        return "stop_string" if any(s in text for s in self.stop_strings) else None

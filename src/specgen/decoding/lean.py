@@ -1,0 +1,152 @@
+"""The lean forward for Llama-family models on a CPU: the model's own layers called directly
+over a preallocated KV cache, with none of transformers' generic machinery around a one-token
+pass (cache objects, mask building, attention dispatch).
+
+A draft's lean forward need not match any other bit for bit: what the draft computes is what
+q is (exactness is the target's). A target's must, since its greedy output is the guarantee:
+the lean decoder serves a target only when the target attends row by row (kernels.prepare
+decided so), which it then calls exactly as transformers does, with every other operation in
+transformers' order; tests/test_decoding.py checks the logits bit for bit.
+"""
+
+from __future__ import annotations
+
+from weakref import WeakKeyDictionary
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
+
+from specgen.kernels import rows as c_rows
+from specgen.kernels.quantize import QuantLinear, join_int8_dyn
+from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
+
+LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
+
+
+def attends_by_rows(model: PreTrainedModel) -> bool:
+    return model.config._attn_implementation == ROW_ATTENTION
+
+
+def lean_supported(model: PreTrainedModel) -> bool:
+    """Whether LeanDecoder computes this model as transformers does (tested per family)."""
+    config = model.config
+    return (
+        config.model_type in LEAN_FAMILIES
+        and not getattr(config, "use_sliding_window", False)  # full causal attention only
+    )
+
+
+class Projections:
+    """Linear layers that read one input [m, in], called as one: an int8-dyn draft's layers
+    joined into one fbgemm call with no module in between (fewer, larger calls); any other
+    layers called one by one."""
+
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        self.layers = layers
+        self.joined = all(isinstance(layer, QuantLinear) and layer.kind == "int8-dyn"
+                          and not layer.batch_invariant for layer in layers)
+        if self.joined:
+            self.packed, self.bias = join_int8_dyn(layers)
+            self.sizes = [layer.out_features for layer in layers]
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        if not self.joined:
+            return [layer(x) for layer in self.layers]
+        y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
+        if self.bias is not None:
+            y = y + self.bias
+        return list(y.to(x.dtype).split(self.sizes, -1))
+
+
+# Joined weights are a copy: made once per draft model, however many drafters share it.
+_projections: WeakKeyDictionary[PreTrainedModel, list[tuple[Projections, ...]]] = WeakKeyDictionary()
+
+
+def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
+    """Per decoder layer: q/k/v, o, gate/up and down, as `Projections`."""
+    if model not in _projections:
+        _projections[model] = [
+            (Projections([a.q_proj, a.k_proj, a.v_proj]), Projections([a.o_proj]),
+             Projections([mlp.gate_proj, mlp.up_proj]), Projections([mlp.down_proj]))
+            for a, mlp in ((layer.self_attn, layer.mlp) for layer in model.base_model.layers)]
+    return _projections[model]
+
+
+class LeanDecoder:
+    """The model's layers called directly over a KV cache of its own: one preallocated
+    tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        body = model.base_model
+        self.embed, self.layers = body.embed_tokens, body.layers
+        self.norm, self.rotary = body.norm, body.rotary_emb
+        self.head = model.get_output_embeddings()
+        self.rows = attends_by_rows(model)  # a target's attention, called as transformers does
+        config = model.config
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
+        self.kv_heads = config.num_key_value_heads
+        self.projections = layer_projections(model)
+        self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _reserve(self, needed: int, like: Tensor) -> None:
+        capacity = 0 if self.kv is None else self.kv.shape[4]
+        if needed <= capacity:
+            return
+        kv = like.new_zeros(len(self.layers), 2, 1, self.kv_heads, max(needed, 2 * capacity, 256),
+                            self.head_dim)
+        if self.kv is not None:
+            kv[..., : self.length, :] = self.kv[..., : self.length, :]
+        self.kv = kv
+
+    def logits(self, ids: Tensor, n: int = 1) -> Tensor:
+        return self.head(self.hidden(ids, n))
+
+    def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
+        m, start = ids.shape[0], self.length
+        end = start + m
+        x = self.embed(ids)  # [m, hidden]
+        self._reserve(end, x)
+        cos, sin = self.rotary(x[None], torch.arange(start, end, device=ids.device)[None])
+        # Row i sees the cache and new tokens up to its own; one token sees everything.
+        mask = (None if m == 1 or self.rows else
+                torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
+        in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
+        for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
+            attn = layer.self_attn
+            q, k, v = qkv(layer.input_layernorm(x))
+            if in_c:  # row_attention's C, with transformers' rotary to the bit
+                out = c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
+            else:
+                out = self._attend(i, attn, q, k, v, cos, sin, start, mask)
+            x = x + o(out.reshape(m, -1))[0]
+            gate, up = gate_up(layer.post_attention_layernorm(x))
+            x = x + down(layer.mlp.act_fn(gate) * up)[0]
+        self.length = end
+        return self.norm(x[-n:])
+
+    def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,
+                cos: Tensor, sin: Tensor, start: int, mask: Tensor | None) -> Tensor:
+        """Layer i's attention in PyTorch: rotate, write the cache, attend; [m, heads, d]."""
+        m = q.shape[0]
+        end = start + m
+        q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = self.kv[i, 0], self.kv[i, 1]
+        keys[:, :, start:end], values[:, :, start:end] = k, v
+        if self.rows:  # [1, m, heads, head_dim], as the model's own forward gets it
+            return row_attention(attn, q, keys[:, :, :end], values[:, :, :end], None,
+                                 scaling=attn.scaling)[0]
+        return F.scaled_dot_product_attention(
+            q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
+            enable_gqa=True).transpose(1, 2)[0]

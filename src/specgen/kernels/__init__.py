@@ -1,0 +1,53 @@
+"""The CPU backend: C kernels (built once, loaded through ctypes), the quantized and the
+row-alone linear layers, RMSNorm and attention one row at a time.
+
+`prepare(model, role)` is the one entry point: it makes a loaded transformers model fast on
+this CPU for its role and decides, here and nowhere else, whether a target verifies exactly
+(every token of a verify pass gets the bits of a one-token pass)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from torch import nn
+
+from specgen.choices import CPU_SCHEMES, DYNAMIC_SCHEMES
+
+Role = Literal["target", "draft"]
+ROLES = ("target", "draft")
+
+
+def prepare(model: nn.Module, role: Role = "target", quantization: str = "none",
+            cache: tuple[Path, str] | None = None) -> nn.Module:
+    """Ready `model` (in place) for `role` on this CPU, and return it.
+
+    - `quantization` one of choices.CPU_SCHEMES: its linear layers are quantized
+      (kernels.quantize), the packed weights cached under `cache` = (folder, source key);
+    - plain fp32 and bf16 CPU linears compute each row alone (kernels.linear);
+    - a dynamic scheme's float32 RMSNorms run in C (kernels.rows);
+    - a target whose every linear computes each row alone also attends row by row
+      (kernels.row_attention): then a verify pass gives each token exactly the logits of a
+      one-token pass, and greedy speculation reproduces the target's own greedy output.
+
+    A model on another device, or one whose layers are none of these, is left as it is."""
+    from specgen.errors import ConfigError
+    from specgen.kernels import linear, quantize, rows
+    from specgen.kernels.row_attention import use_row_attention
+
+    if role not in ROLES:
+        raise ConfigError(f"role must be 'target' or 'draft', got {role!r}.")
+    if quantization in CPU_SCHEMES:
+        folder, key = cache if cache is not None else (None, None)
+        quantize.apply(model, quantization, folder, key, verifier=role == "target")
+    elif quantization != "none":
+        raise ConfigError(f"kernels.prepare quantizes with the CPU schemes "
+                          f"({', '.join(CPU_SCHEMES)}), not {quantization!r}.")
+    rows_alone = quantization in DYNAMIC_SCHEMES
+    if linear.use_decode_linears(model) and linear.library() is not None:
+        rows_alone = True
+    if quantization in DYNAMIC_SCHEMES:  # the small ops around integer matmuls are worth the C
+        rows.use_row_norms(model)
+    if role == "target" and rows_alone and hasattr(model, "set_attn_implementation"):
+        use_row_attention(model)
+    return model

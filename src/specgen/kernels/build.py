@@ -1,0 +1,111 @@
+"""specgen's C kernels (int4.c, linear.c, rows.c): compiled once with the system's C compiler
+into the cache, keyed by their source, the header they share and the flags, and loaded
+through ctypes, which lets go of the GIL while they run. Their OpenMP runtime is the one
+PyTorch loaded (same soname).
+
+`load` is the one way a kernel module gets its library; `swapped` is the one hook that puts
+another build in its place (an A/B run against another revision's source, or PyTorch's ops
+with None)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from specgen.errors import ResourceError
+from specgen.paths import cache_dir
+
+HERE = Path(__file__).parent
+# No fused multiply-add but where the code asks for one: a product and a sum are rounded as
+# written, as PyTorch's elementwise ops round them (rows.c's rotary embedding).
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def has_avx2() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def compiler(what: str, instead: str) -> str:
+    found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not found:
+        raise ResourceError(
+            f"{what} compiles a small C kernel once and needs a C compiler with OpenMP "
+            f"(gcc): install it (Debian/Ubuntu: apt install gcc), or use {instead} instead.")
+    return found
+
+
+def compile_file(source: Path, out: Path, what: str = "a kernel", instead: str = "PyTorch's"
+                 ) -> None:
+    """`source` (with the headers beside it) compiled with FLAGS into the library `out`."""
+    done = subprocess.run([compiler(what, instead), *FLAGS, str(source), "-o", str(out)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise ResourceError(f"Compiling {what} failed:\n{done.stderr.strip()}\n"
+                            f"Use {instead} instead, or report this with the message above.")
+
+
+def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
+    """`source` compiled into specgen's cache on first use (atomically: a crash never leaves
+    half a library) and loaded. `what` and `instead` name it and its alternative in errors."""
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            compile_file(source, tmp, what, instead)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return ctypes.CDLL(str(path))
+
+
+def load(stem: str, what: str, declare: Callable[[ctypes.CDLL], None],
+         instead: str | None = None) -> ctypes.CDLL | None:
+    """The kernel `stem`.c, built and loaded once per process with its argument types
+    declared. Where it cannot be built (no AVX2, no compiler, a failed compile) this is None
+    for kernels whose callers keep PyTorch's ops; a kernel with no such fallback names its
+    alternative in `instead`, and the failure is raised as a ResourceError that says so."""
+    if stem not in _loaded:
+        lib = None
+        try:
+            if not has_avx2():
+                raise ResourceError(
+                    f"{what} needs an x86 CPU with AVX2; this one offers "
+                    f"{torch.backends.cpu.get_cpu_capability()}. Use {instead} instead.")
+            lib = build(HERE / f"{stem}.c", what, instead or "PyTorch's")
+            declare(lib)
+        except ResourceError:
+            if instead is not None:
+                raise
+        _loaded[stem] = lib
+    return _loaded[stem]
+
+
+@contextmanager
+def swapped(stem: str, lib: ctypes.CDLL | None, declare: Callable[[ctypes.CDLL], None]
+            ) -> Iterator[None]:
+    """Within the block, kernel `stem` is `lib` (its argument types declared), or PyTorch's
+    ops where lib is None: for A/B runs, never for generation."""
+    had, old = stem in _loaded, _loaded.get(stem)
+    if lib is not None:
+        declare(lib)
+    _loaded[stem] = lib
+    try:
+        yield
+    finally:
+        if had:
+            _loaded[stem] = old
+        else:
+            _loaded.pop(stem, None)

@@ -1,0 +1,97 @@
+"""fp32 and bf16 linear layers on a CPU, computed so that verifying K drafts stays cheap and
+exact.
+
+PyTorch's `F.linear(x, W)` over a few rows (the pending token plus K drafts) runs a GEMM that
+costs far more than the one-row matvec, and adds a row's products in an order that depends on
+the number of rows. `linear.c` reads each weight row once for all rows of a pass and sums each
+output by the same instructions whatever the number of rows, so a pass over a few tokens costs
+about one over a single token, and a token's logits never depend on the drafts verified with
+it. bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles, AVX512-BF16 or AVX2.
+In fp32, passes wider than FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the
+weight once for all rows too. Where the library cannot be built (no C compiler, no AVX2) the
+layers keep PyTorch's products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specgen.kernels import build
+
+STEM = "linear"
+# fp32 passes up to this many rows go to the C kernel, wider ones (a prompt) to W @ x.T, which
+# adds a row's products in another order: wider than any verify pass (choices.MAX_K + 1).
+FP32_ROWS = 48
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i, i]
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot be built."""
+    return build.load(STEM, "specgen's linear kernel", declare)
+
+
+AVX2, DOT, AMX = 0, 1, 2  # the kernel's bf16 paths (linear.c)
+
+
+@functools.cache
+def bf16_path() -> int:
+    """The fastest bf16 path this CPU runs: AMX tiles, AVX512-BF16 `vdpbf16ps`, or AVX2."""
+    lib = library()
+    return AVX2 if lib is None else lib.bf16_path()
+
+
+def linear(rows: Tensor, weight: Tensor, bias: Tensor | None, path: int | None = None) -> Tensor:
+    """rows [M, K] @ weight [N, K].T (+ bias [N]) by the C kernel; all fp32 or all bf16. bf16
+    takes `bf16_path()` unless `path` names a slower one (tests and benches compare them)."""
+    rows = rows.contiguous()
+    best = bf16_path()  # also where Linux is asked, once, to let this process use AMX tiles
+    if path is not None and path > best:
+        raise ValueError(f"this CPU has no bf16 path {path} (its fastest is {best})")
+    path = best if path is None else path
+    y = torch.empty(rows.shape[0], weight.shape[0], dtype=rows.dtype)
+    library().dense_linear(rows.data_ptr(), weight.data_ptr(),
+                           None if bias is None else bias.data_ptr(), y.data_ptr(),
+                           rows.shape[0], rows.shape[1], weight.shape[0],
+                           int(rows.dtype == torch.bfloat16), path, torch.get_num_threads())
+    return y
+
+
+class DecodeLinear(nn.Linear):
+    """nn.Linear on a CPU in fp32 or bf16, its product taken by `linear` (same parameters)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        wide = x.dtype == torch.float32 and rows.shape[0] > FP32_ROWS
+        grad = torch.is_grad_enabled() and self.weight.requires_grad  # the kernel has no backward
+        if not wide and not grad and x.dtype == self.weight.dtype and library() is not None:
+            y = linear(rows, self.weight, self.bias)
+        elif x.dtype == torch.float32:  # W @ x.T streams the weight once for all rows
+            y = rows.t()
+            y = (torch.mm(self.weight, y) if self.bias is None
+                 else torch.addmm(self.bias[:, None], self.weight, y)).t()
+        else:
+            y = F.linear(rows, self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_decode_linears(model: nn.Module) -> int:
+    """Switch the model's plain fp32 and bf16 CPU nn.Linear layers to DecodeLinear in place
+    (no copy: the class changes, the parameters stay). Quantized and other subclassed layers
+    are left as they are. Returns how many layers were switched."""
+    switched = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if (type(module) is nn.Linear and w.device.type == "cpu"
+                and w.dtype in (torch.float32, torch.bfloat16)):
+            module.__class__ = DecodeLinear
+            switched += 1
+    return switched

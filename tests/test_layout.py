@@ -1,0 +1,111 @@
+"""The package's shape: one job per folder, imports pointing down, no cycles. Read from the
+source (every import statement, also those inside functions), so a late import cannot hide
+a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import specgen
+
+ROOT = Path(specgen.__file__).parent
+
+# Each folder (or top-level module) and the layer it sits on: a module may import its own
+# folder and anything on a lower layer, never a higher or a sibling one.
+LAYERS = {
+    "errors": 0, "choices": 0, "paths": 0,
+    "profiles": 1,
+    "kernels": 2,
+    "decoding": 3,
+    "core": 4, "loading": 4,
+    "app": 5,
+    "bench": 6,
+    "cli": 7,
+    "__init__": 8, "__main__": 8,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """specgen modules `path` imports (a `from specgen.x import y` names x.y when y is a
+    module, else x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("specgen")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specgen"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return found
+
+
+FILES = {module_name(p): p for p in ROOT.rglob("*.py")}
+MODULES = set(FILES)
+GRAPH = {name: imports(path) & MODULES - {name} for name, path in FILES.items()}
+
+
+def top(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_folder_has_a_layer():
+    assert {top(m) for m in MODULES} <= set(LAYERS)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (a path that comes back to its start), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [module])):
+            return cycle
+    return None
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that point to a higher layer or a sibling folder of the same layer."""
+    wrong = []
+    for module, targets in graph.items():
+        here = top(module)
+        for target in targets:
+            there = top(target)
+            if target != "specgen" and there != here and LAYERS[there] >= LAYERS[here]:
+                wrong.append(f"{module} -> {target}")  # (specgen itself: the lazy public API)
+    return sorted(wrong)
+
+
+def test_no_import_cycles():
+    assert find_cycle(GRAPH) is None, "import cycle: " + " -> ".join(find_cycle(GRAPH))
+
+
+def test_imports_point_down():
+    assert not upward(GRAPH), "imports that point up or sideways: " + ", ".join(upward(GRAPH))
+
+
+def test_the_checks_can_fail(tmp_path):
+    """A cycle and an upward import, made up, are found; imports inside functions count."""
+    (tmp_path / "a.py").write_text("def f():\n    from specgen.core import engine\n")
+    assert "specgen.core.engine" in imports(tmp_path / "a.py")
+    graph = {"specgen.core.engine": {"specgen.loading.load"},
+             "specgen.loading.load": {"specgen.kernels", "specgen.core.engine"},
+             "specgen.kernels": set()}
+    assert find_cycle(graph) == ["specgen.core.engine", "specgen.loading.load", "specgen.core.engine"]
+    assert upward(graph) == ["specgen.core.engine -> specgen.loading.load",
+                             "specgen.loading.load -> specgen.core.engine"]
