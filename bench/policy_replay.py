@@ -12,7 +12,7 @@ confidences are unknown; the replay uses those of the right path at the same pos
 
 RESULT.json is a `specgen bench --out` file: its baseline contestant's token ids are the
 answers. The default costs are the demo pair's (fp32 target, int8-dyn draft, 2 threads),
-fitted to a bench run's verify and draft seconds (bench/NOTES.md, Round 7).
+fitted to a bench run's verify and draft seconds (docs/lab-notes/rounds-07-12.md).
 """
 
 from __future__ import annotations
@@ -24,16 +24,19 @@ from pathlib import Path
 
 import torch
 
-from specgen.adaptive import AdaptiveK, record_pass
+from specgen.core.adaptive import AdaptiveK, record_pass
 
 
 def trace(result: dict, profile_name: str) -> list[dict]:
     """Per prompt: the draft's greedy guess right or wrong, and its probability, per position."""
-    from specgen.bench_prompts import PROMPTS
-    from specgen.decoder import make_decoder
-    from specgen.models import load_model, load_tokenizer, locate, resolve_dtype
+    from specgen.app.session import encode_messages, messages_for
+    from specgen.bench.prompts import PROMPTS
+    from specgen.decoding import make_decoder
+    from specgen.loading.convert import locate
+    from specgen.loading.devices import resolve_dtype
+    from specgen.loading.load import load_model
+    from specgen.loading.sources import load_tokenizer
     from specgen.profiles import load_profile
-    from specgen.session import encode_messages, messages_for
 
     profile = load_profile(profile_name)
     base = profile.path.parent if profile.path else None

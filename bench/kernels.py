@@ -1,0 +1,132 @@
+"""The CPU kernels' costs on this machine, side by side in one run: what a pass over M tokens
+costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per scheme.
+
+    python bench/kernels.py layers [--reps 15]
+    python bench/kernels.py model [--schemes none int8-dyn int4-dyn] [--rounds 5]
+
+`layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
+weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
+each path this CPU has), int8-wo and int4-wo (PyTorch's packed matmuls), int8-dyn (fbgemm)
+and int4-dyn (specgen's kernel, on each row-by-row path); then each scheme's relative error
+on random weights. `model`: the demo target's forward as specgen runs it (the lean decoder
+where it is exact), over M new tokens after 64 of context, per scheme, interleaved rounds,
+each width relative to M = 1: the verify-cost curve the adaptive policy measures at run time.
+Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from harness import demo_target, interleaved, rotating, table, timed  # bench/, beside this script
+from specgen.kernels import int4, linear, quantize
+from specgen.kernels.quantize import QuantLinear, quantize_int4, quantize_int8
+
+MS = (1, 2, 3, 5, 9, 17)
+SHAPES = {  # (in, out) of Qwen2.5-Coder-1.5B's layers
+    "mlp up/gate 1536->8960": (1536, 8960),
+    "mlp down 8960->1536": (8960, 1536),
+    "attn q/o 1536->1536": (1536, 1536),
+    "lm_head 1536->151936": (1536, 151936),
+}
+
+
+def layer_kernels(k: int, n: int) -> dict[str, object]:
+    """Each kernel as a function of the input rows [M, k] (bf16), on streamed weights."""
+    torch.manual_seed(0)
+    w = torch.randn(n, k) * 0.02
+    wb = w.bfloat16()
+    bf16 = rotating(lambda: wb.clone(), wb.nbytes)
+    out = {"bf16 F.linear": lambda x: F.linear(x, bf16())}
+    if linear.library() is not None:
+        for path in range(linear.bf16_path() + 1):
+            out[f"bf16 C linear, path {path}"] = lambda x, p=path: linear.linear(x, bf16(), None, p)
+    q8, s8 = quantize_int8(w)
+    i8 = rotating(lambda: (q8.clone(), s8.clone()), q8.nbytes)
+    out["int8-wo"] = lambda x: torch.cat([torch.ops.aten._weight_int8pack_mm(c, *i8())
+                                          for c in x.split(quantize.ROWS_PER_CALL)])
+    q4, sz4 = quantize_int4(w, 128)
+    p4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4, 8)
+    i4 = rotating(lambda: (p4.clone(), sz4.clone()), p4.nbytes)
+
+    def int4_wo(x):
+        pw, sz = i4()
+        return torch.cat([torch.ops.aten._weight_int4pack_mm_for_cpu(c, pw, 128, sz)
+                          for c in x.split(quantize.ROWS_PER_CALL)])
+    out["int4-wo"] = int4_wo
+    dyn8 = rotating(lambda: QuantLinear(k, n, "int8-dyn", 0, q8, s8, None), q8.nbytes)
+    out["int8-dyn"] = lambda x: dyn8()(x.float())
+    packed, scales = int4.quantize(w)
+    dyn4 = rotating(lambda: (packed.clone(), scales.clone()), packed.nbytes)
+    for path in {int4.path_for(1), int4.AVX2}:
+        out[f"int4-dyn, path {path}"] = lambda x, p=path: int4.linear(x.float(), *dyn4(), None, p)
+    return out
+
+
+def layers(reps: int) -> None:
+    print(f"ms per call, minimum (median); {torch.get_num_threads()} threads; "
+          f"int4 paths: 0 AVX2, 1 AVX512-VNNI; bf16 paths: 0 AVX2, 1 AVX512-BF16, 2 AMX")
+    rows = []
+    for label, (k, n) in SHAPES.items():
+        for name, fn in layer_kernels(k, n).items():
+            both = [timed(lambda m=m: fn(torch.randn(m, k).bfloat16()), reps) for m in MS]
+            rows.append([label, name, *(f"{lo:.2f} ({med:.1f})" for lo, med in both),
+                         f"{both[3][0] / both[0][0]:.2f}"])
+            print(" | ".join(rows[-1]), flush=True)
+    print(table(["layer", "kernel", *(f"M={m}" for m in MS), "M=5 / M=1"], rows))
+    torch.manual_seed(1)
+    w, x = torch.randn(512, 1024) * 0.02, torch.randn(9, 1024)
+    ref = x @ w.t()
+    errors = {"int8": quantize.dequantize_int8(*quantize_int8(w)),
+              "int4 g128": quantize.dequantize_int4(*quantize_int4(w, 128), 128),
+              "int4-dyn": int4.dequantize(*int4.quantize(w))}
+    for name, wq in errors.items():
+        print(f"relative error {name} (random weights): {((x @ wq.t() - ref).norm() / ref.norm()):.4f}")
+
+
+@torch.inference_mode()
+def model(schemes: list[str], rounds: int) -> None:
+    from specgen.decoding import make_decoder
+
+    rows = []
+    for scheme in schemes:
+        target = demo_target(scheme)
+        decoder = make_decoder(target, exact=True)
+        vocab = target.config.vocab_size
+        context = torch.randint(0, vocab, (64,))
+        decoder.reset()
+        decoder.logits(context, 1)
+
+        def width(m: int):
+            ids = torch.randint(0, vocab, (m,))
+            return lambda: (decoder.logits(ids, m), decoder.crop(64))
+
+        costs = interleaved({m: width(m) for m in MS}, rounds)
+        base = costs[1][0]
+        rows.append([scheme, type(decoder).__name__,
+                     *(f"{costs[m][0]:.0f} ({costs[m][0] / base:.2f})" for m in MS)])
+        print(" | ".join(rows[-1]), flush=True)
+    print("ms per pass, minimum over rounds (relative to M=1)")
+    print(table(["scheme", "decoder", *(f"M={m}" for m in MS)], rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["layers", "model"])
+    ap.add_argument("--schemes", nargs="+", default=["none", "int8-dyn", "int4-dyn"])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.what == "layers":
+        layers(args.reps)
+    else:
+        model(args.schemes, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
