@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 
 from specgen.choices import METHODS, listing
-from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, PROFILE, RAW,
-                                 STATS_DB, TARGET_QUANTIZATION, err, load_session)
+from specgen.cli.options import MODELS, err, load_session, shared
 
 HELP = """Measure specgen against plain decoding and transformers' assisted generation.
 
@@ -37,22 +36,21 @@ JSON.
 """
 
 
+@shared("profile", "k", *MODELS, "raw", "stats_db", "debug")
 def bench(
-    profile: str = PROFILE,
     prompts: Optional[Path] = typer.Option(
         None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: built-in set).'
     ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens per generation."),
     repeats: int = typer.Option(1, "--repeats", "-r", help="Runs of each contestant per prompt (median)."),
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
-    chosen: Optional[str] = typer.Option(
+    contestants: Optional[str] = typer.Option(
         None, "--contestants", "-c",
         help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16,llamacpp.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."
     ),
-    k: Optional[int] = K,
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     draft_vocab: Optional[int] = typer.Option(
         None, "--draft-vocab", help="Draft over the first N token ids only (0: all; default: the profile's)."
@@ -61,19 +59,14 @@ def bench(
         None, "--draft-confidence",
         help="End a draft when the draft's probability of its token falls below this (0: never; default: the profile's).",
     ),
-    device: Optional[str] = DEVICE,
-    target_quantization: Optional[str] = TARGET_QUANTIZATION,
-    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
-    draft_runtime: Optional[str] = DRAFT_RUNTIME,
-    raw: bool = RAW,
-    stats_db: Optional[Path] = STATS_DB,
-    debug: bool = DEBUG,
+    **options,
 ) -> None:
     from specgen.bench.command import BenchRequest, run
 
+    options.pop("debug")
     request = BenchRequest(
-        profile, prompts, max_new_tokens, repeats, out_file, chosen, method, k, threads,
-        draft_vocab, draft_confidence, device, target_quantization, draft_quantization,
-        draft_runtime, raw, stats_db)
+        prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, out_file=out_file,
+        contestants=contestants, method=method, threads=threads, draft_vocab=draft_vocab,
+        draft_confidence=draft_confidence, **options)
     if not run(request, load_session, err):
         raise typer.Exit(130)

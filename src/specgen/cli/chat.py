@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Optional
 
 from specgen.app.render import TokenPrinter, make_console
 from specgen.paths import chat_history
-from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
-                                 METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RECORD_PROMPT, SEED,
-                                 STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
-                                 err, load_session, profile_with_options, use_color)
+from specgen.cli.options import (GENERATION, MODELS, err, load_session, profile_with_options,
+                                 shared, use_color)
 
 HELP = """Chat with the model pair: a multi-turn conversation streamed as it is verified.
 
@@ -31,39 +27,18 @@ With stdin not a terminal, each line is a turn and only the answers go to stdout
 """
 
 
-def chat(
-    profile: str = PROFILE,
-    max_new_tokens: Optional[int] = MAX_NEW_TOKENS,
-    temperature: Optional[float] = TEMPERATURE,
-    top_p: Optional[float] = TOP_P,
-    top_k: Optional[int] = TOP_K,
-    seed: Optional[int] = SEED,
-    k: Optional[int] = K,
-    no_adaptive: bool = NO_ADAPTIVE,
-    method: Optional[str] = METHOD,
-    device: Optional[str] = DEVICE,
-    target_quantization: Optional[str] = TARGET_QUANTIZATION,
-    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
-    draft_runtime: Optional[str] = DRAFT_RUNTIME,
-    system: Optional[str] = SYSTEM,
-    no_color: bool = NO_COLOR,
-    stats_db: Optional[Path] = STATS_DB,
-    record_prompt: bool = RECORD_PROMPT,
-    debug: bool = DEBUG,
-) -> None:
+@shared(*GENERATION, *MODELS, "no_color", "stats_db", "record_prompt", "debug")
+def chat(**options) -> None:
     from specgen.app import chat as chat_app  # loads torch
 
-    use_color(no_color)
-    prof = profile_with_options(
-        profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
-        device=device, target_quantization=target_quantization,
-        draft_quantization=draft_quantization, draft_runtime=draft_runtime,
-    )
+    use_color(options["no_color"])
+    prof = profile_with_options(options)
     session = load_session(prof)
-    conversation = chat_app.Chat(session, prof.generation.system_prompt, seed)
-    out = make_console(no_color=no_color)
+    conversation = chat_app.Chat(session, prof.generation.system_prompt, options["seed"])
+    out = make_console(no_color=options["no_color"])
+    history = (options["stats_db"], options["record_prompt"])
     if not sys.stdin.isatty():
-        chat_app.repl(conversation, chat_app.pipe_line, out, err, stats_db, record_prompt)
+        chat_app.repl(conversation, chat_app.pipe_line, out, err, *history)
         return
     pair = session.pair
     err.print(f"[bold]specgen chat[/] · {prof.name}: {pair.draft_name or 'no draft'} → "
@@ -74,4 +49,4 @@ def chat(
     if printer.styled:
         err.print(printer.legend())
     with chat_app.line_editing(chat_history()):
-        chat_app.repl(conversation, input, out, err, stats_db, record_prompt)
+        chat_app.repl(conversation, input, out, err, *history)

@@ -4,10 +4,12 @@ before it generates (read the prompt, apply the options to the profile, load the
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -61,19 +63,60 @@ RECORD_PROMPT = typer.Option(False, "--record-prompt", help="Store the prompt te
 DEBUG = typer.Option(False, "--debug", help="Show tracebacks for errors.")
 
 
-def profile_with_options(
-    profile: str, max_new_tokens: int | None = None, temperature: float | None = None,
-    top_p: float | None = None, top_k: int | None = None, k: int | None = None,
-    no_adaptive: bool = False, method: str | None = None, system: str | None = None,
-    raw: bool = False, **models: str | None,
-) -> Profile:
-    """The named profile with the shared command-line options applied; `models` takes
-    device, target_quantization, draft_quantization and draft_runtime."""
+# Every shared option once: its parameter name, type and declaration. A command takes them
+# with @shared(...) and receives them as keyword arguments.
+SHARED: dict[str, tuple[Any, Any]] = {
+    "profile": (str, PROFILE),
+    "max_new_tokens": (Optional[int], MAX_NEW_TOKENS),
+    "temperature": (Optional[float], TEMPERATURE),
+    "top_p": (Optional[float], TOP_P),
+    "top_k": (Optional[int], TOP_K),
+    "seed": (Optional[int], SEED),
+    "k": (Optional[int], K),
+    "no_adaptive": (bool, NO_ADAPTIVE),
+    "method": (Optional[str], METHOD),
+    "device": (Optional[str], DEVICE),
+    "target_quantization": (Optional[str], TARGET_QUANTIZATION),
+    "draft_quantization": (Optional[str], DRAFT_QUANTIZATION),
+    "draft_runtime": (Optional[str], DRAFT_RUNTIME),
+    "raw": (bool, RAW),
+    "system": (Optional[str], SYSTEM),
+    "no_color": (bool, NO_COLOR),
+    "stats_db": (Optional[Path], STATS_DB),
+    "record_prompt": (bool, RECORD_PROMPT),
+    "debug": (bool, DEBUG),
+}
+# The options that shape the profile a generating command runs (profile_with_options).
+GENERATION = ("profile", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "k",
+              "no_adaptive", "method", "system")
+MODELS = ("device", "target_quantization", "draft_quantization", "draft_runtime")
+
+
+def shared(*names: str) -> Callable[[Callable], Callable]:
+    """Give a command the named SHARED options after its own parameters; the command takes
+    them as keyword arguments (`**options`)."""
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=SHARED[name][1],
+                                   annotation=SHARED[name][0]) for name in names]
+        fn.__signature__ = sig.replace(parameters=own + added)
+        fn.__annotations__ = {**fn.__annotations__, **{name: SHARED[name][0] for name in names}}
+        return fn
+    return decorate
+
+
+def profile_with_options(options: dict[str, Any]) -> Profile:
+    """The named profile with the shared command-line options applied: those of `options`
+    that shape what runs (GENERATION, "raw" and MODELS; absent or None: the profile's)."""
+    get = options.get
     return with_overrides(
-        load_profile(profile),
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        num_speculative_tokens=k, adaptive=False if no_adaptive else None, method=method,
-        system_prompt=system, chat_template=False if raw else None, **models,
+        load_profile(options["profile"]),
+        max_new_tokens=get("max_new_tokens"), temperature=get("temperature"),
+        top_p=get("top_p"), top_k=get("top_k"), num_speculative_tokens=get("k"),
+        adaptive=False if get("no_adaptive") else None, method=get("method"),
+        system_prompt=get("system"), chat_template=False if get("raw") else None,
+        **{name: get(name) for name in MODELS},
     )
 
 

@@ -10,10 +10,8 @@ import typer
 
 from specgen.app.render import TokenPrinter, make_console, summary_line
 from specgen.app.store import record_run
-from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
-                                 METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RAW, RECORD_PROMPT, SEED,
-                                 STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
-                                 err, load_session, profile_with_options, read_prompt, use_color)
+from specgen.cli.options import (GENERATION, MODELS, err, load_session, profile_with_options,
+                                 read_prompt, shared, use_color)
 from specgen.errors import ConfigError
 
 HELP = """Generate an answer with speculative decoding, streamed as it is verified.
@@ -34,51 +32,30 @@ target's extra token). A summary line follows on stderr. Piped output is plain t
 """
 
 
+@shared(*GENERATION, "raw", *MODELS, "no_color", "stats_db", "record_prompt", "debug")
 def run(
     prompt: Optional[str] = typer.Argument(None, help="The prompt; '-' (or a pipe) reads stdin."),
-    profile: str = PROFILE,
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
-    max_new_tokens: Optional[int] = MAX_NEW_TOKENS,
-    temperature: Optional[float] = TEMPERATURE,
-    top_p: Optional[float] = TOP_P,
-    top_k: Optional[int] = TOP_K,
-    seed: Optional[int] = SEED,
-    k: Optional[int] = K,
-    no_adaptive: bool = NO_ADAPTIVE,
-    method: Optional[str] = METHOD,
-    device: Optional[str] = DEVICE,
-    target_quantization: Optional[str] = TARGET_QUANTIZATION,
-    draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
-    draft_runtime: Optional[str] = DRAFT_RUNTIME,
-    raw: bool = RAW,
-    system: Optional[str] = SYSTEM,
     output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
-    no_color: bool = NO_COLOR,
-    stats_db: Optional[Path] = STATS_DB,
-    record_prompt: bool = RECORD_PROMPT,
-    debug: bool = DEBUG,
+    **options,
 ) -> None:
     from specgen.app.answer import answer  # loads torch
 
     if output_format not in ("text", "json"):
         raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
-    use_color(no_color)
+    use_color(options["no_color"])
     text = read_prompt(prompt, file)
-    prof = profile_with_options(
-        profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system, raw,
-        device=device, target_quantization=target_quantization,
-        draft_quantization=draft_quantization, draft_runtime=draft_runtime,
-    )
+    prof = profile_with_options(options)
     session = load_session(prof)
-    out = make_console(no_color=no_color)
+    out = make_console(no_color=options["no_color"])
     as_json = output_format == "json"
     printer = TokenPrinter(out)
     if printer.styled and not as_json:
         err.print(printer.legend())
-    result = answer(session, text, seed, on_text=None if as_json else printer.write)
-    warning = record_run(
-        session.record("run", result.stats, result.ended, text if record_prompt else None),
-        stats_db)
+    result = answer(session, text, options["seed"], on_text=None if as_json else printer.write)
+    record = options["record_prompt"]
+    warning = record_run(session.record("run", result.stats, result.ended, text if record else None),
+                         options["stats_db"])
     if as_json:
         doc = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict(),
                "profile": prof.name, "target": session.pair.target_name,
