@@ -113,11 +113,17 @@ def test_greedy_speculation_through_the_cuda_decoder_equals_generate(family, k, 
     assert result.stats.accepted > 0  # the pair's drafts were really verified
 
 
-def test_make_decoder_picks_the_cuda_decoder_only_on_a_gpu():
+def test_make_decoder_picks_the_cuda_decoder_on_one_gpu_unless_told_not_to(monkeypatch):
+    import specgen.decoding
+
     model = tiny_model("llama")
     assert not isinstance(make_decoder(model), CudaDecoder)
-    if torch.cuda.is_available():
-        assert isinstance(make_decoder(model.cuda(), exact=True), CudaDecoder)
+    monkeypatch.setattr(specgen.decoding, "on_one_gpu", lambda model: True)  # as on a GPU
+    assert isinstance(make_decoder(model, exact=True), CudaDecoder)
+    assert not isinstance(make_decoder(tiny_model("qwen2", use_sliding_window=True,
+                                                  sliding_window=4)), CudaDecoder)
+    monkeypatch.setenv("SPECGEN_CUDA_DECODER", "0")
+    assert isinstance(make_decoder(model, exact=True), HFDecoder)
 
 
 def reference_rejection(p, q, draft_ids, generator):
@@ -164,6 +170,11 @@ def test_graph_replay_gives_the_eager_captured_forms_bits():
     for a, b in zip(target_steps(graphed, ids), target_steps(eager, ids), strict=True):
         assert torch.equal(a, b)
     assert graphed.graph_error is None and len(graphed._captured) >= GRAPH_WIDTH
+
+
+@cuda
+def test_make_decoder_picks_the_cuda_decoder_on_a_gpu():
+    assert isinstance(make_decoder(tiny_model("llama").cuda(), exact=True), CudaDecoder)
 
 
 @cuda

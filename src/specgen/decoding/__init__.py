@@ -14,6 +14,7 @@ runtime answers the same interface (llamacpp.py).
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from torch import Tensor
@@ -41,8 +42,9 @@ def make_decoder(model: PreTrainedModel, exact: bool = False
     """The fastest decoder that serves the model. `exact`: on a CPU, it must compute what
     transformers' forward computes, bit for bit (a target's). On one GPU a Llama-family model
     gets the CUDA decoder in either role: no GPU decoder, transformers' included, gives a
-    verify pass the bits of one-token passes (docs/exactness.md)."""
-    if on_one_gpu(model) and lean_supported(model):
+    verify pass the bits of one-token passes (docs/exactness.md). SPECGEN_CUDA_DECODER=0
+    keeps transformers' forward on a GPU."""
+    if on_one_gpu(model) and lean_supported(model) and os.environ.get("SPECGEN_CUDA_DECODER") != "0":
         return CudaDecoder(model)
     lean = lean_supported(model) and (attends_by_rows(model) or not exact)
     return LeanDecoder(model) if lean else HFDecoder(model)
