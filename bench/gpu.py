@@ -54,7 +54,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-GOAL_AGREEMENT = 0.75  # target-draft greedy agreement per position the damping aims at
+GOAL_AGREEMENT = 0.8  # target-draft greedy agreement per position the damping aims at
 RANK = 64  # of the shared bigram map
 WIDTHS = tuple(range(1, 10))  # verify-cost curve: passes of 1..9 tokens
 CONTEXT = 256  # tokens cached before a curve's passes
