@@ -54,7 +54,7 @@ def test_broken_sampler_is_caught(monkeypatch):
         k = draft_ids.shape[0]
         return k, sample(p[k], generator)
 
-    monkeypatch.setattr(specgen.core.engine, "rejection_verify", accept_all)
+    monkeypatch.setattr(specgen.core.engine, "rejection_accept", accept_all)
     target, draft = tiny_pair()
     params = SamplingParams(1.0)
     joint = target_joint(target, PROMPT, 3, params)

@@ -14,7 +14,8 @@ from specgen.profiles import (DEFAULT_PROFILE, bundled_profile_dir, list_profile
                               with_overrides)
 
 BUNDLED = {"qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8", "qwen-coder-demo-int8-llamacpp",
-           "qwen-coder-demo-int8-int4", "qwen-coder-demo-llamacpp", "llama3-70b", "llama3-8b", "qwen2.5-32b", "qwen2.5-coder-7b"}
+           "qwen-coder-demo-int8-int4", "qwen-coder-demo-llamacpp", "llama3-70b", "llama3-8b", "llama3-8b-int4",
+           "qwen2.5-32b", "qwen2.5-coder-7b"}
 
 MINIMAL = """
 description = "test pair"
@@ -91,7 +92,10 @@ def test_default_profile_names_upstream_gguf_with_sha256():
 
 
 def test_large_profiles_quantize_the_target():
-    assert load_profile("llama3-70b").target.quantization == "nf4"
+    assert load_profile("llama3-70b").target.quantization == "int4-gpu"  # flat verify passes
+    int4 = load_profile("llama3-8b-int4")
+    assert int4.target.quantization == "int4-gpu" and int4.target.device == "cuda"
+    assert int4.speculation == load_profile("llama3-8b").speculation
     assert load_profile("qwen2.5-32b").target.quantization == "nf4"
     # Pairs come from one family, so they share a tokenizer.
     assert "Llama-3.2" in load_profile("llama3-8b").draft.model

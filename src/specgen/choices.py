@@ -13,10 +13,13 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 BNB_SCHEMES = ("nf4", "fp4", "int8")
 CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
 DYNAMIC_SCHEMES = ("int8-dyn", "int4-dyn")
-QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES)
+# CUDA only: 4-bit weight-only through PyTorch's tinygemm kernel (kernels/cuda_int4.py), whose
+# cost stays flat up to 16 tokens a pass.
+GPU_SCHEMES = ("int4-gpu",)
+QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES, *GPU_SCHEMES)
 # Bytes a weight of a quantized linear layer takes (4-bit counts its block scales).
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
-               "int8-dyn": 1.0, "int4-dyn": 0.63}
+               "int8-dyn": 1.0, "int4-dyn": 0.63, "int4-gpu": 0.53}
 
 # Who drafts: a second model, the prompt itself (n-gram lookup), or the better of the two.
 METHODS = ("draft-model", "prompt-lookup", "hybrid")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, MAX_K, METHODS, MIN_K, MODEL_METHODS, QUANTIZATIONS,
-                             RUNTIMES)
+from specgen.choices import (DTYPES, GPU_SCHEMES, MAX_K, METHODS, MIN_K, MODEL_METHODS,
+                             QUANTIZATIONS, RUNTIMES)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -265,6 +265,10 @@ def _validate(p: Profile, where: Any) -> None:
         if not DEVICE_RE.match(spec.device):
             raise ConfigError(f"{where}: {role}.device = {spec.device!r} is not allowed. "
                               "Allowed: auto, cpu, cuda, cuda:N (N a GPU index).")
+        if spec.quantization in GPU_SCHEMES and spec.device == "cpu":
+            raise ConfigError(f"{where}: {role}.quantization = {spec.quantization!r} runs on a "
+                              f"CUDA GPU, but {role}.device = \"cpu\". On the CPU use int4-dyn "
+                              "or int4-wo; or set device = \"cuda\" (or \"auto\").")
         if spec.sha256 is not None and not SHA256_RE.match(spec.sha256):
             raise ConfigError(f"{where}: {role}.sha256 must be 64 lowercase hex digits, "
                               f"got {spec.sha256!r}.")

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from specgen.choices import MAX_K, MIN_K
 from specgen.core.adaptive import Plan, Planner
 from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
-from specgen.core.sampling import SamplingParams, greedy_verify, probs_from_logits, rejection_verify
+from specgen.core.sampling import SamplingParams, greedy_accept, probs_from_logits, rejection_accept
 from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
@@ -69,6 +69,7 @@ class SpeculativeGenerator:
         # bit-identical: decoding/). Kept between calls so that a prompt extending the last
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
+        self._clock = _Clock(self.device)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
 
@@ -78,7 +79,7 @@ class SpeculativeGenerator:
         self._decoder.reset()
         self.drafter.reset()
 
-    def _prefill(self, tokens: Tensor) -> Tensor:
+    def _prefill(self, tokens: Tensor, max_new_tokens: int) -> Tensor:
         """Bring the target cache to hold the whole prompt, reusing the longest common prefix
         with the previous call's context, and return the last position's logits [1, V]: the
         first token's distribution, as in plain decoding. The drafter is rolled back to that
@@ -88,6 +89,9 @@ class SpeculativeGenerator:
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         self._decoder.crop(same)
+        reserve = getattr(self._decoder, "reserve", None)  # a static cache: room for it all
+        if reserve is not None:
+            reserve(len(tokens) + max_new_tokens + self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
@@ -126,42 +130,46 @@ class SpeculativeGenerator:
 
         start = time.perf_counter()
         try:
-            logits = self._prefill(tokens)
+            logits = self._prefill(tokens, max_new_tokens)
             stats.prefill_tokens = len(tokens) - self._reused
-            stats.prefill_seconds = time.perf_counter() - start
             draft_passes_before = self.drafter.forward_passes
 
             # 0. The prompt's pass already gives the first token: a step with no drafts.
-            nxt = self._verify(logits, tokens.new_empty(0), None, params, gen_t)[1]
-            tokens = self._tokens = torch.cat([tokens, nxt[None]])
+            no_drafts = tokens.new_empty(0)
+            _, new, ids = self._settle(*self._verify(logits, no_drafts, None, params, gen_t),
+                                       no_drafts)
+            stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
+            tokens = self._tokens = torch.cat([tokens, new])
             stats.target_passes = 1
-            if (yield from self._emit(nxt[None], 0, 0, stop, stats)):
+            if (yield from self._emit(ids, 0, 0, stop, stats)):
                 return
             while stats.new_tokens < max_new_tokens:
                 # 1. Draft: the planner picks who drafts and how much (never more tokens than
                 #    are still wanted); a drafter may find fewer, or end sooner.
                 plan = planner.plan(self.drafter, tokens, max_new_tokens - stats.new_tokens - 1)
-                t0 = self._clock()
+                t0 = self._clock.mark()
                 drafts, q = self._draft(plan, tokens, params, gen_d)
                 k = drafts.shape[0]
-                t1 = self._clock()
+                t1 = self._clock.mark()
 
-                # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions.
+                # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions;
+                #    acceptance runs on the device, and the host learns its outcome in one read.
                 logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
-                n, nxt = self._verify(logits, drafts, q, params, gen_t)
-                t2 = self._clock()
+                verdict = self._verify(logits, drafts, q, params, gen_t)
+                t2 = self._clock.mark()
+                n, new, ids = self._settle(*verdict, drafts)
 
                 # 3. Accept d1..dn and the target's token; forget the rejected drafts.
-                new = torch.cat([drafts[:n], nxt[None]])
                 tokens = self._tokens = self._accept(tokens, new)
 
                 # 4. Observe: the planner learns what the step kept and what it cost.
-                planner.observe(plan, k, n, t1 - t0, t2 - t1)
+                draft_s, verify_s = self._clock.seconds(t0, t1), self._clock.seconds(t1, t2)
+                planner.observe(plan, k, n, draft_s, verify_s)
                 stats.record_step(k, n)
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
-                stats.draft_seconds += t1 - t0
-                stats.verify_seconds += t2 - t1
-                if (yield from self._emit(new, n, k, stop, stats)):
+                stats.draft_seconds += draft_s
+                stats.verify_seconds += verify_s
+                if (yield from self._emit(ids, n, k, stop, stats)):
                     return
             stats.stop_reason = "max_new_tokens"
         except GeneratorExit:  # the consumer stopped between tokens: caches are consistent
@@ -183,12 +191,21 @@ class SpeculativeGenerator:
         return drafts.to(self.device), q
 
     def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
-                generator: torch.Generator) -> tuple[int, Tensor]:
-        """How many drafts the target keeps, and its own token after them."""
+                generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """How many drafts the target keeps, and its own token after them (on the device)."""
         if params.greedy:
-            return greedy_verify(logits, drafts)
+            return greedy_accept(logits, drafts)
         p = probs_from_logits(logits, params)
-        return rejection_verify(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+        return rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+
+    def _settle(self, n: Tensor | int, token: Tensor, drafts: Tensor
+                ) -> tuple[int, Tensor, list[int]]:
+        """A step's outcome read on the host in one transfer (its one sync with the device):
+        n, the kept tokens [d1..dn, token] on the device, and their ids."""
+        n = torch.as_tensor(n, device=self.device).view(1)
+        values = torch.cat([n, drafts, token.view(1)]).tolist()
+        kept = values[0]
+        return kept, torch.cat([drafts[:kept], token.view(1)]), values[1 : 1 + kept] + values[-1:]
 
     def _accept(self, tokens: Tensor, new: Tensor) -> Tensor:
         """The context with a step's kept tokens; both caches rolled back to hold all of it
@@ -197,11 +214,6 @@ class SpeculativeGenerator:
         self._decoder.crop(kept)
         self.drafter.rollback(kept)
         return torch.cat([tokens, new])
-
-    def _clock(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()  # so that draft and verify times are apart
-        return time.perf_counter()
 
     def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """max_new_tokens, cut to what the model's context leaves after the prompt."""
@@ -216,12 +228,12 @@ class SpeculativeGenerator:
         return max_new_tokens
 
     @staticmethod
-    def _emit(new: Tensor, n: int, k: int, stop: _Stopper, stats: Stats
+    def _emit(ids: list[int], n: int, k: int, stop: _Stopper, stats: Stats
               ) -> Generator[Token, None, bool]:
         """Yield a step's tokens (n accepted drafts, then the target's own) up to a stop;
         whether generation stopped."""
         last: Source = "bonus" if n == k else "resampled"
-        for i, token_id in enumerate(new.tolist()):
+        for i, token_id in enumerate(ids):
             stats.new_tokens += 1
             yield Token(token_id, "accepted" if i < n else last)
             reason = stop.check(token_id)
@@ -262,6 +274,25 @@ class SpeculativeGenerator:
     def _context_limit(self) -> int:
         config = self.target.config.get_text_config()
         return getattr(config, "max_position_embeddings", None) or 1 << 30
+
+
+class _Clock:
+    """Times a step's drafting and verification without waiting for the device: on a GPU,
+    events recorded in the stream (read after the step's sync, when both have passed); on a
+    CPU, the host's clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
 def _draft_probs(q: Tensor | None, drafts: Tensor, vocab: int) -> Tensor:

@@ -84,34 +84,52 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, r / mass.clamp_min(1e-30), p)
 
 
-def greedy_verify(target_logits: Tensor, draft_ids: Tensor) -> tuple[int, Tensor]:
-    """Greedy verification: keep drafts while they equal the target's argmax.
+def greedy_accept(target_logits: Tensor, draft_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy verification on the device: keep drafts while they equal the target's argmax.
 
     target_logits [K+1, V] (row i scores the position of draft i; row K is the bonus);
-    draft_ids [K]. Returns (n accepted, the target's token after them)."""
+    draft_ids [K]. Returns (n accepted, the target's token after them), both 0-dim tensors on
+    the logits' device: nothing waits for the device, so the caller reads both with its
+    step's one host sync."""
     choices = target_logits.argmax(-1)
     k = draft_ids.shape[0]
-    n = int((choices[:k] == draft_ids).cumprod(0).sum()) if k else 0
-    return n, choices[n]
+    n = (choices[:k] == draft_ids).long().cumprod(0).sum()
+    return n, choices.index_select(0, n.view(1))[0]
+
+
+def greedy_verify(target_logits: Tensor, draft_ids: Tensor) -> tuple[int, Tensor]:
+    """`greedy_accept` with n read on the host."""
+    n, token = greedy_accept(target_logits, draft_ids)
+    return int(n), token
+
+
+def rejection_accept(
+    p: Tensor, q: Tensor, draft_ids: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Modified rejection sampling (Leviathan et al. 2023, Alg. 1), vectorised, on the device.
+
+    p [K+1, V] target distributions, q [K, V] the distributions the drafts were drawn from,
+    draft_ids [K]. Draft i is accepted with probability min(1, p(x)/q(x)); at the first
+    rejection the token is drawn from norm(max(0, p - q)); if all K pass, a bonus token is
+    drawn from p[K]. The emitted tokens are distributed exactly as the target's. Returns
+    (n accepted, the token after them) as 0-dim tensors, with no host sync: the row to draw
+    from is selected on the device by n."""
+    k = draft_ids.shape[0]
+    if k == 0:
+        return torch.zeros((), dtype=torch.long, device=p.device), sample(p[0], generator)
+    rows = torch.arange(k, device=p.device)
+    p_x, q_x = p[rows, draft_ids], q[rows, draft_ids]
+    u = torch.rand(k, device=p.device, generator=generator)
+    accepted = u * q_x < p_x  # u < p/q without dividing by q
+    n = accepted.long().cumprod(0).sum()
+    p_n = p.index_select(0, n.view(1))[0]  # row n: the first rejected draft's, or the bonus
+    q_n = q.index_select(0, n.clamp_max(k - 1).view(1))[0]
+    return n, sample(torch.where(n < k, residual(p_n, q_n), p_n), generator)
 
 
 def rejection_verify(
     p: Tensor, q: Tensor, draft_ids: Tensor, generator: torch.Generator | None = None
 ) -> tuple[int, Tensor]:
-    """Modified rejection sampling (Leviathan et al. 2023, Alg. 1), vectorised.
-
-    p [K+1, V] target distributions, q [K, V] the distributions the drafts were drawn from,
-    draft_ids [K]. Draft i is accepted with probability min(1, p(x)/q(x)); at the first
-    rejection the token is drawn from norm(max(0, p - q)); if all K pass, a bonus token is
-    drawn from p[K]. The emitted tokens are distributed exactly as the target's."""
-    k = draft_ids.shape[0]
-    if k == 0:
-        return 0, sample(p[0], generator)
-    rows = torch.arange(k, device=p.device)
-    p_x, q_x = p[rows, draft_ids], q[rows, draft_ids]
-    u = torch.rand(k, device=p.device, generator=generator)
-    accepted = u * q_x < p_x  # u < p/q without dividing by q
-    n = int(accepted.cumprod(0).sum())  # the one host sync acceptance needs
-    if n == k:
-        return n, sample(p[k], generator)
-    return n, sample(residual(p[n], q[n]), generator)
+    """`rejection_accept` with n read on the host."""
+    n, token = rejection_accept(p, q, draft_ids, generator)
+    return int(n), token

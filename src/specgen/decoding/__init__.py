@@ -7,17 +7,20 @@
     length          positions cached
 
 `HFDecoder` is transformers' own forward (any architecture); `LeanDecoder` calls a
-Llama-family model's layers directly (hf.py, lean.py). llama.cpp's draft runtime answers the
-same interface (llamacpp.py).
+Llama-family model's layers directly (hf.py, lean.py); `CudaDecoder` does so on a GPU over a
+static cache, replaying each small width from a CUDA graph (cuda.py). llama.cpp's draft
+runtime answers the same interface (llamacpp.py).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from specgen.decoding.cuda import CudaDecoder, on_one_gpu
 from specgen.decoding.hf import HFDecoder
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
 
@@ -34,8 +37,14 @@ class Decoder(Protocol):
     def reset(self) -> None: ...
 
 
-def make_decoder(model: PreTrainedModel, exact: bool = False) -> HFDecoder | LeanDecoder:
-    """The lean decoder where it serves; `exact`: it must compute what transformers' forward
-    computes, bit for bit (a target's)."""
+def make_decoder(model: PreTrainedModel, exact: bool = False
+                 ) -> HFDecoder | LeanDecoder | CudaDecoder:
+    """The fastest decoder that serves the model. `exact`: on a CPU, it must compute what
+    transformers' forward computes, bit for bit (a target's). On one GPU a Llama-family model
+    gets the CUDA decoder in either role: no GPU decoder, transformers' included, gives a
+    verify pass the bits of one-token passes (docs/exactness.md). SPECGEN_CUDA_DECODER=0
+    keeps transformers' forward on a GPU."""
+    if on_one_gpu(model) and lean_supported(model) and os.environ.get("SPECGEN_CUDA_DECODER") != "0":
+        return CudaDecoder(model)
     lean = lean_supported(model) and (attends_by_rows(model) or not exact)
     return LeanDecoder(model) if lean else HFDecoder(model)

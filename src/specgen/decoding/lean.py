@@ -11,6 +11,7 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from weakref import WeakKeyDictionary
 
 import torch
@@ -75,6 +76,24 @@ def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
     return _projections[model]
 
 
+def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], attend,
+               skip: Container[tuple[int, str]] = ()) -> Tensor:
+    """The decoder layers over x [m, hidden], in transformers' order of operations: per layer
+    a residual attention block (norm, q/k/v, `attend(i, attn, q, k, v)` -> [m, heads, d],
+    o) and a residual SwiGLU MLP block. `skip` names sub-layers left out, as (layer index,
+    "attn" | "mlp"): a skipped block adds nothing to the residual stream (and a skipped
+    attention writes no cache entry)."""
+    m = x.shape[0]
+    for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(layers, projections)):
+        if (i, "attn") not in skip:
+            q, k, v = qkv(layer.input_layernorm(x))
+            x = x + o(attend(i, layer.self_attn, q, k, v).reshape(m, -1))[0]
+        if (i, "mlp") not in skip:
+            gate, up = gate_up(layer.post_attention_layernorm(x))
+            x = x + down(layer.mlp.act_fn(gate) * up)[0]
+    return x
+
+
 class LeanDecoder:
     """The model's layers called directly over a KV cache of its own: one preallocated
     tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
@@ -122,16 +141,13 @@ class LeanDecoder:
         mask = (None if m == 1 or self.rows else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
         in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
-        for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
-            attn = layer.self_attn
-            q, k, v = qkv(layer.input_layernorm(x))
+
+        def attend(i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             if in_c:  # row_attention's C, with transformers' rotary to the bit
-                out = c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
-            else:
-                out = self._attend(i, attn, q, k, v, cos, sin, start, mask)
-            x = x + o(out.reshape(m, -1))[0]
-            gate, up = gate_up(layer.post_attention_layernorm(x))
-            x = x + down(layer.mlp.act_fn(gate) * up)[0]
+                return c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
+            return self._attend(i, attn, q, k, v, cos, sin, start, mask)
+
+        x = run_layers(x, self.layers, self.projections, attend)
         self.length = end
         return self.norm(x[-n:])
 

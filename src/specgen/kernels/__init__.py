@@ -3,7 +3,10 @@ row-alone linear layers, RMSNorm and attention one row at a time.
 
 `prepare(model, role)` is the one entry point: it makes a loaded transformers model fast on
 this CPU for its role and decides, here and nowhere else, whether a target verifies exactly
-(every token of a verify pass gets the bits of a one-token pass)."""
+(every token of a verify pass gets the bits of a one-token pass).
+
+Beside the CPU backend, `cuda_int4.py` is the `int4-gpu` scheme's linear for CUDA GPUs
+(loading/streamed.py quantizes a model into it as it loads)."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
     if devices - {"cpu"}:
         raise ResourceError(
             f"{scheme} uses CPU kernels, but the model is on {', '.join(sorted(devices - {'cpu'}))}. "
-            "Load it on the CPU, or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+            "Load it on the CPU, or on CUDA use int4-gpu or the bitsandbytes schemes (nf4, fp4, int8).")
     if scheme == "int4-dyn":
         int4.library()  # no AVX2 or no compiler: say so before quantizing, not at first use
     path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None

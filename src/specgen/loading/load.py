@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, MODEL_METHODS
+from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, MODEL_METHODS
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError
-from specgen.kernels import prepare
+from specgen.kernels import cuda_int4, prepare
+from specgen.loading import streamed
 from specgen.loading.convert import convert_gguf, converted_dir, is_complete, locate, locate_gguf
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
@@ -113,6 +114,12 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
             convert_gguf(source, dtype, spec.trust_remote_code, progress)
         source.path, source.gguf = out, None
     fetch_weights(source, progress)
+    if spec.quantization in GPU_SCHEMES:  # quantized tensor by tensor, on one GPU
+        gpu = torch.device("cuda:0" if device == "cuda" else device)
+        cuda_int4.check_device(gpu, dtype)
+        say(progress, f"Loading {role} {source.name} in {spec.quantization} on {gpu}")
+        config = load_config(source, spec.trust_remote_code)
+        return streamed.load_int4(source.path, config, dtype, gpu, spec.trust_remote_code)
     kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code,
               "device_map": _device_map(device)}
     if spec.quantization in BNB_SCHEMES:
@@ -165,6 +172,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         if role == "draft" and dev == "cuda":
             dev = "cuda:0"  # the draft sits on the first GPU; the target may spread
         devices[role], dtypes[role] = dev, resolve_dtype(spec.dtype, dev)
+        if spec.quantization in GPU_SCHEMES and not dev.startswith("cuda"):
+            raise ResourceError(
+                f"{role}.quantization = {spec.quantization!r} runs on a CUDA GPU, and this "
+                f"machine has none ({role} device: {dev}). On the CPU use int4-dyn or int4-wo "
+                "(--target-quantization int4-dyn).")
         if llama and role == "draft":  # llama.cpp reads the GGUF file itself
             sources[role] = locate_gguf(spec, role, progress, base)
         else:
