@@ -28,7 +28,8 @@ def say(progress: Progress | None, message: str) -> None:
 
 @dataclass
 class Source:
-    """Where one model's files are: `path` is a directory in transformers' layout, or (with
+    """Where one model's files are: `path` is a directory in transformers' layout (a model's
+    own, or a cache entry: a converted copy, or with `packed` a packed model), or (with
     `gguf`) the folder holding that .gguf file, not yet converted."""
 
     name: str
@@ -38,6 +39,7 @@ class Source:
     repo: str | None = None  # hub id whose weights are still to download
     revision: str | None = None
     verified: bool = False  # the gguf's sha256 was checked
+    packed: bool = False  # `path` is a packed model in the cache (loading/packed.py)
 
 
 def _looks_like_path(model: str) -> bool:
