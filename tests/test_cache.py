@@ -379,3 +379,18 @@ def test_sigterm_mid_conversion_leaves_nothing_and_stale_temporaries_go(tmp_path
     names = [p.name for p in leftovers(root)]
     assert killed.name not in names and legacy.name not in names and len(names) == 1
     assert not names[0].startswith(".")
+
+
+def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(tmp_path, gguf_file, monkeypatch):
+    from specgen.loading import load as models
+
+    other = write_tiny_gguf(tmp_path / "other.gguf", hidden=64, ff=128, seed=1)
+    path = tmp_path / "pair.toml"
+    path.write_text(f'[target]\nmodel = "{gguf_file}"\ndtype = "float32"\n'
+                    f'[draft]\nmodel = "{other}"\ndtype = "float32"\n')
+    load_pair(load_profile(str(path)))  # converts both
+    calls = []
+    real = models.load_tokenizer
+    monkeypatch.setattr(models, "load_tokenizer", lambda *a: (calls.append(a[0].name), real(*a))[1])
+    pair = load_pair(load_profile(str(path)))
+    assert calls == [str(gguf_file)] and pair.draft is not None  # one tokenizer read, not two

@@ -71,6 +71,22 @@ def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizer
                 f"token {attr}: {d!r} vs {t!r}. Pick a draft from the target's model family.")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: Source, b: Source) -> bool:
+    """Whether two cache entries hold byte-identical tokenizer files (their manifests' sha256;
+    the chat template aside, which only the target's tokenizer uses)."""
+    if a.gguf or b.gguf:
+        return False
+    ma, mb = cache.read_manifest(a.path), cache.read_manifest(b.path)
+    if not (cache.is_current(ma) and cache.is_current(mb)) or "tokenizer.json" not in ma["files"]:
+        return False
+    return all((ma["files"].get(f) or {}).get("sha256") == (mb["files"].get(f) or {}).get("sha256")
+               for f in TOKENIZER_FILES)
+
+
 def bnb_config(quantization: str, dtype: torch.dtype):
     try:
         import bitsandbytes  # noqa: F401
@@ -170,8 +186,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             sources[role] = locate_gguf(spec, role, progress, base)
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
-        tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
-    if "draft" in sources:
+        if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
+            tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
+        else:
+            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
+    if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
 
