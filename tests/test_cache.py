@@ -394,3 +394,15 @@ def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(tmp
     monkeypatch.setattr(models, "load_tokenizer", lambda *a: (calls.append(a[0].name), real(*a))[1])
     pair = load_pair(load_profile(str(path)))
     assert calls == [str(gguf_file)] and pair.draft is not None  # one tokenizer read, not two
+
+
+def test_prefetch_reads_ahead_the_entries_the_profile_loads(tmp_path, gguf_file):
+    path = write_profile(tmp_path, f'model = "{gguf_file}"\nquantization = "int8-wo"')
+    other = write_profile(tmp_path, f'model = "{gguf_file}"', "other.toml")
+    for p in (path, other):
+        load_pair(load_profile(str(p)))
+    (entry,) = (tmp_path / "cache" / "quantized").iterdir()
+    assert cache.profile_entries(load_profile(str(path))) == [entry]
+    thread = cache.prefetch(load_profile(str(path)))
+    thread.join(30)
+    assert not thread.is_alive()

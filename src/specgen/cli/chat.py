@@ -11,7 +11,7 @@ from specgen.paths import chat_history
 from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
                                  METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RECORD_PROMPT, SEED,
                                  STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
-                                 err, load_session, profile_with_options, use_color)
+                                 err, load_session, prefetch, profile_with_options, use_color)
 
 HELP = """Chat with the model pair: a multi-turn conversation streamed as it is verified.
 
@@ -51,14 +51,15 @@ def chat(
     record_prompt: bool = RECORD_PROMPT,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.app import chat as chat_app  # loads torch
-
     use_color(no_color)
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
         device=device, target_quantization=target_quantization,
         draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
+    prefetch(prof)  # the weights are read from disk while torch is imported
+    from specgen.app import chat as chat_app  # loads torch
+
     session = load_session(prof)
     conversation = chat_app.Chat(session, prof.generation.system_prompt, seed)
     out = make_console(no_color=no_color)

@@ -13,7 +13,8 @@ from specgen.app.store import record_run
 from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
                                  METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RAW, RECORD_PROMPT, SEED,
                                  STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
-                                 err, load_session, profile_with_options, read_prompt, use_color)
+                                 err, load_session, prefetch, profile_with_options, read_prompt,
+                                 use_color)
 from specgen.errors import ConfigError
 
 HELP = """Generate an answer with speculative decoding, streamed as it is verified.
@@ -58,8 +59,6 @@ def run(
     record_prompt: bool = RECORD_PROMPT,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.app.answer import answer  # loads torch
-
     if output_format not in ("text", "json"):
         raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
     use_color(no_color)
@@ -69,6 +68,9 @@ def run(
         device=device, target_quantization=target_quantization,
         draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
+    prefetch(prof)  # the weights are read from disk while torch is imported
+    from specgen.app.answer import answer  # loads torch
+
     session = load_session(prof)
     out = make_console(no_color=no_color)
     as_json = output_format == "json"

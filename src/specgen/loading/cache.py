@@ -423,6 +423,57 @@ def prune(dry_run: bool = False, root: Path | None = None) -> list[Entry]:
     return gone
 
 
+def profile_entries(profile, root: Path | None = None) -> list[Path]:
+    """The converted and quantized entries (current ones) the profile's models may load:
+    read from the manifests alone, with no torch and no other profile."""
+    root = root or cache_dir()
+    wants = [(k, c) for k, c in _wants(profile) if k != "demo"]
+    found = []
+    for folder in ("converted", "quantized"):
+        try:
+            children = sorted((root / folder).iterdir())
+        except OSError:
+            continue
+        for child in children:
+            if child.name.startswith("."):
+                continue
+            manifest = read_manifest(child)
+            if is_current(manifest) and any(
+                    _matches(Entry(child, folder, 0, manifest), k, c) for k, c in wants):
+                found.append(child)
+    return found
+
+
+def prefetch(profile) -> threading.Thread | None:
+    """Ask the kernel to read the weight files the profile will map, in a background thread,
+    while Python imports torch and transformers: on a cold page cache the first pass then
+    finds its weights in memory instead of faulting them in from disk page by page."""
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    try:
+        files = [entry / name for entry in profile_entries(profile)
+                 for name in (read_manifest(entry) or {}).get("files", {}) if name.endswith(".safetensors")]
+    except Exception:  # only a hint: never in the way of the run
+        return None
+
+    def read_ahead() -> None:
+        for path in files:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    thread = threading.Thread(target=read_ahead, name="specgen-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
 def verify(root: Path | None = None) -> list[tuple[Entry, str | None]]:
     """Every converted and quantized entry rehashed in full: (entry, problem or None)."""
     return [(e, check(e.path, full=True)) for e in entries(root)
