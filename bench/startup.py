@@ -4,7 +4,7 @@ For each demo profile, side by side in one run (contestants interleaved, order r
 each repeat): `python -c "import torch, transformers"` (wall time, peak RSS), `specgen run
 -p PROFILE -n 1 hi` (wall time to exit, peak RSS), and the bytes of the weights the profile
 runs with (counted once per profile in a separate process that loads the session: every
-tensor the loaded models hold, each storage once, fbgemm's packed int8 layers at a byte a
+tensor the loaded models hold, each once, fbgemm's packed int8 layers at a byte a
 weight). The models must already be converted and cached (run each profile once first).
 
 Targets (issue #39): wall <= 1.5x the import's, peak RSS <= the import's + 1.2x the weights.
@@ -12,6 +12,9 @@ Targets (issue #39): wall <= 1.5x the import's, peak RSS <= the import's + 1.2x 
     python bench/startup.py                       # every runnable demo profile, 3 repeats
     python bench/startup.py --src /tmp/old/src    # another checkout's code
     python bench/startup.py -p qwen-coder-demo --repeats 5 --out startup.json
+    # two checkouts side by side, each with its own cache folder:
+    python bench/startup.py --variant before=/tmp/old/src:$HOME/.cache/specgen \
+                            --variant after=src:/tmp/new-cache
 
 The history of these runs goes to a temporary database, never the user's.
 """
@@ -57,10 +60,10 @@ def weight_bytes(model):
             continue
         if t is None or t.device.type == "meta":
             continue
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        key = (t.data_ptr(), t.numel() * t.element_size())
         if key not in seen:
             seen.add(key)
-            total += t.untyped_storage().nbytes()
+            total += key[1]
     return total
 
 session = open_session(load_profile(sys.argv[1]))
@@ -95,38 +98,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-p", "--profile", action="append", help="a profile (repeatable); default: the demo ones")
     ap.add_argument("--src", default=str(ROOT / "src"), help="the specgen source folder to run")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=SRC[:CACHE_DIR] (repeatable): measure several checkouts interleaved")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", help="write every measurement as JSON here")
     args = ap.parse_args()
 
     db = Path(tempfile.mkdtemp(prefix="specgen-startup-")) / "history.sqlite3"
-    env = dict(os.environ, PYTHONPATH=args.src, HF_HUB_OFFLINE="1", SPECGEN_STATS_DB=str(db))
-    profiles = [p for p in (args.profile or DEMO) if runnable(p, env)]
+    base = dict(os.environ, HF_HUB_OFFLINE="1", SPECGEN_STATS_DB=str(db))
+    variants = {}
+    for v in args.variant or [f"this={args.src}"]:
+        name, _, rest = v.partition("=")
+        src, _, cache = rest.partition(":")
+        env = dict(base, PYTHONPATH=str(Path(src).resolve()))
+        if cache:
+            env["SPECGEN_CACHE_DIR"] = cache
+        variants[name] = env
+    first = next(iter(variants.values()))
+    profiles = [p for p in (args.profile or DEMO) if runnable(p, first)]
     skipped = [p for p in (args.profile or DEMO) if p not in profiles]
     if skipped:
         print(f"skipped (llama-cpp-python is not installed): {', '.join(skipped)}")
 
+    label = (lambda v, p: p) if len(variants) == 1 else (lambda v, p: f"{v}:{p}")
     weights = {}
-    for p in profiles:
-        out = subprocess.run([sys.executable, "-c", WEIGHTS, p], env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"{p}: could not load the session:\n{out.stderr[-2000:]}")
-        weights[p] = json.loads(out.stdout.strip().splitlines()[-1])["weights"]
+    for v, env in variants.items():
+        for p in profiles:
+            out = subprocess.run([sys.executable, "-c", WEIGHTS, p], env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(f"{label(v, p)}: could not load the session:\n{out.stderr[-2000:]}")
+            weights[label(v, p)] = json.loads(out.stdout.strip().splitlines()[-1])["weights"]
 
-    contestants = ["import"] + profiles
-    runs: dict[str, list[tuple[float, int]]] = {c: [] for c in contestants}
+    contestants = [("import", None, None)] + [(label(v, p), v, p) for p in profiles for v in variants]
+    runs: dict[str, list[tuple[float, int]]] = {c[0]: [] for c in contestants}
     for r in range(args.repeats):
-        order = contestants[r % len(contestants):] + contestants[:r % len(contestants)]
-        for c in order:
-            if c == "import":
-                cmd = [sys.executable, "-c", "import torch, transformers"]
+        shift = r % len(contestants)
+        for name, v, p in contestants[shift:] + contestants[:shift]:
+            if v is None:
+                cmd, env = [sys.executable, "-c", "import torch, transformers"], first
             else:
-                cmd = [sys.executable, "-m", "specgen", "run", "-p", c, "-n", "1", "hi"]
+                cmd = [sys.executable, "-m", "specgen", "run", "-p", p, "-n", "1", "hi"]
+                env = variants[v]
             wall, rss, rc = timed(cmd, env)
             if rc != 0:
-                sys.exit(f"{c} exited {rc}")
-            runs[c].append((wall, rss))
-            print(f"  repeat {r + 1}: {c:32s} {wall:6.2f} s  {rss / 1e9:5.2f} GB", flush=True)
+                sys.exit(f"{name} exited {rc}")
+            runs[name].append((wall, rss))
+            print(f"  repeat {r + 1}: {name:40s} {wall:6.2f} s  {rss / 1e9:5.2f} GB", flush=True)
 
     imp_wall = statistics.median(w for w, _ in runs["import"])
     imp_rss = statistics.median(m for _, m in runs["import"])
@@ -135,21 +152,23 @@ def main() -> None:
     print("| profile | wall (median, min-max) | x import | peak RSS | weights | RSS target | wall ok | RSS ok |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
-    for p in profiles:
-        walls = [w for w, _ in runs[p]]
-        rss = statistics.median(m for _, m in runs[p])
+    for name, v, p in contestants[1:]:
+        walls = [w for w, _ in runs[name]]
+        rss = statistics.median(m for _, m in runs[name])
         wall = statistics.median(walls)
-        limit = imp_rss + 1.2 * weights[p]
-        row = {"profile": p, "wall_s": wall, "walls": walls, "rss": rss,
-               "rss_all": [m for _, m in runs[p]], "weights": weights[p],
+        limit = imp_rss + 1.2 * weights[name]
+        row = {"profile": p, "variant": v, "wall_s": wall, "walls": walls, "rss": rss,
+               "rss_all": [m for _, m in runs[name]], "weights": weights[name],
                "wall_ratio": wall / imp_wall, "rss_limit": limit,
                "wall_ok": wall <= 1.5 * imp_wall, "rss_ok": rss <= limit}
         rows.append(row)
-        print(f"| {p} | {wall:.2f} s ({min(walls):.2f}-{max(walls):.2f}) | {wall / imp_wall:.2f}x "
-              f"| {rss / 1e9:.2f} GB | {weights[p] / 1e9:.2f} GB | {limit / 1e9:.2f} GB "
+        print(f"| {name} | {wall:.2f} s ({min(walls):.2f}-{max(walls):.2f}) | {wall / imp_wall:.2f}x "
+              f"| {rss / 1e9:.2f} GB | {weights[name] / 1e9:.2f} GB | {limit / 1e9:.2f} GB "
               f"| {'yes' if row['wall_ok'] else 'no'} | {'yes' if row['rss_ok'] else 'no'} |")
     if args.out:
-        doc = {"src": args.src, "repeats": args.repeats, "python": sys.version.split()[0],
+        doc = {"variants": {v: {"src": e["PYTHONPATH"], "cache": e.get("SPECGEN_CACHE_DIR")}
+                            for v, e in variants.items()},
+               "repeats": args.repeats, "python": sys.version.split()[0],
                "import": {"wall_s": imp_wall, "rss": imp_rss, "all": runs["import"]},
                "profiles": rows, "skipped": skipped}
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
