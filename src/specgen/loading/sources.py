@@ -86,6 +86,9 @@ def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | Non
 def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source:
     asset = demo.find_asset(spec.sha256) if spec.gguf_file else None
     if asset is not None:
+        from specgen.loading.cache import sweep
+
+        sweep(cache_dir() / "demo")  # half-written files of assemblies that were killed
         assembled = demo.assemble(asset, cache_dir() / "demo", progress)
         if assembled is not None:
             return Source(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
