@@ -406,3 +406,26 @@ def test_prefetch_reads_ahead_the_entries_the_profile_loads(tmp_path, gguf_file)
     thread = cache.prefetch(load_profile(str(path)))
     thread.join(30)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("scheme", CPU_SCHEMES)
+def test_a_packed_load_runs_exactly_as_quantizing_the_loaded_model(tmp_path, scheme):
+    """The packed path gives the bits of the path it replaces: transformers' own load of the
+    model, quantized and prepared in memory."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.kernels import prepare
+    from test_loading import tiny_tokenizer
+
+    folder = tmp_path / "model"
+    save_tiny(tiny_model("qwen2", vocab=64, hidden=64, eos=1), folder)
+    tiny_tokenizer().save_pretrained(folder)
+    reference = prepare(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), "target",
+                        scheme).eval()
+    path = write_profile(tmp_path, f'model = "{folder}"\nquantization = "{scheme}"')
+    load_pair(load_profile(str(path)))
+    pair = load_pair(load_profile(str(path)))  # the second load: from the entry
+    assert pair.target.config._attn_implementation == reference.config._attn_implementation
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(reference(ids).logits, pair.target(ids).logits)
