@@ -204,9 +204,10 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         config = load_config(sources[role], spec.trust_remote_code)
         n = estimate_bytes(config, dtypes[role], spec.quantization, spec.trust_remote_code)
         needs.append((f"{role} {sources[role].name}", devices[role], n))
-        whole = estimate_bytes(config, dtypes[role], "none", spec.trust_remote_code)
-        quantizes = spec.quantization in CPU_SCHEMES and not sources[role].packed
-        loads.append((whole if quantizes else n, n))
+        if spec.quantization in CPU_SCHEMES and not sources[role].packed:  # quantized here first
+            loads.append((estimate_bytes(config, dtypes[role], "none", spec.trust_remote_code), n))
+        else:
+            loads.append((n, n))
     extra = int(loading_peak(loads) - sum(n for _, n in loads))
     if extra > 0:  # quantizing on the CPU (first run only) loads a model whole first
         needs.append(("while quantizing", "cpu", extra))
