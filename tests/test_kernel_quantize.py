@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from specgen.kernels import build, int4, quantize
-from specgen.choices import CPU_SCHEMES, DYNAMIC_SCHEMES
+from specgen.choices import CPU_SCHEMES
 from specgen.errors import ConfigError, ResourceError
 from specgen.kernels.quantize import QuantLinear, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tiny import tiny_model
@@ -105,37 +105,6 @@ def test_unknown_scheme_is_a_config_error():
         quantize.apply(tiny_model(), "int3")
 
 
-def test_cache_round_trip_loads_without_quantizing(tmp_path, monkeypatch):
-    ids = torch.tensor([[5, 6, 7, 8, 9]])
-    first = quantize.apply(tiny_model("qwen2", hidden=64), "int4-wo", tmp_path, "sha-abc")
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1 and files[0].name.startswith("int4-wo-float32-")
-
-    def no_quantizing(*args, **kwargs):
-        raise AssertionError("quantized again despite the cache")
-    monkeypatch.setattr(QuantLinear, "from_linear", no_quantizing)
-    before = quantize.quantized_layers
-    second = quantize.apply(tiny_model("qwen2", hidden=64), "int4-wo", tmp_path, "sha-abc")
-    assert quantize.quantized_layers == before
-    with torch.no_grad():
-        assert torch.equal(first(ids).logits, second(ids).logits)
-    # another source, scheme or dtype is another entry, never a stale hit
-    monkeypatch.undo()
-    quantize.apply(tiny_model("qwen2", hidden=64), "int8-wo", tmp_path, "sha-abc")
-    quantize.apply(tiny_model("qwen2", hidden=64), "int4-wo", tmp_path, "sha-other")
-    assert len(list(tmp_path.iterdir())) == 3
-
-
-def test_a_stale_cache_is_rebuilt(tmp_path):
-    quantize.apply(tiny_model(layers=2), "int8-wo", tmp_path, "same-key")
-    before = quantize.quantized_layers
-    deeper = quantize.apply(tiny_model(layers=3), "int8-wo", tmp_path, "same-key")
-    assert quantize.quantized_layers > before  # quantized again, not loaded
-    assert sum(isinstance(m, QuantLinear) for m in deeper.modules()) == 3 * 7 + 1
-    again = quantize.apply(tiny_model(layers=3), "int8-wo", tmp_path, "same-key")
-    assert sum(isinstance(m, QuantLinear) for m in again.modules()) == 3 * 7 + 1
-
-
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)
 def test_each_row_is_computed_the_same_whatever_the_batch(scheme):
     # Verification runs K+1 rows at once while plain decoding runs one: the quantized linear
@@ -159,21 +128,6 @@ def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations():
     layers = [m for m in target.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.batch_invariant for m in layers)
     assert torch.equal(target.lm_head(x)[1:2], target.lm_head(x[1:2]))
-
-
-@pytest.mark.parametrize("scheme", DYNAMIC_SCHEMES)
-def test_dynamic_cache_round_trip_is_bit_identical(tmp_path, scheme):
-    torch.manual_seed(0)
-    first = quantize.apply(tiny_model("qwen2", hidden=64), scheme, tmp_path, "sha-dyn")
-    (saved,) = tmp_path.iterdir()
-    assert saved.name.startswith(f"{scheme}-float32-")
-    assert all(m.kind == scheme for m in first.modules() if isinstance(m, QuantLinear))
-    before = quantize.quantized_layers
-    second = quantize.apply(tiny_model("qwen2", hidden=64), scheme, tmp_path, "sha-dyn")
-    assert quantize.quantized_layers == before
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        assert torch.equal(first(ids).logits, second(ids).logits)
 
 
 def test_int8_dyn_leaves_the_global_engine_alone():

@@ -120,6 +120,13 @@ def profile_with_options(options: dict[str, Any]) -> Profile:
     )
 
 
+def prefetch(prof: Profile) -> None:
+    """Start reading the profile's cached weights in the background (loading.cache.prefetch)."""
+    from specgen.loading.cache import prefetch as start
+
+    start(prof)
+
+
 def load_session(prof: Profile, peer_draft: bool = False) -> Session:
     """Load the profile's models behind a status line (`peer_draft`: see loading.load_pair)."""
     from transformers.utils import logging as hf_logging

@@ -10,8 +10,8 @@ import typer
 
 from specgen.app.render import TokenPrinter, make_console, summary_line
 from specgen.app.store import record_run
-from specgen.cli.options import (GENERATION, MODELS, err, load_session, profile_with_options,
-                                 read_prompt, shared, use_color)
+from specgen.cli.options import (GENERATION, MODELS, err, load_session, prefetch,
+                                 profile_with_options, read_prompt, shared, use_color)
 from specgen.errors import ConfigError
 
 HELP = """Generate an answer with speculative decoding, streamed as it is verified.
@@ -39,13 +39,14 @@ def run(
     output_format: str = typer.Option("text", "--format", help="text or json (one object on stdout)."),
     **options,
 ) -> None:
-    from specgen.app.answer import answer  # loads torch
-
     if output_format not in ("text", "json"):
         raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
     use_color(options["no_color"])
     text = read_prompt(prompt, file)
     prof = profile_with_options(options)
+    prefetch(prof)  # the weights are read from disk while torch is imported
+    from specgen.app.answer import answer  # loads torch
+
     session = load_session(prof)
     out = make_console(no_color=options["no_color"])
     as_json = output_format == "json"

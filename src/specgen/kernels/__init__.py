@@ -10,7 +10,6 @@ Beside the CPU backend, `cuda_int4.py` is the `int4-gpu` scheme's linear for CUD
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from torch import nn
@@ -21,12 +20,11 @@ Role = Literal["target", "draft"]
 ROLES = ("target", "draft")
 
 
-def prepare(model: nn.Module, role: Role = "target", quantization: str = "none",
-            cache: tuple[Path, str] | None = None) -> nn.Module:
+def prepare(model: nn.Module, role: Role = "target", quantization: str = "none") -> nn.Module:
     """Ready `model` (in place) for `role` on this CPU, and return it.
 
     - `quantization` one of choices.CPU_SCHEMES: its linear layers are quantized
-      (kernels.quantize), the packed weights cached under `cache` = (folder, source key);
+      (kernels.quantize), unless they already are (a packed model loaded from the cache);
     - plain fp32 and bf16 CPU linears compute each row alone (kernels.linear);
     - a dynamic scheme's float32 RMSNorms run in C (kernels.rows);
     - a target whose every linear computes each row alone also attends row by row
@@ -41,8 +39,7 @@ def prepare(model: nn.Module, role: Role = "target", quantization: str = "none",
     if role not in ROLES:
         raise ConfigError(f"role must be 'target' or 'draft', got {role!r}.")
     if quantization in CPU_SCHEMES:
-        folder, key = cache if cache is not None else (None, None)
-        quantize.apply(model, quantization, folder, key, verifier=role == "target")
+        quantize.apply(model, quantization, verifier=role == "target")
     elif quantization != "none":
         raise ConfigError(f"kernels.prepare quantizes with the CPU schemes "
                           f"({', '.join(CPU_SCHEMES)}), not {quantization!r}.")

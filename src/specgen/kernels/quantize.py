@@ -15,16 +15,15 @@ The weight-only kernels process the rows of the input in blocks of 4: a call ove
 rows splits the row blocks across threads, each thread reading the whole weight, so they are
 called once per block of 4 rows (ROWS_PER_CALL) to keep every thread on every call.
 
-Packed weights can be cached on disk, keyed by the source weights, the scheme, the dtype, the
-CPU kernel flavour and a format version, so that a later load skips quantization.
+`packed_state` and `attach` give a quantized model's layers as plain tensors and back, for
+the on-disk cache of packed models (loading/cache.py): a later load maps them from the file
+onto a model skeleton and never builds the unquantized model.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +31,8 @@ from torch import Tensor, nn
 from specgen.choices import CPU_SCHEMES
 from specgen.errors import ConfigError, ResourceError
 from specgen.kernels import int4
-FORMAT_VERSION = 1
+
+FORMAT_VERSION = 2  # of the packed layers (packed_state)
 INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
 ROWS_PER_CALL = 4  # the kernels' row block: more rows per call re-read the weights per block
 
@@ -174,10 +174,6 @@ class QuantLinear(nn.Module):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
         return cls(k, n, "int4", group, packed, sz, bias)
 
-    @classmethod
-    def from_state(cls, s: dict) -> QuantLinear:
-        return cls(s["in"], s["out"], s["kind"], s["group"], s["weight"], s["scales"], s["bias"])
-
     def stored(self) -> tuple[Tensor, Tensor]:
         """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
         if self.joined is not None:
@@ -261,14 +257,24 @@ class Joined:
     identity: inference tensors keep no version counter, and no decoder changes its
     projections' input in place between them.)"""
 
-    def __init__(self, layers: list[QuantLinear]) -> None:
-        self.packed = torch.cat([layer.weight for layer in layers])
-        self.scales = torch.cat([layer.scales for layer in layers], dim=1)
-        self.bias = joined_bias(layers)
+    def __init__(self, layers: list[QuantLinear], packed: Tensor | None = None,
+                 scales: Tensor | None = None, bias: Tensor | None = None) -> None:
+        """The layers' weights joined here, or given joined (`packed`, `scales`, `bias`:
+        loaded from the cache as `packed_state` stored them)."""
+        if packed is None:
+            packed = torch.cat([layer.weight for layer in layers])
+            scales = torch.cat([layer.scales for layer in layers], dim=1)
+            bias = joined_bias(layers)
+        self.packed, self.scales, self.bias = packed, scales, bias
         self.index = {id(layer): i for i, layer in enumerate(layers)}
         self.sizes = [layer.out_features for layer in layers]
         self.input: Tensor | None = None
         self.pending: dict[int, Tensor] = {}
+
+    @classmethod
+    def from_tensors(cls, layers: list[QuantLinear], packed: Tensor, scales: Tensor,
+                     bias: Tensor | None) -> Joined:
+        return cls(layers, packed, scales, bias)
 
     def output(self, layer: QuantLinear, x: Tensor) -> Tensor:
         i = self.index[id(layer)]
@@ -306,18 +312,15 @@ def join_int4_dyn(model: nn.Module) -> None:
                 layer.joined, layer.weight, layer.scales = joined, None, None
 
 
-# --- applying to a model, with an on-disk cache ------------------------------------------
+# --- applying to a model; its packed form for an on-disk cache ------------------------------
 
-def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
-          source_key: str | None = None, verifier: bool = True) -> nn.Module:
+def apply(model: nn.Module, scheme: str, verifier: bool = True) -> nn.Module:
     """Replace every nn.Linear of `model` (lm_head included) in place with a QuantLinear for
     `scheme` (one of choices.CPU_SCHEMES), and return the model. A verifier's (a target's)
-    dynamic layers compute each row alone; a draft's need no such care. The rest of what a
-    model needs for its role is kernels.prepare's.
-
-    With `cache_dir` and `source_key` (e.g. the sha256 of the source weights and their dtype),
-    the packed weights are saved there the first time and loaded on later calls instead of
-    quantizing again. CPU only: the packed kernels have no CUDA path here."""
+    dynamic layers compute each row alone; a draft's need no such care. A model whose layers
+    are already quantized (loaded packed, `attach`) only gets its role set. The rest of what
+    a model needs for its role is kernels.prepare's. CPU only: the packed kernels have no
+    CUDA path here."""
     if scheme not in CPU_SCHEMES:
         raise ConfigError(f"Unknown quantization scheme {scheme!r}: choose one of "
                           f"{', '.join(CPU_SCHEMES)}.")
@@ -329,51 +332,87 @@ def apply(model: nn.Module, scheme: str, cache_dir: Path | None = None,
             "Load it on the CPU, or on CUDA use int4-gpu or the bitsandbytes schemes (nf4, fp4, int8).")
     if scheme == "int4-dyn":
         int4.library()  # no AVX2 or no compiler: say so before quantizing, not at first use
-    path = cache_path(cache_dir, source_key, scheme, model) if cache_dir and source_key else None
-    saved = load_states(path) if path is not None and path.exists() else None
-    fresh = saved is None or set(saved) != set(linears)  # absent, or stale: quantize (again)
     names = list(linears)
     del linears  # each float layer is freed as soon as it is replaced: the peak stays one model
     for name in names:
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        layer = (QuantLinear.from_linear(getattr(owner, attr), scheme) if fresh
-                 else QuantLinear.from_state(saved[name]))
-        layer.batch_invariant = verifier  # only a verifier needs the anchor row's care
-        setattr(owner, attr, layer)
-    if fresh and path is not None:
-        save_layers({name: model.get_submodule(name) for name in names}, path)
+        setattr(owner, attr, QuantLinear.from_linear(getattr(owner, attr), scheme))
+    for layer in model.modules():
+        if isinstance(layer, QuantLinear):
+            layer.batch_invariant = verifier  # only a verifier needs the anchor row's care
     if scheme == "int4-dyn":
-        join_int4_dyn(model)  # after saving: the cache keeps one entry per layer
+        join_int4_dyn(model)
     return model
 
 
-def cache_path(cache_dir: Path, source_key: str, scheme: str, model: nn.Module) -> Path:
-    """One file per (source, scheme, dtype, kernel flavour, format version). The int4 packing
-    differs between CPU kernel builds (AVX512 packs 64 columns, AVX2 32), so it is in the key."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    flavour = f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__.split('+')[0]}"
-    key = f"{source_key}|{scheme}|{dtype}|{flavour}|v{FORMAT_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return Path(cache_dir) / f"{scheme}-{dtype}-{digest}.pt"
+def flavour(scheme: str) -> str:
+    """What the packed bytes of `scheme` depend on besides the weights: int4-wo's packing
+    differs between CPU kernel builds (AVX512 packs 64 columns, AVX2 32) and torch releases;
+    the other schemes' bytes are specgen's own and the same everywhere."""
+    if scheme != "int4-wo":
+        return ""
+    return f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__.split('+')[0]}"
 
 
-def save_layers(layers: dict[str, QuantLinear], path: Path) -> None:
-    """Write atomically (temporary file, then rename) so a crash never leaves half a cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {}
-    for name, m in layers.items():
-        weight, scales = m.stored()
-        state[name] = {"in": m.in_features, "out": m.out_features, "kind": m.kind,
-                       "group": m.group_size, "weight": weight, "scales": scales, "bias": m.bias}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save({"format": FORMAT_VERSION, "layers": state}, tmp)
-    os.replace(tmp, path)
+def packed_state(model: nn.Module) -> tuple[dict[str, Tensor], dict]:
+    """The tensors of a quantized model's QuantLinears, by name, and the table (plain JSON
+    data) that `attach` rebuilds them from. Joined int4-dyn layers are stored joined, so a
+    load maps them as they run, with no copy."""
+    tensors: dict[str, Tensor] = {}
+    layers: dict[str, dict] = {}
+    groups: list[dict] = []
+    joined_seen: dict[int, int] = {}
+
+    def put(key: str, t: Tensor | None) -> str | None:
+        if t is None:
+            return None
+        tensors[key] = t.contiguous()
+        return key
+
+    for name, m in model.named_modules():
+        if not isinstance(m, QuantLinear):
+            continue
+        row = {"kind": m.kind, "in": m.in_features, "out": m.out_features, "group": m.group_size,
+               "bias": put(f"{name}.bias", m.bias), "weight": None, "scales": None, "joined": None}
+        if m.joined is not None:
+            j = m.joined
+            if id(j) not in joined_seen:
+                joined_seen[id(j)] = len(groups)
+                groups.append({"layers": [], "packed": put(f"{name}.joined.packed", j.packed),
+                               "scales": put(f"{name}.joined.scales", j.scales),
+                               "bias": put(f"{name}.joined.bias", j.bias)})
+            row["joined"] = joined_seen[id(j)]
+            groups[row["joined"]]["layers"].append(name)
+        else:
+            weight, scales = m.stored()
+            row["weight"], row["scales"] = put(f"{name}.weight", weight), put(f"{name}.scales", scales)
+        layers[name] = row
+    return tensors, {"format": FORMAT_VERSION, "layers": layers, "joined": groups}
 
 
-def load_states(path: Path) -> dict[str, dict]:
-    """The saved layers (memory-mapped), by name, for QuantLinear.from_state."""
-    blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if blob.get("format") != FORMAT_VERSION:
-        raise ConfigError(f"The quantized cache {path} has an old format; delete it and retry.")
-    return blob["layers"]
+def attach(model: nn.Module, table: dict, tensor: Callable[[str, bool], Tensor],
+           verifier: bool = True) -> nn.Module:
+    """Put the QuantLinears described by `table` (from `packed_state`) into `model` in place
+    of its linear layers, which may be on the meta device: nothing unquantized is allocated.
+    `tensor(key, transient)` gives a stored tensor; `transient` when the layer copies it into
+    a form of its own (fbgemm's packing), so the caller need not keep it mapped."""
+    if table.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"packed layers of format {table.get('format')}, expected {FORMAT_VERSION}")
+    get = lambda key, transient=False: None if key is None else tensor(key, transient)  # noqa: E731
+    for name, row in table["layers"].items():
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        transient = row["kind"] == "int8-dyn"
+        layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"],
+                            get(row["weight"], transient), get(row["scales"], transient),
+                            get(row["bias"]))
+        layer.batch_invariant = verifier
+        setattr(owner, attr, layer)
+    for group in table["joined"]:
+        layers = [model.get_submodule(name) for name in group["layers"]]
+        joined = Joined.from_tensors(layers, get(group["packed"]), get(group["scales"]),
+                                     get(group["bias"]))
+        for layer in layers:
+            layer.joined = joined
+    return model

@@ -1,19 +1,23 @@
-"""Where a model runs and in which floating-point type: "auto" resolved for this machine."""
+"""Where a model runs and in which floating-point type: "auto" resolved for this machine.
+torch is imported only where a device or dtype is resolved (the cache's listings need
+`cpu_has_bf16` without it)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from specgen.errors import ResourceError
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_device(device: str, role: str = "target") -> str:
     """"auto" is CUDA when present, else CPU; asking for CUDA without it is refused."""
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
@@ -44,8 +48,10 @@ def cpu_has_bf16() -> bool:
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """"auto": bf16 where it is fast (CUDA with bf16, AVX2/AVX-512/Arm-bf16 CPUs), else fp16
     on GPU and fp32 on CPU."""
+    import torch
+
     if dtype != "auto":
-        return TORCH_DTYPES[dtype]
+        return getattr(torch, dtype)
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if cpu_has_bf16() else torch.float32

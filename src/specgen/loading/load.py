@@ -5,7 +5,6 @@ its role on the CPU (kernels.prepare)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import warnings
@@ -18,14 +17,13 @@ from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, MODEL_METHODS
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.kernels import cuda_int4, prepare
-from specgen.loading import streamed
-from specgen.loading.convert import convert_gguf, converted_dir, is_complete, locate, locate_gguf
+from specgen.loading import cache, streamed
+from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate, locate_gguf, problem_of
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
 from specgen.loading.sources import (Progress, Source, fetch_weights, load_config, load_tokenizer,
                                      say)
-from specgen.paths import cache_dir
 from specgen.profiles import ModelSpec, Profile
 
 
@@ -73,6 +71,22 @@ def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizer
                 f"token {attr}: {d!r} vs {t!r}. Pick a draft from the target's model family.")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: Source, b: Source) -> bool:
+    """Whether two cache entries hold byte-identical tokenizer files (their manifests' sha256;
+    the chat template aside, which only the target's tokenizer uses)."""
+    if a.gguf or b.gguf:
+        return False
+    ma, mb = cache.read_manifest(a.path), cache.read_manifest(b.path)
+    if not (cache.is_current(ma) and cache.is_current(mb)) or "tokenizer.json" not in ma["files"]:
+        return False
+    return all((ma["files"].get(f) or {}).get("sha256") == (mb["files"].get(f) or {}).get("sha256")
+               for f in TOKENIZER_FILES)
+
+
 def bnb_config(quantization: str, dtype: torch.dtype):
     try:
         import bitsandbytes  # noqa: F401
@@ -88,15 +102,6 @@ def bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _weights_key(source: Source, dtype: torch.dtype) -> str:
-    """The sha256 of a GGUF source, else the weight files' paths, sizes and times."""
-    ident = source.sha256
-    if ident is None:
-        files = sorted(source.path.glob("*.safetensors")) or sorted(source.path.glob("*.bin"))
-        ident = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-    return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
-
-
 def _device_map(device: str) -> str | dict[str, str]:
     """A multi-GPU "cuda" spreads the model over every GPU (accelerate); else one device."""
     if device == "cuda":
@@ -106,11 +111,28 @@ def _device_map(device: str) -> str | dict[str, str]:
 
 def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
                progress: Progress | None = None, role: str = "target") -> PreTrainedModel:
-    """Load one located model (converting a GGUF first) with its dtype, quantization and
-    device, as the "target" (which verifies) or the "draft"."""
+    """Load one located model with its dtype, quantization and device, as the "target"
+    (which verifies) or the "draft". A CPU scheme's model is mapped packed from the cache
+    (quantized and stored there the first time); a GGUF is converted first."""
+    if spec.quantization in CPU_SCHEMES:
+        if device != "cpu":
+            raise ResourceError(
+                f"{spec.quantization} uses CPU kernels, but {role}.device is {device}. Load it "
+                "on the CPU (--device cpu), or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+        if not source.packed:
+            source.path = ensure_packed(source, spec, dtype, progress)
+            source.gguf, source.packed = None, True
+        say(progress, f"Loading {role} {source.name} in {spec.quantization} on cpu")
+        from specgen.loading import packed
+
+        model = packed.load(source.path, dtype, role == "target", spec.trust_remote_code)
+        return prepare(model, role, spec.quantization).eval()
     if source.gguf:
-        out = converted_dir(source.sha256, dtype)
-        if not is_complete(out, source.sha256, dtype):  # the other role may have just made it
+        out = cache.converted_dir(source.sha256, dtype_name(dtype))
+        problem = problem_of(out)
+        if problem is not None:  # else the other role has just made it
+            if problem != ABSENT:
+                say(progress, f"The cached model in {out} is damaged ({problem}): rebuilding it")
             convert_gguf(source, dtype, spec.trust_remote_code, progress)
         source.path, source.gguf = out, None
     fetch_weights(source, progress)
@@ -130,13 +152,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelError(f"Cannot load {source.name}: {e}") from None
-    scheme, cache = "none", None
-    if spec.quantization in CPU_SCHEMES:
-        # The packed weights are cached, keyed by the source weights' identity and dtype, so
-        # only the first load pays for quantizing.
-        scheme, cache = spec.quantization, (cache_dir() / "quantized", _weights_key(source, dtype))
-    prepare(model, role, scheme, cache)
-    return model.eval()
+    return prepare(model, role, "none").eval()
 
 
 def load_llama_draft(source: Source, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
@@ -181,8 +197,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             sources[role] = locate_gguf(spec, role, progress, base)
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
-        tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
-    if "draft" in sources:
+        if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
+            tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
+        else:
+            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
+    if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
 
@@ -196,10 +215,12 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         config = load_config(sources[role], spec.trust_remote_code)
         n = estimate_bytes(config, dtypes[role], spec.quantization, spec.trust_remote_code)
         needs.append((f"{role} {sources[role].name}", devices[role], n))
-        whole = estimate_bytes(config, dtypes[role], "none", spec.trust_remote_code)
-        loads.append((whole if spec.quantization in CPU_SCHEMES else n, n))
+        if spec.quantization in CPU_SCHEMES and not sources[role].packed:  # quantized here first
+            loads.append((estimate_bytes(config, dtypes[role], "none", spec.trust_remote_code), n))
+        else:
+            loads.append((n, n))
     extra = int(loading_peak(loads) - sum(n for _, n in loads))
-    if extra > 0:  # CPU quantization loads a model whole first
+    if extra > 0:  # quantizing on the CPU (first run only) loads a model whole first
         needs.append(("while quantizing", "cpu", extra))
     if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") != "1":
         try:

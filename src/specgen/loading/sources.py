@@ -28,7 +28,8 @@ def say(progress: Progress | None, message: str) -> None:
 
 @dataclass
 class Source:
-    """Where one model's files are: `path` is a directory in transformers' layout, or (with
+    """Where one model's files are: `path` is a directory in transformers' layout (a model's
+    own, or a cache entry: a converted copy, or with `packed` a packed model), or (with
     `gguf`) the folder holding that .gguf file, not yet converted."""
 
     name: str
@@ -38,6 +39,7 @@ class Source:
     repo: str | None = None  # hub id whose weights are still to download
     revision: str | None = None
     verified: bool = False  # the gguf's sha256 was checked
+    packed: bool = False  # `path` is a packed model in the cache (loading/packed.py)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -84,6 +86,9 @@ def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | Non
 def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source:
     asset = demo.find_asset(spec.sha256) if spec.gguf_file else None
     if asset is not None:
+        from specgen.loading.cache import sweep
+
+        sweep(cache_dir() / "demo")  # half-written files of assemblies that were killed
         assembled = demo.assemble(asset, cache_dir() / "demo", progress)
         if assembled is not None:
             return Source(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
