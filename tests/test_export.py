@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +17,8 @@ from typer.testing import CliRunner
 from specgen.cli import app
 from specgen.profiles import load_profile, with_overrides
 from specgen.serve.export import Unsupported, llamacpp, vllm
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 # vLLM: vllm/config/speculative.py (SpeculativeConfig fields and the SpeculativeMethod
 # Literal) on main after v0.28, and the engine arguments of vllm/engine/arg_utils.py.
@@ -178,3 +184,14 @@ def test_cli():
     assert ok.exit_code == 0 and "--draft-max 4" in ok.stdout
     bad = runner.invoke(app, ["export", "llama.cpp", "-p", "qwen-coder-demo", "--flavor", "old"])
     assert bad.exit_code == 2 and "--flavor must be" in bad.stderr
+
+
+def test_export_loads_neither_torch_nor_the_web_stack():
+    code = ("import sys; from typer.testing import CliRunner; from specgen.cli import app; "
+            "r = CliRunner().invoke(app, ['export', 'llama.cpp', '-p', 'qwen-coder-demo']); "
+            "assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in ('torch', 'starlette', 'uvicorn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
