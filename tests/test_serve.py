@@ -333,10 +333,21 @@ def test_a_full_queue_answers_429_or_503_with_retry_after(server, oa, ol, monkey
     assert r.usage.completion_tokens == 3
 
 
-def test_a_disconnected_client_stops_its_generation(server, db, oa):
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_disconnected_client_stops_its_generation(server, db, oa, streamed):
     before = len(serve_runs(db))
-    sock = open_stream(server, "/api/generate", {"model": "tiny", "prompt": "go on",
-                                                 "options": {"num_predict": LONG}})
+    body = {"model": "tiny", "prompt": "go on", "options": {"num_predict": LONG}, "stream": streamed}
+    if streamed:
+        sock = open_stream(server, "/api/generate", body)
+    else:  # nothing comes back before the end: wait until it generates
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        data = json.dumps(body).encode()
+        sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: x\r\n"
+                     + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        deadline = time.time() + 30
+        while not server.worker.busy and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
     sock.close()
     started = time.time()
     r = oa.completions.create(model="tiny", prompt="next", max_tokens=3)  # starts promptly
@@ -345,6 +356,26 @@ def test_a_disconnected_client_stops_its_generation(server, db, oa):
     runs = serve_runs(db)[before:]
     assert [r["ended"] for r in runs] == ["interrupted", "completed"]
     assert 0 < runs[0]["new_tokens"] < LONG and runs[0]["stop_reason"] == "interrupted"
+
+
+def test_a_client_that_leaves_the_queue_is_never_run(server, db, oa):
+    before = len(serve_runs(db))
+    running = open_stream(server, "/api/generate", {"model": "tiny", "prompt": "first",
+                                                    "options": {"num_predict": LONG}})
+    waiting = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    data = json.dumps({"model": "tiny", "prompt": "never", "max_tokens": 5}).encode()
+    waiting.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    deadline = time.time() + 30
+    while server.worker.queue_length == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    waiting.close()
+    while server.worker.queue_length == 1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert server.worker.queue_length == 0 and server.worker.busy  # dropped from the queue
+    running.close()
+    oa.completions.create(model="tiny", prompt="after", max_tokens=2)
+    assert [r["ended"] for r in serve_runs(db)[before:]] == ["interrupted", "completed"]
 
 
 def test_requests_run_one_at_a_time_in_arrival_order(server, oa):
@@ -447,6 +478,10 @@ def test_binding_beyond_loopback_without_a_key_warns(tiny_profile, monkeypatch):
     assert wide.exit_code == 0 and "without an API key" in wide.stderr
     keyed = runner.invoke(app, ["serve", "-p", str(tiny_profile), "--host", "0.0.0.0", "--api-key", "k"])
     assert keyed.exit_code == 0 and "without an API key" not in keyed.stderr
+    for bad, message in (("--max-queue=-1", "--max-queue must be 0 or more"),
+                         ("--port=70000", "--port must be from 0 to 65535")):
+        refused = runner.invoke(app, ["serve", "-p", str(tiny_profile), bad])
+        assert refused.exit_code == 2 and message in refused.stderr
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
 

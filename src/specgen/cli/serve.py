@@ -57,8 +57,9 @@ def serve(
     record_prompt: bool = RECORD_PROMPT,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.serve.server import Server, is_loopback  # loads starlette and uvicorn
+    from specgen.serve.server import Server, check_options, is_loopback  # starlette, uvicorn
 
+    check_options(port, max_queue)
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
         device=device, target_quantization=target_quantization,

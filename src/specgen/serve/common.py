@@ -19,8 +19,6 @@ from specgen.serve.worker import Failed, Finished, Job, Piece, Rejected, Worker
 if TYPE_CHECKING:
     from specgen.app.session import Session
 
-POLL_SECONDS = 0.1  # how often a request waiting for its turn checks that its client is there
-
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -86,42 +84,36 @@ async def read_json(request: Request) -> dict:
 
 
 class Events:
-    """A job's events, one at a time. With a request, waiting also polls whether the client
-    disconnected (then the job is cancelled and None comes back); without one (inside a
-    streaming body) the web framework cancels the wait when the client goes."""
+    """A job's events, one at a time; None when the client went away (see `watch`)."""
 
     def __init__(self, job: Job, worker: Worker) -> None:
         self.job, self.worker = job, worker
-        self._get: asyncio.Future | None = None
 
-    async def next(self, request: Request | None = None):
-        queue = self.job.events
-        if self._get is None:
-            if not queue.empty():
-                return queue.get_nowait()
-            self._get = asyncio.ensure_future(queue.get())
-        while True:
-            done, _ = await asyncio.wait({self._get}, timeout=POLL_SECONDS if request else None)
-            if done:
-                event, self._get = self._get.result(), None
-                return event
-            if request is not None and await request.is_disconnected():
-                self.close()
-                return None
+    async def next(self):
+        return await self.job.events.get()
 
     def ready(self) -> list:
-        """The events already delivered (none while a wait is pending)."""
+        """The events already delivered."""
         out = []
-        while self._get is None and not self.job.events.empty():
+        while not self.job.events.empty():
             out.append(self.job.events.get_nowait())
         return out
 
     def close(self) -> None:
-        """The client is gone or done: stop waiting, and stop the job if it still runs."""
-        if self._get is not None:
-            self._get.cancel()
-            self._get = None
+        """The client is done or gone: stop the job if it still waits or runs."""
         self.worker.cancel(self.job)
+
+    def gone(self) -> None:
+        self.close()
+        self.job.events.put_nowait(None)
+
+
+async def watch(request: Request, events: Events) -> None:
+    """Until cancelled: when the client disconnects, cancel its job and wake its handler.
+    (Inside a streaming body the web framework does this watching itself.)"""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    events.gone()
 
 
 class Api:
@@ -159,25 +151,30 @@ class Api:
                                   retry_after=r.retry_after)
             return self.error(503, "The server is shutting down.", retry_after=r.retry_after)
         events = Events(job, worker)
-        first = await events.next(request)
-        if first is None:  # the client left while waiting for its turn
-            return Response(status_code=499)
-        if isinstance(first, Failed):
-            return self.failed(first)
-        if ask.stream:
-            return StreamingResponse(self._streamed(events), media_type=self.media_type,
-                                     headers={"Cache-Control": "no-cache"})
-        pieces = []
-        while True:
-            event = await events.next(request)
-            if event is None:
+        watcher = asyncio.ensure_future(watch(request, events))
+        try:
+            first = await events.next()
+            if first is None:  # the client left while waiting for its turn
                 return Response(status_code=499)
-            if isinstance(event, Piece):
-                pieces.append(event.text)
-            elif isinstance(event, Finished):
-                return JSONResponse(self.whole("".join(pieces), event))
-            else:
-                return self.failed(event)
+            if isinstance(first, Failed):
+                return self.failed(first)
+            if ask.stream:
+                watcher.cancel()  # the streaming response listens for the disconnect itself
+                return StreamingResponse(self._streamed(events), media_type=self.media_type,
+                                         headers={"Cache-Control": "no-cache"})
+            pieces = []
+            while True:
+                event = await events.next()
+                if event is None:
+                    return Response(status_code=499)
+                if isinstance(event, Piece):
+                    pieces.append(event.text)
+                elif isinstance(event, Finished):
+                    return JSONResponse(self.whole("".join(pieces), event))
+                else:
+                    return self.failed(event)
+        finally:
+            watcher.cancel()
 
     async def _streamed(self, events: Events):
         try:

@@ -153,6 +153,8 @@ class Ollama(Api):
         while True:
             batch = [await events.next()] + events.ready()
             for event in merged(batch):
+                if event is None:  # the client is gone
+                    return
                 if isinstance(event, Piece):
                     if event.text:
                         yield ndjson({**self.part(event.text, False),

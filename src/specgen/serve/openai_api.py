@@ -192,6 +192,8 @@ class OpenAI(Api):
         while True:
             batch = [await events.next()] + events.ready()
             for event in merged(batch):
+                if event is None:  # the client is gone
+                    return
                 if isinstance(event, Piece):
                     if event.text:
                         yield self._chunk(self._choice(event.text, None),

@@ -27,6 +27,14 @@ from specgen.serve.worker import Worker
 SHUTDOWN_GRACE_SECONDS = 10  # for responses to finish once generation has stopped
 
 
+def check_options(port: int, max_queue: int) -> None:
+    """Refuse bad numbers before any model loads."""
+    if max_queue < 0:
+        raise ConfigError(f"--max-queue must be 0 or more, got {max_queue}.")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be from 0 to 65535, got {port}.")
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -69,10 +77,7 @@ class Server:
     def __init__(self, session: Session, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, max_queue: int = 16, stats_db: Path | None = None,
                  record_prompt: bool = False) -> None:
-        if max_queue < 0:
-            raise ConfigError(f"--max-queue must be 0 or more, got {max_queue}.")
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--port must be from 0 to 65535, got {port}.")
+        check_options(port, max_queue)
         self.host, self.port = host, port
         self.metrics = Metrics()
         self.worker = Worker(session, max_queue, stats_db, record_prompt, self.metrics)
