@@ -1,4 +1,4 @@
-"""The run history: one SQLite row per run, chat turn or bench measurement.
+"""The run history: one SQLite row per run, chat turn, bench measurement or served request.
 
 stdlib sqlite3 in WAL mode with a busy timeout, so several specgen processes can write at
 once. The schema version lives in `PRAGMA user_version`; opening a database migrates it
@@ -73,7 +73,7 @@ JSON_COLUMNS = ("per_position_proposed", "per_position_accepted", "accepted_leng
 class RunRecord:
     """One run as the CLI saw it; `stats` is specgen.engine.Stats.to_dict()."""
 
-    command: str  # "run" | "chat" | "bench"
+    command: str  # "run" | "chat" | "bench" | "serve"
     profile: str
     target: str
     draft: str | None
