@@ -388,10 +388,12 @@ def test_requests_run_one_at_a_time_in_arrival_order(server, oa):
         done.append(i)
 
     threads = []
-    for i in range(4):
+    deadline = time.time() + 30
+    for i in range(4):  # arrival order 0, 1, 2, 3, all while the first still runs
         threads.append(threading.Thread(target=ask, args=(i,)))
         threads[-1].start()
-        time.sleep(0.15)  # arrival order 0, 1, 2, 3, all while the first still runs
+        while server.worker.queue_length < i + 1 and time.time() < deadline:
+            time.sleep(0.005)
     assert server.worker.busy and server.worker.queue_length == 4
     first.close()
     for t in threads:
