@@ -623,3 +623,22 @@ def test_a_signal_stops_generation_records_it_and_exits_0(tiny_profile, tmp_path
     (run,) = load_runs(db)
     assert run["command"] == "serve" and run["ended"] == "interrupted" and run["new_tokens"] < LONG
 
+
+
+def test_stop_text_never_sends_a_part_of_a_stop_string():
+    from specgen.serve.worker import StopText
+
+    def feed(stops, pieces):
+        stopper, out = StopText(stops), ""
+        for piece in pieces:
+            text, hit = stopper.push(piece)
+            out += text
+            if hit:
+                return out, True
+        return out + stopper.flush(), False
+
+    assert feed(["END"], ["ab", "cE", "N", "Dxyz"]) == ("abc", True)
+    assert feed(["END"], ["ab", "cE", "N", "x"]) == ("abcENx", False)
+    assert feed(["xy", "abc"], ["zab", "xy"]) == ("zab", True)  # the earliest stop wins
+    assert feed(["aab"], ["a", "a", "a", "b"]) == ("a", True)
+    assert feed([], ["a", "b"]) == ("ab", False)
