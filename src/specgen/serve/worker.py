@@ -104,17 +104,31 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self.submitted = time.monotonic()
         self._cancelled = threading.Event()
+        self._outbox: list = []
+        self._lock = threading.Lock()
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
     def send(self, event) -> None:
-        """Deliver an event from the worker thread."""
+        """Deliver an event from the worker thread. The event loop is woken once for all the
+        events sent before it runs (the tokens of one step, typically), not once per token:
+        each wake-up takes a core from the generating threads for a moment."""
+        with self._lock:
+            self._outbox.append(event)
+            if len(self._outbox) > 1:
+                return  # a wake-up is already on its way
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             self._cancelled.set()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            events, self._outbox = self._outbox, []
+        for event in events:
+            self.events.put_nowait(event)
 
 
 class StopText:
