@@ -17,8 +17,10 @@ import argparse
 import json
 import platform
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import torch
@@ -43,12 +45,13 @@ def via_run(session, prompt: str) -> tuple[float, float, int]:
     return first[0] - start, total, result.stats.new_tokens
 
 
-def via_server(client: httpx.Client, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+def via_server(client: httpx.Client, prompt: str, max_tokens: int) -> tuple[float, float, int, dict]:
     body = {"model": client.profile, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first = None
     tokens = 0
+    ext: dict = {}
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -56,10 +59,12 @@ def via_server(client: httpx.Client, prompt: str, max_tokens: int) -> tuple[floa
             chunk = json.loads(line[6:])
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content") and first is None:
                 first = time.perf_counter()
+            if chunk["choices"] and chunk["choices"][0]["finish_reason"]:
+                ext = chunk["specgen"]
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     total = time.perf_counter() - start
-    return first - start, total, tokens
+    return first - start, total, tokens, ext
 
 
 def main() -> None:
@@ -75,7 +80,7 @@ def main() -> None:
 
     profile = profile_with_options(args.profile, max_new_tokens=args.max_new_tokens)
     session = open_session(profile)
-    server = Server(session, "127.0.0.1", 0, stats_db=None)
+    server = Server(session, "127.0.0.1", 0, stats_db=Path(tempfile.mkdtemp()) / "history.sqlite3")
     server.bind()
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -93,13 +98,19 @@ def main() -> None:
             order = ["run", "serve"] if (rep + i) % 2 == 0 else ["serve", "run"]
             for who in order:
                 session.generator.reset()  # the server is idle here: both start from no cache
+                ext = {}
                 if who == "run":
                     ttft, total, n = via_run(session, prompt)
                 else:
-                    ttft, total, n = via_server(client, prompt, args.max_new_tokens)
-                rows.append({"contestant": who, "prompt": i, "repeat": rep, "ttft_s": ttft,
-                             "total_s": total, "new_tokens": n, "tokens_per_second": n / total,
-                             "decode_tokens_per_second": (n - 1) / (total - ttft)})
+                    ttft, total, n, ext = via_server(client, prompt, args.max_new_tokens)
+                row = {"contestant": who, "prompt": i, "repeat": rep, "ttft_s": ttft,
+                       "total_s": total, "new_tokens": n, "tokens_per_second": n / total,
+                       "decode_tokens_per_second": (n - 1) / (total - ttft)}
+                if ext:  # the server's own clock: what HTTP adds around the generation
+                    row["server_generation_s"] = ext["generation_seconds"]
+                    row["server_queue_s"] = ext["queue_seconds"]
+                    row["http_s"] = total - ext["generation_seconds"] - ext["queue_seconds"]
+                rows.append(row)
                 print(f"{who:5s} prompt {i} repeat {rep}: ttft {ttft * 1000:7.1f} ms  "
                       f"{n} tokens  {n / total:6.2f} tok/s", flush=True)
 
@@ -115,6 +126,14 @@ def main() -> None:
     # Per token: the server's extra seconds over all its tokens, against run's time per token.
     per_token = {who: s["seconds_total"] / s["tokens_total"] for who, s in summary.items()}
     summary["overhead_per_token"] = per_token["serve"] / per_token["run"] - 1
+    # The same, as the median over (prompt, repeat) pairs run back to back.
+    pairs = [(r, s) for r in rows if r["contestant"] == "run" for s in rows
+             if s["contestant"] == "serve" and (s["prompt"], s["repeat"]) == (r["prompt"], r["repeat"])]
+    summary["overhead_per_token_median_of_pairs"] = statistics.median(
+        r["tokens_per_second"] / s["tokens_per_second"] - 1 for r, s in pairs)
+    served = [r for r in rows if "http_s" in r]
+    summary["http_ms_per_token"] = 1000 * sum(r["http_s"] for r in served) / sum(
+        r["new_tokens"] for r in served)
     print(json.dumps(summary, indent=2))
     if args.out:
         doc = {"command": " ".join(["python bench/serve_overhead.py", *[

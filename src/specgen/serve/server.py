@@ -96,8 +96,18 @@ class Server:
     def bind(self) -> None:
         """Open the listening socket (port 0: any free port, then `port` tells which)."""
         try:
-            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
-            sock = socket.create_server((self.host, self.port), family=family, backlog=128)
+            family, kind, proto, _, address = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)[0]
+            # proto must say TCP: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+            # sockets that do, and with it on every small streamed chunk waits for an ACK.
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(128)
+            except OSError:
+                sock.close()
+                raise
         except socket.gaierror:
             raise ConfigError(f"--host {self.host!r} is not an address or a name this machine "
                               "can resolve.") from None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from specgen.app.render import IncrementalDecoder
 from specgen.app.session import Session, encode_messages
-from specgen.app.store import record_run
+from specgen.app.store import Recorder
 from specgen.core.stats import Stats
 from specgen.errors import SpecgenError
 from specgen.loading.load import context_limit
@@ -165,7 +165,7 @@ class Worker:
                  record_prompt: bool = False, metrics: Metrics | None = None) -> None:
         self.session = session
         self.max_queue = max_queue
-        self.stats_db = stats_db
+        self.recorder = Recorder(stats_db)
         self.record_prompt = record_prompt
         self.metrics = metrics or Metrics()
         pair = session.pair
@@ -240,23 +240,32 @@ class Worker:
     # --- the worker thread ------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
+        try:
+            while (job := self._next()) is not None:
+                self._serve(job)
+        finally:
+            self.recorder.close()  # the history's connection belongs to this thread
+
+    def _next(self) -> Job | None:
+        with self._cond:
+            while not self._waiting and not self._stopping:
+                self._cond.wait()
+            if not self._waiting:  # stopping, and nothing left
+                return None
+            self._running = self._waiting.popleft()
+            return self._running
+
+    def _serve(self, job: Job) -> None:
+        start = time.monotonic()
+        try:
+            self._run(job)
+        except Exception as e:  # a bug, not the client's fault: answer 500, keep serving
+            log.exception("generation failed")
+            job.send(Failed(500, f"Generation failed: {type(e).__name__}: {e}"))
+        finally:
             with self._cond:
-                while not self._waiting and not self._stopping:
-                    self._cond.wait()
-                if not self._waiting:  # stopping, and nothing left
-                    return
-                job = self._running = self._waiting.popleft()
-            start = time.monotonic()
-            try:
-                self._run(job)
-            except Exception as e:  # a bug, not the client's fault: answer 500, keep serving
-                log.exception("generation failed")
-                job.send(Failed(500, f"Generation failed: {type(e).__name__}: {e}"))
-            finally:
-                with self._cond:
-                    self._running = None
-                self._durations.append(time.monotonic() - start)
+                self._running = None
+            self._durations.append(time.monotonic() - start)
 
     def _run(self, job: Job) -> None:
         if job.cancelled:
@@ -372,7 +381,7 @@ class Worker:
         record = self.session.record("serve", stats, ended,
                                      ask.record_text() if self.record_prompt else None)
         record = dataclasses.replace(record, temperature=temperature, top_p=top_p, top_k=top_k)
-        warning = record_run(record, self.stats_db)
+        warning = self.recorder.record(record)
         if warning and not self._warned:
             log.warning("%s", warning)
             self._warned = True
