@@ -378,14 +378,14 @@ def test_a_client_that_leaves_the_queue_is_never_run(server, db, oa):
     assert [r["ended"] for r in serve_runs(db)[before:]] == ["interrupted", "completed"]
 
 
-def test_requests_run_one_at_a_time_in_arrival_order(server, oa):
+def test_requests_run_one_at_a_time_in_arrival_order(server, db, oa, monkeypatch):
+    monkeypatch.setattr(server.worker, "record_prompt", True)  # the history names each request
+    before = len(serve_runs(db))
     first = open_stream(server, "/v1/completions", {"model": "tiny", "prompt": "slow",
                                                     "max_tokens": LONG, "stream": True})
-    done: list[int] = []
 
     def ask(i: int) -> None:
         oa.completions.create(model="tiny", prompt=f"request {i}", max_tokens=2)
-        done.append(i)
 
     threads = []
     deadline = time.time() + 30
@@ -398,7 +398,12 @@ def test_requests_run_one_at_a_time_in_arrival_order(server, oa):
     first.close()
     for t in threads:
         t.join(60)
-    assert done == [0, 1, 2, 3]
+    runs = serve_runs(db)[before:]  # in the order they ran (rows are appended as each ends)
+    assert [r["prompt"] for r in runs] == ["slow"] + [f"request {i}" for i in range(4)]
+    assert runs[0]["ended"] == "interrupted"
+    starts = [r["created_at"] - r["wall_seconds"] for r in runs]
+    ends = [r["created_at"] for r in runs]
+    assert all(end <= start + 1e-3 for end, start in zip(ends, starts[1:]))  # never overlapping
 
 
 # --- history and metrics --------------------------------------------------------------------
