@@ -20,7 +20,7 @@ LAYERS = {
     "decoding": 3,
     "core": 4, "loading": 4,
     "app": 5,
-    "bench": 6,
+    "bench": 6, "serve": 6,
     "cli": 7,
     "__init__": 8, "__main__": 8,
 }

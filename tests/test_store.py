@@ -215,3 +215,17 @@ def test_default_db_path(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECGEN_STATS_DB")
     path = history_db()
     assert path.name == "history.sqlite3" and "specgen" in path.parent.parts[-1]
+
+
+def test_recorder_keeps_one_connection_and_never_raises(tmp_path):
+    from specgen.app.store import Recorder
+
+    recorder = Recorder(tmp_path / "h.sqlite3")
+    assert recorder.record(make_record("a")) is None
+    assert recorder.record(make_record("b")) is None
+    recorder.close()
+    assert [r["profile"] for r in store.load_runs(tmp_path / "h.sqlite3")] == ["a", "b"]
+    (tmp_path / "dir").mkdir()
+    broken = Recorder(tmp_path / "dir")  # a directory, not a database file
+    warning = broken.record(make_record("c"))
+    assert warning and warning.startswith("run not recorded")

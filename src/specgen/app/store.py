@@ -1,4 +1,4 @@
-"""The run history: one SQLite row per run, chat turn or bench measurement.
+"""The run history: one SQLite row per run, chat turn, bench measurement or served request.
 
 stdlib sqlite3 in WAL mode with a busy timeout, so several specgen processes can write at
 once. The schema version lives in `PRAGMA user_version`; opening a database migrates it
@@ -73,7 +73,7 @@ JSON_COLUMNS = ("per_position_proposed", "per_position_accepted", "accepted_leng
 class RunRecord:
     """One run as the CLI saw it; `stats` is specgen.engine.Stats.to_dict()."""
 
-    command: str  # "run" | "chat" | "bench"
+    command: str  # "run" | "chat" | "bench" | "serve"
     profile: str
     target: str
     draft: str | None
@@ -219,6 +219,38 @@ def record_run(record: RunRecord, db_path: Path | None = None) -> str | None:
         reason = str(e) or type(e).__name__
         return f"run not recorded: {reason} ({path})"
     return None
+
+
+class Recorder:
+    """Appends runs over one open connection, for a process that records many (the server):
+    `record_run`'s contract (never raises, returns a warning line instead) without opening
+    the database for every run. A failed write closes the connection; the next reopens it.
+    Use it from one thread (sqlite3 connections belong to the thread that opened them)."""
+
+    def __init__(self, db_path: Path | None = None) -> None:
+        self.path = Path(db_path) if db_path is not None else history_db()
+        self._conn: sqlite3.Connection | None = None
+
+    def record(self, record: RunRecord) -> str | None:
+        try:
+            if self._conn is None:
+                self._conn = connect(self.path)
+            insert_run(self._conn, record)
+        except SpecgenError as e:
+            self.close()
+            return f"run not recorded: {e}"
+        except Exception as e:  # as in record_run
+            self.close()
+            return f"run not recorded: {str(e) or type(e).__name__} ({self.path})"
+        return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass  # closing a broken connection: nothing left to save
+            self._conn = None
 
 
 def load_runs(

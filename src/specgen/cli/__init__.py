@@ -8,7 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from specgen import __version__
-from specgen.cli import bench, cache, chat, profiles, run, stats
+from specgen.cli import bench, cache, chat, export, profiles, run, serve, stats
 from specgen.cli.options import debug_enabled, err
 from specgen.errors import SpecgenError
 
@@ -41,6 +41,8 @@ app = typer.Typer(
 app.command(help=run.HELP, no_args_is_help=False)(run.run)
 app.command(help=chat.HELP)(chat.chat)
 app.command(help=bench.HELP)(bench.bench)
+app.command(help=serve.HELP)(serve.serve)
+app.add_typer(export.app, name="export")
 app.add_typer(stats.app, name="stats")
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(cache.app, name="cache")

@@ -1,0 +1,60 @@
+"""`specgen serve`: the loaded profile behind OpenAI- and Ollama-compatible HTTP APIs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+
+from specgen.cli.options import MODELS, err, load_session, prefetch, profile_with_options, shared
+
+HELP = """Serve the profile over HTTP: OpenAI- and Ollama-compatible APIs on exact speculative
+decoding, one request at a time, in arrival order.
+
+OpenAI: GET /v1/models, POST /v1/completions, POST /v1/chat/completions. Ollama: POST
+/api/generate, POST /api/chat, GET /api/tags, GET /api/version. Also GET /health and GET
+/metrics (Prometheus). Every answer carries a [bold]specgen[/] object with its token
+sources, acceptance and tau, and is recorded in the run history (`specgen stats`).
+
+[bold]Examples[/]
+
+  specgen serve
+
+  specgen serve --profile llama3-8b --port 8080 --max-queue 4
+
+  SPECGEN_API_KEY=secret specgen serve --host 0.0.0.0
+"""
+
+
+@shared("profile", "max_new_tokens", "temperature", "top_p", "top_k", "k", "no_adaptive",
+        "method", *MODELS, "system", "stats_db", "record_prompt", "debug")
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: "
+                             "this machine only)."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="SPECGEN_API_KEY",
+        help="Answer only requests with 'Authorization: Bearer KEY' (else 401)."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the "
+                                  "one generating; more are refused (429 / 503, Retry-After)."),
+    **options,
+) -> None:
+    from specgen.serve.server import Server, check_options, is_loopback  # starlette, uvicorn
+
+    check_options(port, max_queue)
+    prof = profile_with_options(options)
+    prefetch(prof)  # the weights are read from disk while torch is imported
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    session = load_session(prof)
+    server = Server(session, host, port, api_key, max_queue, options["stats_db"],
+                    options["record_prompt"])
+    server.bind()
+    if not is_loopback(host) and not api_key:
+        err.print(f"[yellow]warning:[/] listening on {host} without an API key: anyone who can "
+                  "reach this port can use the models. Pass --api-key (or SPECGEN_API_KEY).",
+                  highlight=False)
+    err.print(f"Serving [bold]{prof.name}[/] on {server.url} (OpenAI: {server.url}/v1, Ollama: "
+              f"{server.url}). Ctrl-C stops.", highlight=False, soft_wrap=True)
+    server.run()
+    err.print("Stopped.", style="dim")
