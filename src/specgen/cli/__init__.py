@@ -8,7 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from specgen import __version__
-from specgen.cli import bench, chat, profiles, run, stats
+from specgen.cli import bench, chat, profiles, run, stats, tune
 from specgen.cli.options import debug_enabled, err
 from specgen.errors import SpecgenError
 
@@ -41,6 +41,7 @@ app = typer.Typer(
 app.command(help=run.HELP, no_args_is_help=False)(run.run)
 app.command(help=chat.HELP)(chat.chat)
 app.command(help=bench.HELP)(bench.bench)
+app.command(help=tune.HELP)(tune.tune)
 app.add_typer(stats.app, name="stats")
 app.add_typer(profiles.app, name="profiles")
 

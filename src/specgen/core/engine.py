@@ -69,6 +69,10 @@ class SpeculativeGenerator:
         # bit-identical: decoding/). Kept between calls so that a prompt extending the last
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
+        # A drafter that drafts with the target's own weights or cache gets its decoder once.
+        bind = getattr(self.drafter, "bind_target", None)
+        if bind is not None:
+            bind(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
 

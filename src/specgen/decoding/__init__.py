@@ -9,6 +9,10 @@
 `HFDecoder` is transformers' own forward (any architecture); `LeanDecoder` calls a
 Llama-family model's layers directly (hf.py, lean.py). llama.cpp's draft runtime answers the
 same interface (llamacpp.py).
+
+A decoder whose `skips` is true also takes `skip` (a `Skip`: attention and MLP sub-layers to
+leave out) in `hidden` and `logits`: self-speculative drafting runs the target's own layers
+that way, over the target's own cache (core/drafters.py, SelfDrafter).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Set
+from typing import NamedTuple
 from weakref import WeakKeyDictionary
 
 import torch
@@ -37,6 +39,18 @@ def lean_supported(model: PreTrainedModel) -> bool:
         config.model_type in LEAN_FAMILIES
         and not getattr(config, "use_sliding_window", False)  # full causal attention only
     )
+
+
+class Skip(NamedTuple):
+    """Sub-layers a pass leaves out, by layer index: a self-speculative draft (the target
+    with some attention and MLP sub-layers skipped). A skipped sub-layer adds nothing to the
+    residual stream, and a skipped attention writes nothing to the KV cache."""
+
+    attention: Set[int] = frozenset()
+    mlp: Set[int] = frozenset()
+
+
+NO_SKIP = Skip()
 
 
 class Projections:
@@ -77,7 +91,10 @@ def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
 
 class LeanDecoder:
     """The model's layers called directly over a KV cache of its own: one preallocated
-    tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
+    tensor, grown by doubling, rolled back by moving `length`; no mask for one token.
+    `skip` leaves sub-layers out of a pass (a self-speculative draft's)."""
+
+    skips = True  # hidden and logits take `skip`
 
     def __init__(self, model: PreTrainedModel) -> None:
         body = model.base_model
@@ -109,10 +126,10 @@ class LeanDecoder:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv = kv
 
-    def logits(self, ids: Tensor, n: int = 1) -> Tensor:
-        return self.head(self.hidden(ids, n))
+    def logits(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
+        return self.head(self.hidden(ids, n, skip))
 
-    def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
+    def hidden(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
         m, start = ids.shape[0], self.length
         end = start + m
         x = self.embed(ids)  # [m, hidden]
@@ -123,15 +140,18 @@ class LeanDecoder:
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
         in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
-            attn = layer.self_attn
-            q, k, v = qkv(layer.input_layernorm(x))
-            if in_c:  # row_attention's C, with transformers' rotary to the bit
-                out = c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
-            else:
-                out = self._attend(i, attn, q, k, v, cos, sin, start, mask)
-            x = x + o(out.reshape(m, -1))[0]
-            gate, up = gate_up(layer.post_attention_layernorm(x))
-            x = x + down(layer.mlp.act_fn(gate) * up)[0]
+            if i not in skip.attention:
+                attn = layer.self_attn
+                q, k, v = qkv(layer.input_layernorm(x))
+                if in_c:  # row_attention's C, with transformers' rotary to the bit
+                    out = c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start,
+                                             attn.scaling)
+                else:
+                    out = self._attend(i, attn, q, k, v, cos, sin, start, mask)
+                x = x + o(out.reshape(m, -1))[0]
+            if i not in skip.mlp:
+                gate, up = gate_up(layer.post_attention_layernorm(x))
+                x = x + down(layer.mlp.act_fn(gate) * up)[0]
         self.length = end
         return self.norm(x[-n:])
 

@@ -41,6 +41,7 @@ class LoadedPair:
     draft_quantization: str = "none"
     load_seconds: float = 0.0
     peer_draft: PreTrainedModel | None = None  # a llama.cpp draft's transformers copy
+    target_key: str = ""  # the target's weights and dtype (what tuned skip sets are kept by)
 
 
 def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
@@ -196,6 +197,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {smaller_profiles(free, profile.name)}") from None
 
+    key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
     models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
               else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
@@ -212,5 +214,5 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         device=devices["target"], dtype=dtype_name(dtypes["target"]),
         quantization=profile.target.quantization,
         draft_quantization=draft_spec.quantization if draft_spec else "none",
-        load_seconds=time.perf_counter() - start,
+        load_seconds=time.perf_counter() - start, target_key=key,
     )
