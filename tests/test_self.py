@@ -192,6 +192,40 @@ def test_the_drafter_holds_no_weights_or_cache_of_its_own():
     assert gen._decoder.length == before and drafter.forward_passes == 3
 
 
+@pytest.mark.parametrize("scheme", ["float32", "int4-dyn"])
+def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme):
+    """draft_vocab applies to the self drafter too: its output layer is the target's first
+    rows (a view of a float head, or of an int4-dyn head's packed rows), so drafting reads
+    less; only acceptance can change."""
+    if linear.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    target = exact_target("qwen2", scheme)
+    proposed = []
+
+    class Recording(SelfDrafter):
+        def propose(self, *args, **kwargs):
+            out = super().propose(*args, **kwargs)
+            proposed.extend(out[0].tolist())
+            return out
+
+    drafter = Recording(MLP_1, head_rows=40)
+    gen = SpeculativeGenerator(target, drafter, 4, adaptive=True)
+    hidden = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    full = target.get_output_embeddings()(hidden)
+    if scheme == "int4-dyn":  # each row of the kernel's output is computed alone
+        assert torch.equal(drafter.lm.head(hidden), full[:, :40])
+        assert drafter.lm.head.layer.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    else:
+        torch.testing.assert_close(drafter.lm.head(hidden), full[:, :40])
+        assert drafter.lm.head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    for seed in range(2):
+        ids = prompt(seed=seed)
+        result = gen.generate(ids, max_new_tokens=N)
+        assert result.token_ids == reference(target, ids)
+        assert result.stats.draft_passes > 0
+    assert proposed and max(proposed) < 40
+
+
 # --- hybrid: lookup first, then self ----------------------------------------------------------
 
 @needs_linear

@@ -36,6 +36,7 @@ from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
 from specgen.errors import ConfigError, ModelError
+from specgen.kernels.quantize import QuantLinear
 
 if TYPE_CHECKING:
     from specgen.decoding.llamacpp import LlamaCppDraft
@@ -93,14 +94,36 @@ def as_set(ids: int | Sequence[int]) -> set[int]:
     return {ids} if isinstance(ids, int) else set(ids)
 
 
-def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> Tensor | None:
-    """The first head_rows rows of the model's output layer (a view: no copy), or None where
-    it drafts over its whole vocabulary: no trim asked, or a head that cannot be cut (a
-    quantized one)."""
+class HeadRows:
+    """The first rows of an output layer, called as the layer is: a float head's weight rows
+    (a view), or an int4-dyn head's packed rows (a view) with their scales (a copy of those
+    rows' scales, which the kernel reads contiguous)."""
+
+    def __init__(self, out: torch.nn.Module, rows: int) -> None:
+        if isinstance(out, QuantLinear):
+            self.layer: torch.nn.Module | None = QuantLinear(
+                out.in_features, rows, out.kind, out.group_size, out.weight[:rows],
+                out.scales[:, :rows].contiguous(), None)
+            self.weight = None
+        else:
+            self.layer, self.weight = None, out.weight[:rows]
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        if self.layer is not None:
+            return self.layer(hidden)
+        return torch.nn.functional.linear(hidden, self.weight)
+
+
+def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> HeadRows | None:
+    """The model's output layer cut to its first head_rows rows, or None where it drafts over
+    its whole vocabulary: no trim asked, or a head whose rows cannot be taken apart (int8
+    heads are packed by fbgemm or PyTorch as a whole)."""
     out = model.get_output_embeddings()
-    trim = (head_rows is not None and head_rows < vocab_size(model)
-            and isinstance(out, torch.nn.Linear) and out.bias is None)
-    return out.weight[:head_rows] if trim else None
+    if head_rows is None or head_rows >= vocab_size(model) or getattr(out, "bias", None) is not None:
+        return None
+    if isinstance(out, QuantLinear):
+        return HeadRows(out, head_rows) if out.kind == "int4-dyn" and out.joined is None else None
+    return HeadRows(out, head_rows) if isinstance(out, torch.nn.Linear) else None
 
 
 class TorchDraft:
@@ -110,8 +133,9 @@ class TorchDraft:
 
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
-    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
-    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+    output layer, a fifth of a small model's weights, shrinks in proportion (a float or an
+    int4-dyn head: trimmed_head). q is then zero on the other ids, which rejection sampling
+    handles exactly; only acceptance can suffer."""
 
     def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:
         self.device = model.device
@@ -128,7 +152,7 @@ class TorchDraft:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
         if self.head is None:
             return self.decoder.logits(ids)[0]
-        return torch.nn.functional.linear(self.decoder.hidden(ids)[0], self.head)
+        return self.head(self.decoder.hidden(ids)[0])
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)
@@ -296,7 +320,7 @@ class SkippedTarget:
         """The next token's logits [V] after reading `ids` [T] with the skipped layers."""
         if self.head is None:
             return self.decoder.logits(ids, 1, skip=self.skip)[0]
-        return torch.nn.functional.linear(self.decoder.hidden(ids, 1, skip=self.skip)[0], self.head)
+        return self.head(self.decoder.hidden(ids, 1, skip=self.skip)[0])
 
     def crop(self, length: int) -> None:
         pass  # the target's cache: the generator rolls it back

@@ -193,15 +193,17 @@ def run(request: TuneRequest, load_session: Callable, err: Console) -> TuneResul
             progress.update(task, completed=min(time.perf_counter() - start, deadline - start),
                             description=escape(text))
 
-        SpeculativeGenerator(target, PromptLookupDrafter(), 0).generate(
-            inputs[0], max_new_tokens=4, eos_token_ids=eos)  # first-call warm-up
+        for drafter, k in ((PromptLookupDrafter(), 0), (SelfDrafter(default_skip(layers)), 2)):
+            SpeculativeGenerator(target, drafter, k, adaptive=False).generate(
+                inputs[0], max_new_tokens=8, eos_token_ids=eos)  # first-call warm-up
+        began = time.perf_counter()
         plain_rates = [measure_plain()]
+        plain_seconds = time.perf_counter() - began
         tick("ranking the sub-layers")
         ranks = importance(target, [torch.cat([i, torch.tensor(o[:-1], dtype=torch.long)])
                                     for i, o in zip(inputs, plain_tokens)])
         costs = sub_layer_costs(target.config.get_text_config())
         cost = {s: costs[s[0]] for s in ranks}
-        plain_seconds = time.perf_counter() - start
 
         def on_trial(trial, best) -> None:
             tick(f"{len(search.trials)} sets tried · best "
