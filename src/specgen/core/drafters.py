@@ -294,15 +294,14 @@ def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
 
 
 class SkippedTarget:
-    """The target run through its own decoder with a set of sub-layers skipped, as a draft
-    language model (what ModelDrafter drafts with: `logits`, `crop`, `reset`, `length`).
+    """The target run through its own decoder with a set of sub-layers skipped, as the
+    language model ModelDrafter drafts with (`logits`, `length`).
 
     It holds no weights and no cache of its own: it reads the target's KV cache for the
     context (the target's entries, from its full passes) and writes entries for the
-    positions it drafts, of the layers it runs, into the same cache. The cache is the
-    target's: `crop` and `reset` leave it to the generator, and SelfDrafter rolls its draft's
-    entries back after each draft, so that the verify pass writes every position again with
-    every layer."""
+    positions it drafts, of the layers it runs, into the same cache. SelfDrafter rolls those
+    back after each draft, so that the verify pass writes every position again with every
+    layer; the rest of the cache's life is the generator's."""
 
     def __init__(self, decoder: Decoder, model: PreTrainedModel, skip: Skip,
                  head_rows: int | None = None) -> None:
@@ -321,12 +320,6 @@ class SkippedTarget:
         if self.head is None:
             return self.decoder.logits(ids, 1, skip=self.skip)[0]
         return self.head(self.decoder.hidden(ids, 1, skip=self.skip)[0])
-
-    def crop(self, length: int) -> None:
-        pass  # the target's cache: the generator rolls it back
-
-    def reset(self) -> None:
-        pass
 
 
 class SelfDrafter(ModelDrafter):
@@ -363,6 +356,12 @@ class SelfDrafter(ModelDrafter):
 
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         return {SELF: self}
+
+    def reset(self) -> None:
+        self._passes = 0  # the cache is the target's: the generator resets it
+
+    def rollback(self, n_valid: int) -> None:
+        pass  # the generator rolls the target's cache back; the draft's entries are gone
 
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
