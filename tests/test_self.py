@@ -226,6 +226,20 @@ def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme):
     assert proposed and max(proposed) < 40
 
 
+@needs_linear
+def test_a_conversation_reusing_the_cache_stays_exact():
+    """A second prompt extending the first reuses the target's cache, which the self drafter
+    shares: only the new tokens are read, and the output is still the target's."""
+    target = exact_target("llama")
+    gen = SpeculativeGenerator(target, SelfDrafter(MLP_1), 3, adaptive=True)
+    first = prompt(seed=1)[0]
+    out = gen.generate(first, max_new_tokens=20).token_ids
+    second = torch.cat([first, torch.tensor(out[:15]), prompt(seed=2)[0][:6]])
+    result = gen.generate(second, max_new_tokens=20)
+    assert result.token_ids == reference(target, second[None], 20)
+    assert result.stats.prefill_tokens < len(second) - 1 and result.stats.draft_passes > 0
+
+
 # --- hybrid: lookup first, then self ----------------------------------------------------------
 
 @needs_linear
