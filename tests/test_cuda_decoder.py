@@ -13,6 +13,7 @@ from specgen.core.engine import SpeculativeGenerator
 from specgen.core.sampling import residual, rejection_accept, rejection_verify, sample
 from specgen.decoding import HFDecoder, make_decoder
 from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder
+from specgen.decoding.lean import Skip
 from tiny import sharpen, tiny_model, tiny_pair
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -80,12 +81,12 @@ def test_reserving_room_moves_the_cache_without_changing_results():
 
 @torch.inference_mode()
 def test_skipped_sub_layers_add_nothing_and_leave_the_rest_alone():
-    """A pass with (layer, "mlp") skipped equals the model with that MLP's output zeroed; a
+    """A pass with layer 1's MLP skipped equals the model with that MLP's output zeroed; a
     pass skipping everything is the final norm of the embeddings."""
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
     ids = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(4))
-    skipped = CudaDecoder(model).hidden(ids, 9, skip={(1, "mlp")})
-    every = {(i, part) for i in range(2) for part in ("attn", "mlp")}
+    skipped = CudaDecoder(model).hidden(ids, 9, skip=Skip(mlp={1}))
+    every = Skip(attention={0, 1}, mlp={0, 1})
     assert torch.equal(CudaDecoder(model).hidden(ids, 9, skip=every),
                        model.model.norm(model.model.embed_tokens(ids)))
     with torch.no_grad():

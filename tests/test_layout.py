@@ -21,8 +21,9 @@ LAYERS = {
     "core": 4, "loading": 4,
     "app": 5,
     "bench": 6, "serve": 6,
-    "cli": 7,
-    "__init__": 8, "__main__": 8,
+    "tune": 7,
+    "cli": 8,
+    "__init__": 9, "__main__": 9,
 }
 
 

@@ -21,9 +21,11 @@ QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES, *GPU_SCHEMES)
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
                "int8-dyn": 1.0, "int4-dyn": 0.63, "int4-gpu": 0.53}
 
-# Who drafts: a second model, the prompt itself (n-gram lookup), or the better of the two.
-METHODS = ("draft-model", "prompt-lookup", "hybrid")
-# Methods that need a [draft] model.
+# Who drafts: a second model, the prompt itself (n-gram lookup), lookup first and a model
+# otherwise (the draft model; without one, the target itself), or the target itself with
+# some of its sub-layers skipped (self-speculative drafting).
+METHODS = ("draft-model", "prompt-lookup", "hybrid", "self")
+# Methods that run a [draft] model: draft-model needs one; hybrid without one runs self.
 MODEL_METHODS = ("draft-model", "hybrid")
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.

@@ -3,7 +3,7 @@ environment variable (tests and users with their own layout set them).
 
 | what | variable | default |
 |---|---|---|
-| caches (converted models, packed weights, kernels, demo files) | SPECGEN_CACHE_DIR | user cache dir |
+| caches (converted models, packed weights, kernels, demo files, tuned skip sets) | SPECGEN_CACHE_DIR | user cache dir |
 | user profiles | SPECGEN_PROFILE_DIR | user config dir / profiles |
 | run history | SPECGEN_STATS_DB | user data dir / history.sqlite3 |
 | chat line history | SPECGEN_HISTORY_FILE | user data dir / chat_history |
@@ -26,6 +26,11 @@ def _env(name: str) -> Path | None:
 
 def cache_dir() -> Path:
     return _env("SPECGEN_CACHE_DIR") or Path(platformdirs.user_cache_dir(APP))
+
+
+def tuned_dir() -> Path:
+    """Skip sets found by `specgen tune`, one JSON file per target (method "self")."""
+    return cache_dir() / "tuned"
 
 
 def user_profile_dir() -> Path:

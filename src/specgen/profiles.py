@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, GPU_SCHEMES, MAX_K, METHODS, MIN_K, MODEL_METHODS,
-                             QUANTIZATIONS, RUNTIMES)
+from specgen.choices import (DTYPES, GPU_SCHEMES, MAX_K, METHODS, MIN_K, QUANTIZATIONS, RUNTIMES)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -55,6 +54,7 @@ class SpeculationSpec:
     min_ngram: int = 1
     draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
     draft_confidence: float = 0.0  # end a draft below this draft probability (0: never)
+    skip_layers: str | None = None  # method "self": sub-layers to skip (parse_skip_layers)
 
 
 @dataclass(frozen=True)
@@ -284,9 +284,18 @@ def _validate(p: Profile, where: Any) -> None:
                           "layer; a llama.cpp draft always drafts over its whole vocabulary. "
                           "Remove draft_vocab, or set draft.runtime = \"transformers\".")
     _choice(s.method, METHODS, "speculation.method", where)
-    if p.draft is None and s.method in MODEL_METHODS:
+    if p.draft is None and s.method == "draft-model":
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
-                          "Add a [draft] table, or use method = \"prompt-lookup\".")
+                          "Add a [draft] table, or use method = \"self\" or \"prompt-lookup\".")
+    if s.skip_layers is not None:
+        try:
+            attention, mlp = parse_skip_layers(s.skip_layers)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: speculation.skip_layers: {e}") from None
+        if not attention and not mlp:
+            raise ConfigError(f"{where}: speculation.skip_layers names no sub-layer. Name some "
+                              "(e.g. \"m8,m10,a12\"), or remove the key to use the tuned or "
+                              "default set.")
     if not MIN_K <= s.num_speculative_tokens <= MAX_K:
         raise ConfigError(f"{where}: speculation.num_speculative_tokens must be from {MIN_K} to {MAX_K} "
                           f"(0 turns speculation off), got {s.num_speculative_tokens}.")
@@ -325,6 +334,44 @@ def _check_llama_runtime(spec: ModelSpec, role: str, where: Any) -> None:
         raise ConfigError(f"{where}: a llama.cpp draft runs on the CPU, but draft.device = "
                           f"{spec.device!r}. Set draft.device = \"cpu\", or set "
                           "draft.runtime = \"transformers\" to draft on the GPU.")
+
+
+# --- skip sets (method "self") --------------------------------------------------------------
+
+SKIP_ITEM_RE = re.compile(r"^([am]?)(\d+)(?:-(\d+))?$")
+SKIP_SYNTAX = ("comma-separated items: mN skips layer N's MLP, aN its attention, N both; "
+               "a range such as m8-12 names several layers (layers count from 0)")
+
+
+def parse_skip_layers(text: str) -> tuple[frozenset[int], frozenset[int]]:
+    """A skip set's text ("m8,m10,a12,20", ranges "m8-12") as (attention, mlp) layer indices.
+    Only the syntax is checked here; the model's layer count at load time."""
+    attention: set[int] = set()
+    mlp: set[int] = set()
+    for item in (part.strip() for part in text.replace(" ", ",").split(",")):
+        if not item:
+            continue
+        match = SKIP_ITEM_RE.match(item.lower())
+        if match is None:
+            raise ConfigError(f"{item!r} is not a sub-layer: {SKIP_SYNTAX}.")
+        kind, first, last = match.group(1), int(match.group(2)), match.group(3)
+        last = first if last is None else int(last)
+        if last < first:
+            raise ConfigError(f"{item!r} is an empty range: write the lower layer first.")
+        layers = range(first, last + 1)
+        if kind in ("a", ""):
+            attention.update(layers)
+        if kind in ("m", ""):
+            mlp.update(layers)
+    return frozenset(attention), frozenset(mlp)
+
+
+def format_skip_layers(attention: frozenset[int] | set[int], mlp: frozenset[int] | set[int]) -> str:
+    """The text of a skip set, layer by layer ("m8,a12,20"): what parse_skip_layers reads."""
+    items = []
+    for i in sorted(set(attention) | set(mlp)):
+        items.append(str(i) if i in attention and i in mlp else f"a{i}" if i in attention else f"m{i}")
+    return ",".join(items)
 
 
 # --- command-line overrides -----------------------------------------------------------------

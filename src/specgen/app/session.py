@@ -4,10 +4,11 @@ prompt encoding (chat template or raw text). Shared by run, chat and bench."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from specgen.app import skipsets
 from specgen.app.store import RunRecord
 from specgen.core.drafters import check_pair, make_drafter
 from specgen.core.engine import SpeculativeGenerator
@@ -22,6 +23,8 @@ class Session:
     profile: Profile
     pair: LoadedPair
     generator: SpeculativeGenerator
+    skip: skipsets.Resolved | None = None  # what the self drafter skips, where it drafts
+    notices: list[str] = field(default_factory=list)  # lines for the user, shown once
 
     @property
     def tokenizer(self):
@@ -64,6 +67,8 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
     if pair.draft is not None:
         check_pair(pair.target, pair.draft)
     spec = profile.speculation
+    skip = (skipsets.resolve(profile, pair) if skipsets.self_drafts(profile, pair.draft is not None)
+            else None)
     drafter = make_drafter(
         spec.method,
         pair.draft,
@@ -72,11 +77,13 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         min_ngram=spec.min_ngram,
         head_rows=spec.draft_vocab or None,
         confidence=spec.draft_confidence,
+        skip=skip.skip if skip else None,
     )
     generator = SpeculativeGenerator(
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive
     )
-    return Session(profile, pair, generator)
+    notices = [skip.notice] if skip is not None and skip.notice else []
+    return Session(profile, pair, generator, skip, notices)
 
 
 def encode_messages(tokenizer, messages: list[dict[str, str]], use_template: bool) -> torch.Tensor:

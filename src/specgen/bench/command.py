@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from specgen.bench import report as rep
 from specgen.bench import runner as b
@@ -63,9 +64,10 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
         raise ConfigError(f"--method {method!r} is not a drafting method; choose "
                           f"{listing(METHODS)}.")
     k = request.k if request.k is not None else prof.speculation.num_speculative_tokens
-    everyone = b.contestants(method, k)
+    everyone = b.contestants(method, k, prof.draft is not None)
     quantized = (request.target_quantization or prof.target.quantization) != "none"
-    default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target))
+    default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target),
+                              self_drafting=everyone["adaptive"].self_drafts)
     chosen = request.contestants
     names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
@@ -89,8 +91,10 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
     method, everyone, picked = pick(request, prof)
     gguf = _llamacpp_gguf(prof) if any(c.kind == "llamacpp" for c in picked) else None
     needs_draft = any(c.needs_draft_model for c in picked)
-    # Load the draft whenever a contestant needs it, whatever the profile's own method.
-    prof = with_overrides(prof, method="draft-model" if needs_draft and prof.draft else None,
+    # Load the draft whenever a contestant needs it, and only then, whatever the profile's
+    # own method.
+    prof = with_overrides(prof, method=("draft-model" if prof.draft else None) if needs_draft
+                          else "prompt-lookup",
                           chat_template=False if request.raw else None,
                           max_new_tokens=request.max_new_tokens, temperature=0.0,
                           device=request.device, target_quantization=request.target_quantization,
@@ -102,7 +106,9 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from specgen.app import skipsets
     from specgen.app.session import encode_messages, messages_for
+    from specgen.core.drafters import default_skip, num_layers
     from specgen.decoding import llamacpp
 
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
@@ -115,6 +121,11 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
             prof, method="prompt-lookup", target_quantization="none",
             target_dtype="bfloat16")).pair.target
     gen, spec = prof.generation, prof.speculation
+    skip = None
+    if any(c.self_drafts for c in picked):  # the pinned, tuned or default set
+        skip = skipsets.resolve(prof, session.pair)
+        if skip.notice:
+            err.print(f"[dim]note: {escape(skip.notice)}[/]", highlight=False, soft_wrap=True)
     inputs = [encode_messages(session.tokenizer, messages_for(p.prompt, gen.system_prompt),
                               gen.chat_template) for p in prompt_set]
     runner = b.Bench(session.pair.target, session.pair.draft, request.max_new_tokens,
@@ -122,7 +133,8 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                      (spec.draft_vocab if request.draft_vocab is None else request.draft_vocab) or None,
                      spec.draft_confidence if request.draft_confidence is None
                      else request.draft_confidence,
-                     reference, peer_draft=session.pair.peer_draft)
+                     reference, peer_draft=session.pair.peer_draft,
+                     skip=skip.skip if skip else None)
     if gguf is not None:  # the same threads as torch, room for the longest prompt
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + request.max_new_tokens + 16)
@@ -139,6 +151,9 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
               "draft_vocab": runner.drafter_options[2] or 0,
               "draft_confidence": runner.drafter_options[3],
               "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
+              **({"skip_layers": skipsets.skip_text(skip.skip), "skip_origin": skip.origin,
+                  "default_skip_layers": skipsets.skip_text(
+                      default_skip(num_layers(session.pair.target)))} if skip else {}),
               **({"llamacpp_gguf": str(gguf)} if gguf is not None else {})}
     total = len(prompt_set) * request.repeats * len(picked)
     measurements: list = []

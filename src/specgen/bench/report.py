@@ -57,6 +57,8 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
         bf16_tps = _median([m.tokens_per_second for m in bf16]) if bf16 else None
         llama = groups.get((p, "llamacpp"))
         llama_tps = _median([m.tokens_per_second for m in llama]) if llama else None
+        plain = groups.get((p, "plain"))
+        plain_tps = _median([m.tokens_per_second for m in plain]) if plain else None
         for name in names:
             ms = groups.get((p, name))
             if not ms:
@@ -76,6 +78,7 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "vs_peer": tps / peer_tps if peer_tps else None,
                 "vs_bf16": tps / bf16_tps if bf16_tps else None,
                 "vs_llamacpp": tps / llama_tps if llama_tps else None,
+                "vs_plain": tps / plain_tps if plain_tps else None,
                 "acceptance_rate": _median([m.acceptance_rate for m in ms]),
                 "tau": _median([m.tau for m in ms]),
                 "draft_seconds": _median([m.draft_seconds for m in ms]),
@@ -119,6 +122,14 @@ def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
             "decode_speedup_code": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]
                                             and r["category"] in CODE_CATEGORIES]),
             "min_speedup": min(speedups) if speedups else None,
+            # Over specgen's own plain decoding of the same target (K = 0), where it ran.
+            "vs_plain": geomean([r["vs_plain"] for r in mine if r["vs_plain"]]),
+            "vs_plain_by_category": {
+                c: geomean([r["vs_plain"] for r in mine if r["category"] == c and r["vs_plain"]])
+                for c in categories},
+            "vs_plain_code": geomean([r["vs_plain"] for r in mine
+                                      if r["category"] in CODE_CATEGORIES and r["vs_plain"]]),
+            "min_vs_plain": min((r["vs_plain"] for r in mine if r["vs_plain"]), default=None),
             "acceptance_rate": _median([r["acceptance_rate"] for r in mine]),
             "tau": _median([r["tau"] for r in mine]),
             "equal_to_baseline": f"{sum(equal)}/{len(equal)}" if equal else None,
@@ -213,6 +224,9 @@ def tables(doc: dict):
         ("  worst prompt", lambda s: fmt_ratio(s["min_speedup"])),
         ("decode speedup", lambda s: fmt_ratio(s["decode_speedup"])),
         ("vs peer", lambda s: fmt_ratio(s["vs_peer"])),
+        *([("vs plain", lambda s: fmt_ratio(s["vs_plain"])),
+           ("  code", lambda s: fmt_ratio(s["vs_plain_code"])),
+           ("  worst prompt", lambda s: fmt_ratio(s["min_vs_plain"]))] if "plain" in summary else []),
         *([("vs bf16", lambda s: fmt_ratio(s["vs_bf16"]))] if "bf16" in summary else []),
         *([("vs llama.cpp, code", lambda s: fmt_ratio(s["vs_llamacpp_code"]))]
           if "llamacpp" in summary else []),

@@ -4,7 +4,9 @@ machine drift hits all of them alike.
 
 Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
-(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, `bf16`: plain
+(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, self-speculative
+drafting (`self`: the target with the profile's pinned, the tuned or the default skip set;
+`self-default`: with the default set; `hybrid-self`: lookup first, then self), `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
 quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
 llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
@@ -32,6 +34,7 @@ from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.core.stats import Stats
 from specgen.decoding import llamacpp
+from specgen.decoding.lean import Skip
 from specgen.errors import ConfigError
 
 
@@ -48,35 +51,49 @@ class Contestant:
     method: str = "draft-model"
     k: int = 0
     adaptive: bool = False
+    self_drafts: bool = False  # drafts with the target's own layers (self, or hybrid with self)
+    default_skip: bool = False  # self drafting with the default skip set, whatever is tuned
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "peer" or (self.kind == "specgen" and self.method != "prompt-lookup")
+        return self.kind == "peer" or (self.kind == "specgen" and not self.self_drafts
+                                       and self.method in ("draft-model", "hybrid"))
 
 
-def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contestant]:
-    """Every contestant by name. `method` drafts for the fixed-K and adaptive entries;
-    `lookup` and `hybrid` always use their own method, adaptive up to `k_max`."""
+def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = True
+                ) -> dict[str, Contestant]:
+    """Every contestant by name. `method` drafts for the fixed-K and adaptive entries (with
+    the target itself for "self", and for "hybrid" without a draft model); `lookup`,
+    `hybrid`, `self` and the others always use their own method, adaptive up to `k_max`."""
+    own = method == "self" or (method == "hybrid" and not has_draft)
     return {
         "baseline": Contestant("baseline", "baseline"),
         # specgen's own loop and forward with speculation off (K = 0: nothing drafts)
         "plain": Contestant("plain", "specgen", "prompt-lookup", 0),
         "peer": Contestant("peer", "peer"),
-        **{f"k{k}": Contestant(f"k{k}", "specgen", method, k) for k in (2, 4, 6)},
-        "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True),
+        **{f"k{k}": Contestant(f"k{k}", "specgen", method, k, self_drafts=own) for k in (2, 4, 6)},
+        "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True, self_drafts=own),
         "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
         "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
+        "self": Contestant("self", "specgen", "self", k_max, adaptive=True, self_drafts=True),
+        "self-default": Contestant("self-default", "specgen", "self", k_max, adaptive=True,
+                                   self_drafts=True, default_skip=True),
+        "hybrid-self": Contestant("hybrid-self", "specgen", "hybrid", k_max, adaptive=True,
+                                  self_drafts=True),
         "bf16": Contestant("bf16", "reference"),
         "llamacpp": Contestant("llamacpp", "llamacpp"),
     }
 
 
-def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
+def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
+                  self_drafting: bool = False) -> list[str]:
     """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
-    target) and `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
-    file)."""
+    target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
+    file) and the self-drafting ones (only when the profile drafts that way: they need a
+    Llama-family target that specgen's lean decoder runs)."""
     return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
-            and (n != "llamacpp" or with_llama)]
+            and (n != "llamacpp" or with_llama)
+            and (not everyone[n].self_drafts or self_drafting)]
 
 
 def builtin_prompts() -> list[BenchPrompt]:
@@ -197,13 +214,15 @@ class Bench:
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
-                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None) -> None:
+                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
+                 skip: Skip | None = None) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
         self.peer_draft = peer_draft if peer_draft is not None else draft
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
         self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
+        self.skip = skip  # the self drafter's (None: the default set)
         self.memory = PeakMemory(target.device)
         self.generators: dict[str, SpeculativeGenerator] = {}
         self.last_stats: dict[str, Stats] = {}
@@ -211,7 +230,9 @@ class Bench:
     def generator(self, c: Contestant) -> SpeculativeGenerator:
         if c.name not in self.generators:
             vocab = self.target.config.get_text_config().vocab_size
-            drafter = make_drafter(c.method, self.draft, vocab, *self.drafter_options)
+            skip = None if c.default_skip else self.skip
+            drafter = make_drafter(c.method, None if c.self_drafts else self.draft, vocab,
+                                   *self.drafter_options, skip=skip)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
         return self.generators[c.name]
 

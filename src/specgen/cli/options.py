@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specgen.choices import MAX_K, METHODS, MIN_K, QUANTIZATIONS, RUNTIMES, listing
 from specgen.errors import ConfigError
@@ -135,7 +136,10 @@ def load_session(prof: Profile, peer_draft: bool = False) -> Session:
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
     with err.status("Loading models…") as status:
-        return open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft)
+        session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft)
+    for notice in session.notices:
+        err.print(f"[dim]note: {escape(notice)}[/]", highlight=False, soft_wrap=True)
+    return session
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

@@ -12,9 +12,14 @@ there and almost always wrong), so each length learns its own acceptance and K. 
 knows its confidence (`ends_own_drafts`) stops a draft once the draft's probability of its
 whole draft falls below `stop_below`, which is part of what it is asked for, as k is.
 
-Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
-guess is already in the context, e.g. code being edited; no model, no forward passes), and
-the two together (HybridDrafter). `make_drafter` builds one from a profile's `method`.
+Four drafters: a small draft model (ModelDrafter), the target itself with some sub-layers
+skipped (SelfDrafter: no second model, no extra weights), prompt lookup (PromptLookupDrafter:
+the guess is already in the context, e.g. code being edited; no model, no forward passes),
+and lookup together with a model (HybridDrafter: the draft model, or the target itself).
+`make_drafter` builds one from a profile's `method`.
+
+A drafter that drafts with the target's own weights or cache has `bind_target(decoder,
+model)`: the generator calls it once, when it is made, with the target's decoder.
 """
 
 from __future__ import annotations
@@ -26,15 +31,18 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.choices import METHODS, MODEL_METHODS, listing
+from specgen.choices import METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
-from specgen.decoding import make_decoder
+from specgen.decoding import Decoder, lean_supported, make_decoder
+from specgen.decoding.lean import LEAN_FAMILIES, Skip
 from specgen.errors import ConfigError, ModelError
+from specgen.kernels.quantize import QuantLinear
 
 if TYPE_CHECKING:
     from specgen.decoding.llamacpp import LlamaCppDraft
 
 MODEL = "model"  # the draft model's guesser name
+SELF = "self"  # the self-speculative drafter's guesser name
 
 
 class Drafter(Protocol):
@@ -86,6 +94,38 @@ def as_set(ids: int | Sequence[int]) -> set[int]:
     return {ids} if isinstance(ids, int) else set(ids)
 
 
+class HeadRows:
+    """The first rows of an output layer, called as the layer is: a float head's weight rows
+    (a view), or an int4-dyn head's packed rows (a view) with their scales (a copy of those
+    rows' scales, which the kernel reads contiguous)."""
+
+    def __init__(self, out: torch.nn.Module, rows: int) -> None:
+        if isinstance(out, QuantLinear):
+            self.layer: torch.nn.Module | None = QuantLinear(
+                out.in_features, rows, out.kind, out.group_size, out.weight[:rows],
+                out.scales[:, :rows].contiguous(), None)
+            self.weight = None
+        else:
+            self.layer, self.weight = None, out.weight[:rows]
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        if self.layer is not None:
+            return self.layer(hidden)
+        return torch.nn.functional.linear(hidden, self.weight)
+
+
+def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> HeadRows | None:
+    """The model's output layer cut to its first head_rows rows, or None where it drafts over
+    its whole vocabulary: no trim asked, or a head whose rows cannot be taken apart (int8
+    heads are packed by fbgemm or PyTorch as a whole)."""
+    out = model.get_output_embeddings()
+    if head_rows is None or head_rows >= vocab_size(model) or getattr(out, "bias", None) is not None:
+        return None
+    if isinstance(out, QuantLinear):
+        return HeadRows(out, head_rows) if out.kind == "int4-dyn" and out.joined is None else None
+    return HeadRows(out, head_rows) if isinstance(out, torch.nn.Linear) else None
+
+
 class TorchDraft:
     """A transformers causal LM as a draft model: its decoder (the lean one where it can) and
     its output layer, answering `logits(ids)`, `crop(length)`, `reset()` and `length`, as
@@ -93,18 +133,15 @@ class TorchDraft:
 
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
-    output layer, a fifth of a small model's weights, shrinks in proportion. q is then zero
-    on the other ids, which rejection sampling handles exactly; only acceptance can suffer."""
+    output layer, a fifth of a small model's weights, shrinks in proportion (a float or an
+    int4-dyn head: trimmed_head). q is then zero on the other ids, which rejection sampling
+    handles exactly; only acceptance can suffer."""
 
     def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:
         self.device = model.device
         self.input_vocab = model.get_input_embeddings().num_embeddings
-        self.vocab_size = model.config.get_text_config().vocab_size
-        out = model.get_output_embeddings()
-        # Only a float head can be cut to its first rows; a quantized head drafts in full.
-        trim = (head_rows is not None and head_rows < self.vocab_size
-                and isinstance(out, torch.nn.Linear) and out.bias is None)
-        self.head = out.weight[:head_rows] if trim else None  # a view: no copy
+        self.vocab_size = vocab_size(model)
+        self.head = trimmed_head(model, head_rows)
         self.decoder = make_decoder(model)  # made once: it may prepare joined weights
 
     @property
@@ -115,7 +152,7 @@ class TorchDraft:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
         if self.head is None:
             return self.decoder.logits(ids)[0]
-        return torch.nn.functional.linear(self.decoder.hidden(ids)[0], self.head)
+        return self.head(self.decoder.hidden(ids)[0])
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)
@@ -205,6 +242,143 @@ class ModelDrafter:
         self.lm.crop(n_valid)
 
 
+def default_skip(layers: int) -> Skip:
+    """The skip set of a target with no tuned or pinned one: the MLP of every other layer in
+    the middle half of the layers (MLPs hold most of a layer's weights; the first and last
+    layers matter most to the output)."""
+    return Skip(frozenset(), frozenset(range(layers // 4, layers - layers // 4, 2)))
+
+
+def num_layers(model: PreTrainedModel) -> int:
+    return model.config.get_text_config().num_hidden_layers
+
+
+def check_skip(skip: Skip, layers: int) -> None:
+    """Refuse a skip set naming layers the model lacks, or leaving nothing to run."""
+    for kind, indices in (("attention", skip.attention), ("MLP", skip.mlp)):
+        missing = sorted(i for i in indices if not 0 <= i < layers)
+        if missing:
+            raise ConfigError(
+                f"The skip set names the {kind} of layer {missing[0]}, but the target has "
+                f"{layers} layers (0 to {layers - 1}). Fix speculation.skip_layers, or run "
+                "`specgen tune` for this target.")
+    if len(skip.attention) + len(skip.mlp) == 2 * layers:
+        raise ConfigError("The skip set skips every layer of the target, which leaves nothing to "
+                          "draft with. Skip fewer sub-layers (a third to a half is typical).")
+    if not skip.attention and not skip.mlp:
+        raise ConfigError("The skip set skips nothing, so each draft pass would cost a whole "
+                          "target pass. Name some sub-layers to skip, or leave the set out for "
+                          "the tuned or default one.")
+
+
+def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
+    """Refuse a target the self drafter cannot run: one outside the Llama family, or one
+    whose decoder cannot skip sub-layers (transformers' forward)."""
+    kind = model.config.get_text_config().model_type
+    if kind not in LEAN_FAMILIES:
+        raise ConfigError(
+            f"Self-speculative drafting (method \"self\") supports Llama-family targets "
+            f"({listing(LEAN_FAMILIES)}); this target is {kind!r}. Use method = "
+            "\"prompt-lookup\", or a draft model (method = \"draft-model\").")
+    if not lean_supported(model):
+        raise ConfigError(
+            "Self-speculative drafting (method \"self\") needs full causal attention; this "
+            "target uses sliding-window attention. Use method = \"prompt-lookup\" or a draft model.")
+    if not getattr(decoder, "skips", False):
+        raise ConfigError(
+            "Self-speculative drafting (method \"self\") runs the target through specgen's lean "
+            "decoder, which serves a target on the CPU in float32 or bfloat16 (with specgen's C "
+            "kernels: an x86 CPU with AVX2 and gcc), int8-dyn or int4-dyn; this target runs "
+            "transformers' forward instead. Change target.quantization or the device, or use "
+            "method = \"prompt-lookup\" or a draft model.")
+
+
+class SkippedTarget:
+    """The target run through its own decoder with a set of sub-layers skipped, as the
+    language model ModelDrafter drafts with (`logits`, `length`).
+
+    It holds no weights and no cache of its own: it reads the target's KV cache for the
+    context (the target's entries, from its full passes) and writes entries for the
+    positions it drafts, of the layers it runs, into the same cache. SelfDrafter rolls those
+    back after each draft, so that the verify pass writes every position again with every
+    layer; the rest of the cache's life is the generator's."""
+
+    def __init__(self, decoder: Decoder, model: PreTrainedModel, skip: Skip,
+                 head_rows: int | None = None) -> None:
+        self.decoder, self.skip = decoder, skip
+        self.device = model.device
+        self.input_vocab = model.get_input_embeddings().num_embeddings
+        self.vocab_size = vocab_size(model)
+        self.head = trimmed_head(model, head_rows)
+
+    @property
+    def length(self) -> int:
+        return self.decoder.length
+
+    def logits(self, ids: Tensor) -> Tensor:
+        """The next token's logits [V] after reading `ids` [T] with the skipped layers."""
+        if self.head is None:
+            return self.decoder.logits(ids, 1, skip=self.skip)[0]
+        return self.head(self.decoder.hidden(ids, 1, skip=self.skip)[0])
+
+
+class SelfDrafter(ModelDrafter):
+    """Self-speculative drafting: the target drafts for itself with some attention and MLP
+    sub-layers skipped (Draft & Verify, Zhang et al. 2023), ending with its own final norm
+    and output layer. No second model, no extra weights, no cache of its own.
+
+    Bound to the target by `bind_target` (the generator calls it), it drafts over the
+    target's KV cache: the context's entries are the target's own, and the entries its draft
+    passes write (for the layers they run) are dropped when the draft ends, so the verify
+    pass overwrites every drafted position; rollback stays a length. Drafting and stopping
+    are the draft model's (ModelDrafter): q is the skipped model's distribution, and a draft
+    ends itself below `confidence` or `stop_below`.
+
+    `skip` None: `default_skip` for the target."""
+
+    def __init__(self, skip: Skip | None = None, head_rows: int | None = None,
+                 confidence: float = 0.0) -> None:
+        self.skip, self.head_rows, self.confidence = skip, head_rows, confidence
+        self.lm: SkippedTarget | None = None  # bound to the target by bind_target
+        self.vocab_size = 0
+        self._passes = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device if self.lm is not None else torch.device("cpu")
+
+    def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
+        check_self_target(model, decoder)
+        skip = self.skip if self.skip is not None else default_skip(num_layers(model))
+        check_skip(skip, num_layers(model))
+        self.lm = SkippedTarget(decoder, model, skip, self.head_rows)
+        self.vocab_size = self.lm.vocab_size
+
+    def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
+        return {SELF: self}
+
+    def reset(self) -> None:
+        self._passes = 0  # the cache is the target's: the generator resets it
+
+    def rollback(self, n_valid: int) -> None:
+        pass  # the generator rolls the target's cache back; the draft's entries are gone
+
+    def propose(
+        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        if self.lm is None:
+            raise ConfigError("A self drafter drafts with its target's own layers: hand it to a "
+                              "SpeculativeGenerator, which binds it to the target, first.")
+        start = self.lm.length
+        try:
+            return super().propose(tokens, k, params, generator, stop_below)
+        finally:
+            # Forget the draft's entries: positions from `start` on were written by passes
+            # that skipped layers, and the verify pass must write all of them again.
+            self.lm.decoder.crop(start)
+
+
 def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
     """The longest n-gram (max_ngram >= n >= min_ngram) ending `tokens` [T] that also occurs
     earlier, at its most recent earlier occurrence: (n, index just past that occurrence),
@@ -277,7 +451,8 @@ class PromptLookupDrafter:
 
 
 class HybridDrafter:
-    """Prompt lookup when the context has a match, the draft model otherwise. With adaptive
+    """Prompt lookup when the context has a match, a model otherwise: the draft model, or the
+    target itself with layers skipped (SelfDrafter). With adaptive
     K each guesser (the model, lookup at each match length) has its own policy and each step
     goes to the best expected rate: the model drafts where lookup's matches are short and
     wrong (prose), lookup drafts long where its guesses hold (edits).
@@ -291,7 +466,15 @@ class HybridDrafter:
 
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
         self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
-        self.device = model_drafter.device
+
+    @property
+    def device(self) -> torch.device:
+        return self.model_drafter.device
+
+    def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
+        bind = getattr(self.model_drafter, "bind_target", None)
+        if bind is not None:
+            bind(decoder, model)
 
     def reset(self) -> None:
         self.model_drafter.reset()
@@ -328,20 +511,25 @@ def make_drafter(
     min_ngram: int = 1,
     head_rows: int | None = None,
     confidence: float = 0.0,
+    skip: Skip | None = None,
 ) -> Drafter:
-    """The drafter for a profile's `method`. A draft model is needed by the MODEL_METHODS
-    and ignored by the others. Pairing checks (same tokenizer as the target) are the
-    caller's: check_pair."""
+    """The drafter for a profile's `method`. `draft-model` needs a draft model; `hybrid`
+    drafts with it where there is one, else with the target itself (self); the others
+    ignore it. `skip`: the self drafter's skip set (None: default_skip). Pairing checks
+    (same tokenizer as the target) are the caller's: check_pair."""
     if method not in METHODS:
         raise ConfigError(f"Unknown drafting method {method!r}; choose {listing(METHODS)}.")
-    if method not in MODEL_METHODS:
+    if method == "prompt-lookup":
         return PromptLookupDrafter(max_ngram, min_ngram)
-    if draft_model is None:
+    if method == "self" or (method == "hybrid" and draft_model is None):
+        drafter: ModelDrafter = SelfDrafter(skip, head_rows, confidence)
+    elif draft_model is None:
         raise ConfigError(
             f"method {method!r} needs a draft model; set one in the profile, or use "
-            "method = \"prompt-lookup\", which needs none."
+            "method = \"self\" or \"prompt-lookup\", which need none."
         )
-    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
-    if method == "draft-model":
-        return model_drafter
-    return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))
+    else:
+        drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
+    if method == "hybrid":
+        return HybridDrafter(drafter, PromptLookupDrafter(max_ngram, min_ngram))
+    return drafter

@@ -70,6 +70,10 @@ class SpeculativeGenerator:
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
         self._clock = _Clock(self.device)
+        # A drafter that drafts with the target's own weights or cache gets its decoder once.
+        bind = getattr(self.drafter, "bind_target", None)
+        if bind is not None:
+            bind(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
 

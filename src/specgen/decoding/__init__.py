@@ -10,6 +10,10 @@
 Llama-family model's layers directly (hf.py, lean.py); `CudaDecoder` does so on a GPU over a
 static cache, replaying each small width from a CUDA graph (cuda.py). llama.cpp's draft
 runtime answers the same interface (llamacpp.py).
+
+A decoder whose `skips` is true (lean and cuda) also takes `skip` (a `Skip`: attention and MLP
+sub-layers to leave out) in `hidden` and `logits`: self-speculative drafting runs the target's
+own layers that way, over the target's own cache (core/drafters.py, SelfDrafter).
 """
 
 from __future__ import annotations

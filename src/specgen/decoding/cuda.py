@@ -33,7 +33,6 @@ layers with some skipped over its own cache; the verify pass rewrites every entr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +41,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 from specgen.choices import MAX_K
-from specgen.decoding.lean import layer_projections, run_layers
+from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this
@@ -63,6 +62,8 @@ class CudaDecoder:
 
     `static` (default: `graphs`): passes of up to GRAPH_WIDTH tokens take the captured form
     (whole capacity, masked) also when run eagerly, which lets a CPU test run it."""
+
+    skips = True  # hidden and logits take `skip` (self-speculative drafting)
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None,
                  static: bool | None = None) -> None:
@@ -120,14 +121,14 @@ class CudaDecoder:
         self._captured.clear()
 
     @torch.inference_mode()
-    def hidden(self, ids: Tensor, n: int = 1, skip: Collection[tuple[int, str]] = ()) -> Tensor:
-        return self._pass(ids, n, False, frozenset(skip))
+    def hidden(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
+        return self._pass(ids, n, False, _frozen(skip))
 
     @torch.inference_mode()
-    def logits(self, ids: Tensor, n: int = 1, skip: Collection[tuple[int, str]] = ()) -> Tensor:
-        return self._pass(ids, n, True, frozenset(skip))
+    def logits(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
+        return self._pass(ids, n, True, _frozen(skip))
 
-    def _pass(self, ids: Tensor, n: int, head: bool, skip: frozenset) -> Tensor:
+    def _pass(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor:
         m = ids.shape[0]
         self.reserve(self.length + m)
         out = None
@@ -142,7 +143,7 @@ class CudaDecoder:
 
     # --- one pass ------------------------------------------------------------------------
 
-    def _forward(self, ids: Tensor, n: int, head: bool, skip: frozenset,
+    def _forward(self, ids: Tensor, n: int, head: bool, skip: Skip,
                  start: int | None) -> Tensor:
         """The last n positions' hidden states (or logits) of a pass over `ids` [m] at
         positions pos..pos+m-1, writing their cache entries. `start` is the host's copy of pos
@@ -181,7 +182,7 @@ class CudaDecoder:
 
     # --- CUDA graphs -------------------------------------------------------------------------
 
-    def _replay(self, ids: Tensor, n: int, head: bool, skip: frozenset) -> Tensor | None:
+    def _replay(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor | None:
         """The pass replayed from its graph (captured now if new); None if capture failed,
         after which this decoder runs eagerly."""
         m = ids.shape[0]
@@ -220,3 +221,8 @@ class CudaDecoder:
             return False
         self._captured[key] = (graph, out)
         return True
+
+
+def _frozen(skip: Skip) -> Skip:
+    """The skip set with frozen members: it keys the graph cache."""
+    return Skip(frozenset(skip.attention), frozenset(skip.mlp))

@@ -11,7 +11,8 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Set
+from typing import NamedTuple
 from weakref import WeakKeyDictionary
 
 import torch
@@ -38,6 +39,18 @@ def lean_supported(model: PreTrainedModel) -> bool:
         config.model_type in LEAN_FAMILIES
         and not getattr(config, "use_sliding_window", False)  # full causal attention only
     )
+
+
+class Skip(NamedTuple):
+    """Sub-layers a pass leaves out, by layer index: a self-speculative draft (the target
+    with some attention and MLP sub-layers skipped). A skipped sub-layer adds nothing to the
+    residual stream, and a skipped attention writes nothing to the KV cache."""
+
+    attention: Set[int] = frozenset()
+    mlp: Set[int] = frozenset()
+
+
+NO_SKIP = Skip()
 
 
 class Projections:
@@ -77,18 +90,17 @@ def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
 
 
 def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], attend,
-               skip: Container[tuple[int, str]] = ()) -> Tensor:
+               skip: Skip = NO_SKIP) -> Tensor:
     """The decoder layers over x [m, hidden], in transformers' order of operations: per layer
     a residual attention block (norm, q/k/v, `attend(i, attn, q, k, v)` -> [m, heads, d],
-    o) and a residual SwiGLU MLP block. `skip` names sub-layers left out, as (layer index,
-    "attn" | "mlp"): a skipped block adds nothing to the residual stream (and a skipped
-    attention writes no cache entry)."""
+    o) and a residual SwiGLU MLP block. `skip` names sub-layers left out (a Skip): a skipped
+    block adds nothing to the residual stream (and a skipped attention writes no cache entry)."""
     m = x.shape[0]
     for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(layers, projections)):
-        if (i, "attn") not in skip:
+        if i not in skip.attention:
             q, k, v = qkv(layer.input_layernorm(x))
             x = x + o(attend(i, layer.self_attn, q, k, v).reshape(m, -1))[0]
-        if (i, "mlp") not in skip:
+        if i not in skip.mlp:
             gate, up = gate_up(layer.post_attention_layernorm(x))
             x = x + down(layer.mlp.act_fn(gate) * up)[0]
     return x
@@ -96,7 +108,10 @@ def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], at
 
 class LeanDecoder:
     """The model's layers called directly over a KV cache of its own: one preallocated
-    tensor, grown by doubling, rolled back by moving `length`; no mask for one token."""
+    tensor, grown by doubling, rolled back by moving `length`; no mask for one token.
+    `skip` leaves sub-layers out of a pass (a self-speculative draft's)."""
+
+    skips = True  # hidden and logits take `skip`
 
     def __init__(self, model: PreTrainedModel) -> None:
         body = model.base_model
@@ -128,10 +143,10 @@ class LeanDecoder:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv = kv
 
-    def logits(self, ids: Tensor, n: int = 1) -> Tensor:
-        return self.head(self.hidden(ids, n))
+    def logits(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
+        return self.head(self.hidden(ids, n, skip))
 
-    def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
+    def hidden(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
         m, start = ids.shape[0], self.length
         end = start + m
         x = self.embed(ids)  # [m, hidden]
@@ -147,7 +162,7 @@ class LeanDecoder:
                 return c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
             return self._attend(i, attn, q, k, v, cos, sin, start, mask)
 
-        x = run_layers(x, self.layers, self.projections, attend)
+        x = run_layers(x, self.layers, self.projections, attend, skip)
         self.length = end
         return self.norm(x[-n:])
 

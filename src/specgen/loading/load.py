@@ -5,6 +5,7 @@ its role on the CPU (kernels.prepare)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import warnings
@@ -40,6 +41,7 @@ class LoadedPair:
     draft_quantization: str = "none"
     load_seconds: float = 0.0
     peer_draft: PreTrainedModel | None = None  # a llama.cpp draft's transformers copy
+    target_key: str = ""  # the target's weights and dtype (what tuned skip sets are kept by)
 
 
 def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
@@ -155,6 +157,18 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     return prepare(model, role, "none").eval()
 
 
+def _weights_key(source: Source, dtype: torch.dtype) -> str:
+    """What identifies the target's weights and dtype (tuned skip sets are kept by it): a
+    GGUF's sha256, a cache entry's content-keyed name, else the weight files' contents."""
+    ident = source.sha256 or (source.path.name if source.packed else None)
+    if ident is None:
+        try:
+            ident = cache.weights_sha256(source.path)
+        except ModelError:  # a hub model whose weights are not downloaded yet
+            ident = source.repo or source.name
+    return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
+
+
 def load_llama_draft(source: Source, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
     """The GGUF draft on llama.cpp's CPU kernels, with as many threads as torch uses."""
     say(progress, f"Loading draft {source.name} in llama.cpp on cpu")
@@ -229,6 +243,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {smaller_profiles(free, profile.name)}") from None
 
+    key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
     models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
               else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
@@ -245,5 +260,5 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         device=devices["target"], dtype=dtype_name(dtypes["target"]),
         quantization=profile.target.quantization,
         draft_quantization=draft_spec.quantization if draft_spec else "none",
-        load_seconds=time.perf_counter() - start,
+        load_seconds=time.perf_counter() - start, target_key=key,
     )
