@@ -18,8 +18,14 @@ QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES)
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
                "int8-dyn": 1.0, "int4-dyn": 0.63}
 
-# Who drafts: a second model, the prompt itself (n-gram lookup), or the better of the two.
-METHODS = ("draft-model", "prompt-lookup", "hybrid")
+# Heads that draft from the target's own hidden states (heads/): EAGLE-1/2, EAGLE-3, Medusa-1.
+HEAD_KINDS = ("eagle", "eagle3", "medusa")
+# Heads `specgen heads train` fits to a target.
+TRAINABLE_HEADS = ("eagle", "medusa")
+
+# Who drafts: a second model, the prompt itself (n-gram lookup), the better of the two, or a
+# head of the profile's [draft] (its kind names the method).
+METHODS = ("draft-model", "prompt-lookup", "hybrid", *HEAD_KINDS)
 # Methods that need a [draft] model.
 MODEL_METHODS = ("draft-model", "hybrid")
 

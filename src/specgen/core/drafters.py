@@ -14,7 +14,8 @@ whole draft falls below `stop_below`, which is part of what it is asked for, as 
 
 Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
 guess is already in the context, e.g. code being edited; no model, no forward passes), and
-the two together (HybridDrafter). `make_drafter` builds one from a profile's `method`.
+the two together (HybridDrafter); heads on the target itself (EAGLE, EAGLE-3, Medusa) are in
+head_drafters.py. `make_drafter` builds one from a profile's `method`.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.choices import METHODS, MODEL_METHODS, listing
+from specgen.choices import HEAD_KINDS, METHODS, MODEL_METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
     from specgen.decoding.llamacpp import LlamaCppDraft
+    from specgen.heads.modules import Head
 
 MODEL = "model"  # the draft model's guesser name
 
@@ -328,12 +330,22 @@ def make_drafter(
     min_ngram: int = 1,
     head_rows: int | None = None,
     confidence: float = 0.0,
+    head: Head | None = None,
 ) -> Drafter:
     """The drafter for a profile's `method`. A draft model is needed by the MODEL_METHODS
-    and ignored by the others. Pairing checks (same tokenizer as the target) are the
-    caller's: check_pair."""
+    and ignored by the others; a head (heads/) by the HEAD_KINDS, each its own kind. Pairing
+    checks (same tokenizer as the target) are the caller's: check_pair."""
     if method not in METHODS:
         raise ConfigError(f"Unknown drafting method {method!r}; choose {listing(METHODS)}.")
+    if method in HEAD_KINDS:
+        if head is None or head.kind != method:
+            have = f"a {head.kind} head" if head is not None else "none"
+            raise ConfigError(
+                f"method {method!r} drafts with a {method} head, and the profile has {have}: set "
+                f"[draft] head = \"...\" and kind = \"{method}\" (docs/heads.md).")
+        from specgen.core.head_drafters import make_head_drafter
+
+        return make_head_drafter(head, target_vocab, head_rows, confidence)
     if method not in MODEL_METHODS:
         return PromptLookupDrafter(max_ngram, min_ngram)
     if draft_model is None:

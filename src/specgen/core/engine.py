@@ -69,6 +69,10 @@ class SpeculativeGenerator:
         # bit-identical: decoding/). Kept between calls so that a prompt extending the last
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
+        # A drafter that reads the target's hidden states (a head) or shares its weights
+        # gets the target's decoder, once.
+        if hasattr(self.drafter, "bind_target"):
+            self.drafter.bind_target(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
 

@@ -6,6 +6,9 @@
     reset()         forget everything
     length          positions cached
 
+A target's decoder also keeps, when a drafting head asks (`capture_layers` not None), each
+pass's hidden states in `captured` (capture.py).
+
 `HFDecoder` is transformers' own forward (any architecture); `LeanDecoder` calls a
 Llama-family model's layers directly (hf.py, lean.py). llama.cpp's draft runtime answers the
 same interface (llamacpp.py).
@@ -18,6 +21,7 @@ from typing import Protocol
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from specgen.decoding.capture import Capture
 from specgen.decoding.hf import HFDecoder
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
 
@@ -32,6 +36,9 @@ class Decoder(Protocol):
     def crop(self, length: int) -> None: ...
 
     def reset(self) -> None: ...
+
+    capture_layers: tuple[int, ...] | None
+    captured: list[Capture]
 
 
 def make_decoder(model: PreTrainedModel, exact: bool = False) -> HFDecoder | LeanDecoder:

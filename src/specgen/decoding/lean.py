@@ -19,6 +19,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
+from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
@@ -92,6 +93,10 @@ class LeanDecoder:
         self.projections = layer_projections(model)
         self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
         self.length = 0
+        # For a drafting head (decoding/__init__.py: Capture): the layers whose inputs each
+        # pass keeps, or None to keep nothing.
+        self.capture_layers: tuple[int, ...] | None = None
+        self.captured: list[Capture] = []
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -122,7 +127,10 @@ class LeanDecoder:
         mask = (None if m == 1 or self.rows else
                 torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
         in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
+        inputs = []
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, self.projections)):
+            if self.capture_layers is not None and i in self.capture_layers:
+                inputs.append(x)
             attn = layer.self_attn
             q, k, v = qkv(layer.input_layernorm(x))
             if in_c:  # row_attention's C, with transformers' rotary to the bit
@@ -133,6 +141,8 @@ class LeanDecoder:
             gate, up = gate_up(layer.post_attention_layernorm(x))
             x = x + down(layer.mlp.act_fn(gate) * up)[0]
         self.length = end
+        if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
+            self.captured.append(Capture(start, self.norm(x), inputs))
         return self.norm(x[-n:])
 
     def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,
