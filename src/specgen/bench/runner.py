@@ -4,7 +4,8 @@ machine drift hits all of them alike.
 
 Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
-(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, `bf16`: plain
+(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, the profile's draft
+head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
 quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
 llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
@@ -28,6 +29,7 @@ from transformers import PreTrainedModel
 
 from specgen.app.store import RunRecord, record_run
 from specgen.bench.prompts import PROMPTS
+from specgen.choices import HEAD_KINDS, MODEL_METHODS
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.core.stats import Stats
@@ -51,7 +53,11 @@ class Contestant:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "peer" or (self.kind == "specgen" and self.method != "prompt-lookup")
+        return self.kind == "peer" or (self.kind == "specgen" and self.method in MODEL_METHODS)
+
+    @property
+    def needs_head(self) -> bool:
+        return self.kind == "specgen" and self.method in HEAD_KINDS
 
 
 def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contestant]:
@@ -66,17 +72,20 @@ def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contes
         "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True),
         "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
         "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
+        **{kind: Contestant(kind, "specgen", kind, k_max, adaptive=True) for kind in HEAD_KINDS},
         "bf16": Contestant("bf16", "reference"),
         "llamacpp": Contestant("llamacpp", "llamacpp"),
     }
 
 
-def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
+def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
+                  head_kind: str | None = None) -> list[str]:
     """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
-    target) and `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
-    file)."""
+    target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
+    file) and the head kinds other than the profile's head's."""
     return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
-            and (n != "llamacpp" or with_llama)]
+            and (n != "llamacpp" or with_llama)
+            and (n not in HEAD_KINDS or n == head_kind)]
 
 
 def builtin_prompts() -> list[BenchPrompt]:
@@ -197,8 +206,10 @@ class Bench:
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
-                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None) -> None:
+                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
+                 head=None) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
+        self.head = head
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
         self.peer_draft = peer_draft if peer_draft is not None else draft
         self.max_new_tokens = max_new_tokens
@@ -211,7 +222,8 @@ class Bench:
     def generator(self, c: Contestant) -> SpeculativeGenerator:
         if c.name not in self.generators:
             vocab = self.target.config.get_text_config().vocab_size
-            drafter = make_drafter(c.method, self.draft, vocab, *self.drafter_options)
+            drafter = make_drafter(c.method, self.draft, vocab, *self.drafter_options,
+                                   head=self.head)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
         return self.generators[c.name]
 
@@ -337,7 +349,8 @@ def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) ->
         dtype = quantization = "gguf"
     return record_run(RunRecord(
         command="bench", profile=p.name, target=session.pair.target_name,
-        draft=session.pair.draft_name if c.needs_draft_model else None, method=method,
+        draft=session.pair.draft_name if c.needs_draft_model else (
+            session.pair.head_name if c.needs_head else None), method=method,
         device="cpu" if c.kind == "llamacpp" else session.pair.device, dtype=dtype,
         quantization=quantization,
         adaptive=c.adaptive, k_max=c.k,

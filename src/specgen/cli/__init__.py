@@ -8,7 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from specgen import __version__
-from specgen.cli import bench, chat, profiles, run, stats
+from specgen.cli import bench, chat, heads, profiles, run, stats
 from specgen.cli.options import debug_enabled, err
 from specgen.errors import SpecgenError
 
@@ -43,6 +43,7 @@ app.command(help=chat.HELP)(chat.chat)
 app.command(help=bench.HELP)(bench.bench)
 app.add_typer(stats.app, name="stats")
 app.add_typer(profiles.app, name="profiles")
+app.add_typer(heads.app, name="heads")
 
 
 def _version(value: bool) -> None:

@@ -77,15 +77,17 @@ def profile_with_options(
     )
 
 
-def load_session(prof: Profile, peer_draft: bool = False) -> Session:
-    """Load the profile's models behind a status line (`peer_draft`: see loading.load_pair)."""
+def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False) -> Session:
+    """Load the profile's models behind a status line (`peer_draft`, `with_head`: see
+    loading.load_pair)."""
     from transformers.utils import logging as hf_logging
 
     from specgen.app.session import open_session  # loads torch
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
     with err.status("Loading models…") as status:
-        return open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft)
+        return open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
+                            with_head=with_head)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

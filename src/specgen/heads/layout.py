@@ -313,6 +313,7 @@ def save_head(head: Head, folder: Path, config: dict[str, Any]) -> None:
         os.close(fd)
         try:
             write(tmp)
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep other users from loading it
             os.replace(tmp, folder / name)
         finally:
             if os.path.exists(tmp):

@@ -65,18 +65,23 @@ def corpus_files(folder: Path, seed: int = 0) -> list[Path]:
     return files
 
 
-def chunks(files: Iterable[Path], encode: Callable[[Path, str], list[int]], seq_len: int
-           ) -> Iterator[list[int]]:
-    """Token chunks of exactly `seq_len` ids: each file's tokens (as `encode` frames them)
-    cut into pieces; a file's short tail is dropped."""
+def chunks(files: Iterable[Path], encode: Callable[[Path, str], tuple[list[int], list[int]]],
+           seq_len: int) -> Iterator[list[int]]:
+    """Token chunks of exactly `seq_len` ids. `encode` gives a file's (frame, body) ids: each
+    chunk is the frame (e.g. a chat template's prompt, so the head also learns how answers
+    start) followed by the next piece of the body; a file's short tail is dropped."""
     for path in files:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        ids = encode(path, text)
-        for i in range(0, len(ids) - seq_len + 1, seq_len):
-            yield ids[i : i + seq_len]
+        frame, body = encode(path, text)
+        room = seq_len - len(frame)
+        if room < seq_len // 2:
+            raise ConfigError(f"Chunks of {seq_len} tokens leave too little room after the "
+                              f"{len(frame)}-token prompt frame: use longer chunks.")
+        for i in range(0, len(body) - room + 1, room):
+            yield frame + body[i : i + room]
 
 
 # --- a new head -----------------------------------------------------------------------------
@@ -213,7 +218,7 @@ def eagle_loss(head: EagleHead, feats: Tensor, ids: Tensor, embed: torch.nn.Modu
         v = F.smooth_l1_loss(pred.float(), tgt.float())
         p = soft_cross_entropy(F.linear(pred, rows), tl)
         total = total + decay ** (d - 1) * (v + p_weight * p)
-        parts[f"v{d}"], parts[f"p{d}"] = float(v), float(p)
+        parts[f"v{d}"], parts[f"p{d}"] = float(v.detach()), float(p.detach())
     return total, parts
 
 
@@ -227,7 +232,7 @@ def medusa_loss(head: MedusaHeads, feats: Tensor, rows: Tensor) -> tuple[Tensor,
         logits = sequential(feats[:, :-shift])
         loss = soft_cross_entropy(logits, target_logits[:, shift:])
         total = total + loss
-        parts[f"h{i}"] = float(loss)
+        parts[f"h{i}"] = float(loss.detach())
     return total, parts
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, MODEL_METHODS
+from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.kernels import prepare
@@ -22,8 +22,8 @@ from specgen.loading.convert import convert_gguf, converted_dir, is_complete, lo
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, fetch_weights, load_config, load_tokenizer,
-                                     say)
+from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
+                                     load_tokenizer, say)
 from specgen.paths import cache_dir
 from specgen.profiles import ModelSpec, Profile
 
@@ -41,6 +41,8 @@ class LoadedPair:
     draft_quantization: str = "none"
     load_seconds: float = 0.0
     peer_draft: PreTrainedModel | None = None  # a llama.cpp draft's transformers copy
+    head: torch.nn.Module | None = None  # a draft head on the target (heads/)
+    head_name: str | None = None
 
 
 def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
@@ -138,11 +140,54 @@ def load_llama_draft(source: Source, progress: Progress | None = None) -> llamac
     return llamacpp.load_draft(source.path / source.gguf, torch.get_num_threads())
 
 
-def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False
-              ) -> LoadedPair:
+def load_for_training(profile: Profile, progress: Progress | None = None
+                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The profile's target as a plain transformers model in its dtype, unquantized and not
+    prepared for decoding (teacher forcing reads whole chunks at once), with its tokenizer
+    and name: for `specgen heads train`."""
+    spec = profile.target
+    base = profile.path.parent if profile.path else None
+    device = resolve_device(spec.device, "target")
+    dtype = resolve_dtype(spec.dtype, device)
+    source = locate(spec, "target", dtype, progress, base)
+    tokenizer = load_tokenizer(source, spec.trust_remote_code)
+    config = load_config(source, spec.trust_remote_code)
+    if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") != "1":
+        check_memory([(f"target {source.name}", device,
+                       estimate_bytes(config, dtype, "none", spec.trust_remote_code))])
+    if source.gguf:
+        out = converted_dir(source.sha256, dtype)
+        if not is_complete(out, source.sha256, dtype):
+            convert_gguf(source, dtype, spec.trust_remote_code, progress)
+        source.path, source.gguf = out, None
+    fetch_weights(source, progress)
+    say(progress, f"Loading target {source.name} on {device}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+            device_map=_device_map(device))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"Cannot load {source.name}: {e}") from None
+    return model.eval().requires_grad_(False), tokenizer, source.name
+
+
+def load_head(profile: Profile, target: PreTrainedModel, progress: Progress | None = None
+              ) -> torch.nn.Module:
+    """The profile's draft head (heads/), checked against the loaded target."""
+    from specgen.heads.layout import KIND_NAMES, load_head as read_head
+
+    spec = profile.draft
+    folder = find_head(spec, profile.name, progress, profile.path.parent if profile.path else None)
+    say(progress, f"Loading the {KIND_NAMES[spec.kind]} head {spec.head}")
+    return read_head(folder, spec.kind, target.config.get_text_config(), where=spec.head)
+
+
+def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False,
+              with_head: bool = False) -> LoadedPair:
     """Locate, check (tokenizers, memory) and load the profile's target and draft. With
     `peer_draft`, a draft that runs in llama.cpp is also loaded in transformers (as its dtype
-    and quantization say), for `specgen bench`'s peer."""
+    and quantization say), for `specgen bench`'s peer. The profile's draft head is loaded when
+    its method drafts with it, or `with_head` (bench contestants)."""
     start = time.perf_counter()
     base = profile.path.parent if profile.path else None
     roles = [("target", profile.target)]
@@ -200,6 +245,10 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
               else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
     draft_spec = profile.draft if "draft" in models else None
+    head = None
+    if profile.draft is not None and profile.draft.head and (
+            with_head or profile.speculation.method in HEAD_KINDS):
+        head = load_head(profile, models["target"], progress)
     peer = None
     if peer_draft and llama and draft_spec is not None:  # transformers' copy of the same draft
         source = locate(draft_spec, "draft", dtypes["draft"], progress, base)
@@ -208,9 +257,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         target=models["target"], draft=models.get("draft"), tokenizer=tokenizers["target"],
         peer_draft=peer,
         target_name=sources["target"].name,
-        draft_name=sources["draft"].name if "draft" in sources else None,
+        draft_name=sources["draft"].name if "draft" in sources else (
+            profile.draft.head if head is not None else None),  # who drafts
         device=devices["target"], dtype=dtype_name(dtypes["target"]),
         quantization=profile.target.quantization,
         draft_quantization=draft_spec.quantization if draft_spec else "none",
+        head=head, head_name=profile.draft.head if head is not None else None,
         load_seconds=time.perf_counter() - start,
     )
