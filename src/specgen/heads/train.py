@@ -89,8 +89,9 @@ def chunks(files: Iterable[Path], encode: Callable[[Path, str], tuple[list[int],
 def new_head(kind: str, target, intermediate: int | None = None, rows: int | None = None,
              medusa_heads: int = 4, seed: int = 0) -> EagleHead | MedusaHeads:
     """A fresh head for `target` (a transformers causal LM): an EAGLE head with one decoder
-    layer shaped as the target's (its MLP `intermediate` wide), or Medusa heads whose output
-    layers start as the target's first `rows` output rows."""
+    layer shaped as the target's but for its MLP, `intermediate` wide (default half the
+    target's: less to draft through, and room enough for what a local run can read), or Medusa
+    heads whose output layers start as the target's first `rows` output rows."""
     config = target.config.get_text_config()
     hidden, vocab = config.hidden_size, config.vocab_size
     heads = config.num_attention_heads
@@ -113,7 +114,7 @@ def new_head(kind: str, target, intermediate: int | None = None, rows: int | Non
         kind="eagle", hidden=hidden, vocab=vocab, heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", heads),
         head_dim=getattr(config, "head_dim", None) or hidden // heads,
-        intermediate=intermediate or config.intermediate_size, rms_eps=config.rms_norm_eps,
+        intermediate=intermediate or config.intermediate_size // 2, rms_eps=config.rms_norm_eps,
         rope_theta=float(theta), max_positions=config.max_position_embeddings,
         fc_bias=True, qkv_bias=bool(getattr(config, "attention_bias", False))
         or config.model_type == "qwen2"))
@@ -260,7 +261,7 @@ class TrainSettings:
     seq_len: int = 512
     batch: int = 4  # chunks per step
     rows: int = 32768  # output rows the cross-entropy runs over
-    intermediate: int | None = None  # the EAGLE layer's MLP width (None: the target's)
+    intermediate: int | None = None  # the EAGLE layer's MLP width (None: half the target's)
     depth: int = 2  # EAGLE steps trained unrolled
     lr: float = 3e-4
     noise: float = 0.2
