@@ -261,6 +261,8 @@ def test_bench_runs_the_profiles_head_beside_the_draft_model(head_profile, tmp_p
     assert {m["contestant"] for m in doc["measurements"]} == {"baseline", "adaptive", "eagle"}
     tokens = {m["contestant"]: m["token_ids"] for m in doc["measurements"]}
     assert tokens["eagle"] == tokens["baseline"] == tokens["adaptive"]
+    summary = doc["summary"]["eagle"]
+    assert len(summary["acceptance_by_position"]) == 3 and summary["tau_by_category"]
     from specgen.bench.runner import contestants, default_names
 
     names = default_names(contestants(), quantized=False, with_llama=False, head_kind="eagle")

@@ -199,6 +199,8 @@ class Measurement:
     peak_memory_bytes: int
     token_ids: list[int] = field(repr=False)
     k_per_step: list[int] = field(default_factory=list, repr=False)
+    per_position_proposed: list[int] = field(default_factory=list, repr=False)
+    per_position_accepted: list[int] = field(default_factory=list, repr=False)
 
 
 class Bench:
@@ -315,6 +317,8 @@ class Bench:
             prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
             peak_memory_bytes=self.memory.read(), token_ids=tokens,
             k_per_step=list(stats.k_per_step),
+            per_position_proposed=list(stats.per_position_proposed) if specgen else [],
+            per_position_accepted=list(stats.per_position_accepted) if specgen else [],
         )
 
 
