@@ -245,8 +245,8 @@ def agreement(head, feats: Tensor, ids: Tensor, embed: torch.nn.Module, rows: Te
     (step 1: the first draft token's greedy acceptance); for Medusa, per head. Over `rows`."""
     target_top = F.linear(feats, rows).argmax(-1)  # [B, T]: argmax at t is token t+1's choice
     if isinstance(head, MedusaHeads):
-        return [float((F.linear(s(feats[:, : -(i + 1)]), rows).argmax(-1)
-                       == target_top[:, i + 1 :]).float().mean()) for i, s in enumerate(head)]
+        return [float((s(feats[:, : -(i + 1)]).argmax(-1) == target_top[:, i + 1 :]).float().mean())
+                for i, s in enumerate(head)]
     embeds = embed(ids[:, 1:]).to(feats.dtype)
     outs = eagle_unrolled(head, feats[:, :-1], embeds, depth)
     return [float((F.linear(o[:, d:], rows).argmax(-1) == target_top[:, d + 1 :]).float().mean())
