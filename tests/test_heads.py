@@ -207,3 +207,19 @@ def test_a_broken_sampler_is_caught_with_a_head(monkeypatch):
     params = SamplingParams(1.0)
     samples, _ = draw(generator("eagle", target, head, 2), 3, params, samples=2000)
     assert chi_square_pvalue(samples, target_joint(target, PROMPT, 3, params)) < ALPHA
+
+
+def test_first_rows_of_a_quantized_output_layer():
+    """An int8-dyn target's output layer is read back row by row for an EAGLE head that drafts
+    over the first ids; greedy output stays the quantized target's own."""
+    from specgen.core.head_drafters import output_rows
+    from specgen.kernels import prepare
+
+    target, head = fitted("eagle")
+    quantized = prepare(deepcopy(target), "target", "int8-dyn")
+    rows = output_rows(quantized.get_output_embeddings(), 40, torch.float32, torch.device("cpu"))
+    exact = target.get_output_embeddings().weight[:40]
+    assert rows.shape == (40, 64) and (rows - exact).abs().max() < 0.02 * exact.abs().max()
+    gen = generator("eagle", quantized, head, 4, head_rows=40)
+    result = gen.generate(prompt(4), max_new_tokens=N)
+    assert result.token_ids == reference(quantized, prompt(4)) and result.stats.accepted > 0
