@@ -64,10 +64,10 @@ def test_ctrl_c_keeps_a_checkpoint_and_the_next_run_resumes(tiny_profile, corpus
     out = tmp_path / "head"
     step = t.Trainer.train_step
 
-    def interrupted(self):
+    def interrupted(self, progress=0.0):
         if self.state.steps == 7:
             raise KeyboardInterrupt
-        step(self)
+        step(self, progress)
 
     monkeypatch.setattr(t.Trainer, "train_step", interrupted)
     result = train(tiny_profile, corpus, out, "--kind", "eagle")

@@ -21,6 +21,7 @@ everything (features on disk, head, optimizer, counters) so that a later run res
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -207,17 +208,23 @@ def eagle_unrolled(head: EagleHead, feats: Tensor, embeds: Tensor, depth: int,
 def eagle_loss(head: EagleHead, feats: Tensor, ids: Tensor, embed: torch.nn.Module,
                rows: Tensor, depth: int = 1, noise: float = 0.0,
                generator: torch.Generator | None = None, p_weight: float = 0.1,
-               decay: float = 0.8) -> tuple[Tensor, dict]:
+               decay: float = 0.8, ce_share: float = 1.0) -> tuple[Tensor, dict]:
     """EAGLE-1's loss over chunks ids [B, T] with the target's features [B, T, H]; `rows`
-    [R, H] the output rows the cross-entropy runs over. Steps weighted decay**(d-1)."""
+    [R, H] the output rows the cross-entropy runs over. Steps weighted decay**(d-1). The
+    cross-entropy (the output layer: most of the cost) reads a random `ce_share` of the
+    positions; the feature loss reads them all."""
     embeds = embed(ids[:, 1:]).to(feats.dtype)
     inputs, targets = feats[:, :-1], feats[:, 1:]
-    target_logits = F.linear(targets, rows)
+    t = targets.shape[1]
+    picked = torch.arange(t)
+    if ce_share < 1.0:
+        picked = torch.randperm(t, generator=generator)[: max(1, int(t * ce_share))].sort().values
+    target_logits = F.linear(targets[:, picked], rows)
     total, parts = 0.0, {}
     for d, pred in enumerate(eagle_unrolled(head, inputs, embeds, depth, noise, generator), 1):
-        pred, tgt, tl = pred[:, d - 1 :], targets[:, d - 1 :], target_logits[:, d - 1 :]
-        v = F.smooth_l1_loss(pred.float(), tgt.float())
-        p = soft_cross_entropy(F.linear(pred, rows), tl)
+        keep = picked >= d - 1  # step d's rows before d - 1 have no chain
+        v = F.smooth_l1_loss(pred[:, d - 1 :].float(), targets[:, d - 1 :].float())
+        p = soft_cross_entropy(F.linear(pred[:, picked[keep]], rows), target_logits[:, keep])
         total = total + decay ** (d - 1) * (v + p_weight * p)
         parts[f"v{d}"], parts[f"p{d}"] = float(v.detach()), float(p.detach())
     return total, parts
@@ -263,7 +270,8 @@ class TrainSettings:
     rows: int = 32768  # output rows the cross-entropy runs over
     intermediate: int | None = None  # the EAGLE layer's MLP width (None: half the target's)
     depth: int = 2  # EAGLE steps trained unrolled
-    lr: float = 3e-4
+    lr: float = 1e-3  # peak; warm-up, then a cosine down to a tenth over the budget
+    ce_share: float = 0.25  # positions the EAGLE cross-entropy reads per step
     noise: float = 0.2
     held_out: int = 8  # chunks never trained on, for the agreement figure
     read_share: float = 0.5  # of the time: reading new chunks (the rest: training on them)
@@ -389,17 +397,18 @@ class Trainer:
         if isinstance(self.head, MedusaHeads):
             return medusa_loss(self.head, feats, self.rows)
         return eagle_loss(self.head, feats, ids, self.embed, self.rows, s.depth, s.noise,
-                          self.generator)
+                          self.generator, ce_share=s.ce_share)
 
-    def train_step(self) -> None:
+    def train_step(self, progress: float = 0.0) -> None:
+        """One step; `progress` is the share of the time budget spent (the schedule's clock)."""
         s = self.settings
         trainable = list(range(s.held_out, self.state.chunks_read))
         batch = self.rng.sample(trainable, min(s.batch, len(trainable)))
         ids, feats = self._load(batch)
-        # A short warm-up, then a cosine that never quite reaches zero (runs resume).
-        warm = min(1.0, (self.state.steps + 1) / 50)
+        warm = min(1.0, (self.state.steps + 1) / 20)
+        cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
         for group in self.optimizer.param_groups:
-            group["lr"] = s.lr * warm
+            group["lr"] = s.lr * warm * cosine
         self.head.train()
         loss, _ = self.loss(ids, feats)
         self.optimizer.zero_grad()
@@ -454,7 +463,7 @@ class Trainer:
                                           f"{s.held_out + 1} are the least. Give a larger --corpus.")
                 else:
                     tell("training")
-                    self.train_step()
+                    self.train_step(st.seconds / budget_seconds)
                     st.train_seconds += time.perf_counter() - start
                 st.seconds += time.perf_counter() - start
                 if not reading and st.steps % s.eval_every == 0:
