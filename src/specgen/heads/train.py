@@ -272,6 +272,7 @@ class TrainSettings:
     depth: int = 2  # EAGLE steps trained unrolled
     lr: float = 1e-3  # peak; warm-up, then a cosine down to a tenth over the budget
     ce_share: float = 0.25  # positions the EAGLE cross-entropy reads per step
+    bf16: bool = True  # products in bf16 (autocast; float32 weights): about 4x faster on a CPU
     noise: float = 0.2
     held_out: int = 8  # chunks never trained on, for the agreement figure
     read_share: float = 0.5  # of the time: reading new chunks (the rest: training on them)
@@ -410,15 +411,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = s.lr * warm * cosine
         self.head.train()
-        loss, _ = self.loss(ids, feats)
+        with torch.autocast(feats.device.type, dtype=torch.bfloat16, enabled=s.bf16):
+            loss, _ = self.loss(ids, feats)
         self.optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
         self.optimizer.step()
         self.head.eval()
         self.state.steps += 1
-        self.state.loss = float(loss) if self.state.loss is None else (
-            0.9 * self.state.loss + 0.1 * float(loss))
+        value = float(loss.detach())
+        self.state.loss = value if self.state.loss is None else 0.9 * self.state.loss + 0.1 * value
 
     def evaluate(self) -> list[float]:
         held = list(range(min(self.settings.held_out, self.state.chunks_read)))
