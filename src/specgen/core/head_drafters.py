@@ -42,6 +42,16 @@ def output_rows(layer: torch.nn.Module, rows: int | None, dtype: torch.dtype,
         return torch.cat(parts).t().contiguous().to(dtype)
 
 
+def as_linear(weight: Tensor) -> torch.nn.Linear:
+    """A bias-free Linear over `weight` [out, in] (no copy), made fast for one-row products on
+    a CPU as a draft's layers are (kernels.prepare)."""
+    from specgen.kernels import prepare
+
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return prepare(layer, "draft")
+
+
 class HeadDrafter:
     """What the three kinds share: binding to the target, taking its hidden states, the
     feature store of true features not yet read, rollback and reset."""
@@ -72,6 +82,9 @@ class HeadDrafter:
         embed = model.get_input_embeddings()
         self.device, self.dtype = embed.weight.device, embed.weight.dtype
         self.head.to(device=self.device, dtype=self.dtype)
+        from specgen.kernels import prepare
+
+        prepare(self.head, "draft")  # one-row products by the CPU kernel where it serves
         own = getattr(self.head, "embed_tokens", None)  # an EAGLE-3 head of another width
         self.embed = embed if own is None else own
         self.reset()
@@ -161,7 +174,8 @@ class EagleDrafter(HeadDrafter):
         # EAGLE-1/2 scores its features with the target's output layer (maybe cut to its
         # first rows, as a draft model's may be: ModelDrafter).
         self.lm_head = model.get_output_embeddings()
-        self.rows = output_rows(self.lm_head, self.head_rows, self.dtype, self.device)
+        rows = output_rows(self.lm_head, self.head_rows, self.dtype, self.device)
+        self.rows = None if rows is None else as_linear(rows)
         if self.kind == "eagle3":  # where each draft id's probability goes in the target's vocabulary
             self.d2t_index = self.head.target_ids(
                 torch.arange(self.head.config.draft_vocab, device=self.device))
@@ -191,7 +205,7 @@ class EagleDrafter(HeadDrafter):
         if head_logits is not None:
             return head_logits
         if self.rows is not None:
-            return torch.nn.functional.linear(out, self.rows)
+            return self.rows(out)
         return self.lm_head(out)[..., : self.vocab_size]
 
     def _step(self, hidden: Tensor, tokens: Tensor, start: int, fused: bool
@@ -260,6 +274,10 @@ class MedusaDrafter(HeadDrafter):
         rows = head.config.draft_vocab or target_vocab
         self.rows = min(rows, target_vocab, head_rows or rows)
 
+    def bind_target(self, decoder, model) -> None:
+        super().bind_target(decoder, model)
+        self.outputs = [as_linear(head[-1].weight[: self.rows]) for head in self.head]
+
     @torch.no_grad()
     def propose(self, tokens: Tensor, k: int, params: SamplingParams,
                 generator: torch.Generator | None, stop_below: float = 0.0
@@ -276,8 +294,7 @@ class MedusaDrafter(HeadDrafter):
             x = feature.to(self.dtype)
             for block in head[:-1]:
                 x = block(x)
-            out = head[-1]
-            logits = torch.nn.functional.linear(x, out.weight[: self.rows])
+            logits = self.outputs[i](x)
             token, q, p = self._pick(logits, params, generator, stop_below)
             ids.append(token)
             if not params.greedy:
