@@ -467,12 +467,12 @@ class Trainer:
                     tell("training")
                     self.train_step(st.seconds / budget_seconds)
                     st.train_seconds += time.perf_counter() - start
-                st.seconds += time.perf_counter() - start
                 if not reading and st.steps % s.eval_every == 0:
                     tell("evaluating")
                     self.evaluate()
                     self.save()
                     tell("saved")
+                st.seconds += time.perf_counter() - start  # evaluating and saving count too
         finally:  # also on Ctrl-C: what was learned is kept, and the next run resumes
             if st.steps and (not st.history or st.history[-1]["steps"] != st.steps):
                 self.evaluate()
