@@ -223,3 +223,22 @@ def test_first_rows_of_a_quantized_output_layer():
     gen = generator("eagle", quantized, head, 4, head_rows=40)
     result = gen.generate(prompt(4), max_new_tokens=N)
     assert result.token_ids == reference(quantized, prompt(4)) and result.stats.accepted > 0
+
+
+def test_a_pass_the_head_never_saw_restarts_it_and_the_output_stays_exact():
+    """If the head misses a pass's states (a gap in what it read), it starts afresh from the
+    next pass instead of pairing features with the wrong positions."""
+    target, head = fitted("eagle")
+    gen = generator("eagle", target, head, 3)
+    decoder, drafter = gen._decoder, gen.drafter
+    rollback, dropped = drafter.rollback, []
+
+    def forgetful(n_valid):
+        if len(dropped) < 2 and decoder.length > 20:  # lose the newest pass, twice
+            dropped.append(decoder.captured.pop())
+        rollback(n_valid)
+
+    drafter.rollback = forgetful
+    result = gen.generate(prompt(8), max_new_tokens=N)
+    assert len(dropped) == 2 and result.token_ids == reference(target, prompt(8))
+    assert drafter._base > 0  # it restarted past the gap
