@@ -1,5 +1,6 @@
-# Two entry points for a fresh clone: `make demo` (set up, then run the bundled default
-# profile offline on CPU) and `make test` (set up, then run the whole test suite).
+# Entry points for a fresh clone: `make demo` (set up, then run the bundled default profile
+# offline on CPU), `make test` (set up, then run the whole test suite) and `make demo-head`
+# (train the demo target's EAGLE head, offline, at most an hour on 2 cores; resumable).
 PYTHON ?= python3
 VENV ?= .venv
 # CPU torch by default: an unpinned torch pulls a multi-GB CUDA build. For a GPU, set
@@ -8,7 +9,7 @@ TORCH ?= torch==2.13.0
 PROMPT ?= write quicksort in python
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup clean
+.PHONY: demo demo-head test setup clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +22,9 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/specgen run "$(PROMPT)"
+
+demo-head: setup
+	$(BIN)/specgen heads train --profile qwen-coder-demo-eagle
 
 # pytest exits 5 when it collected no tests: that must fail loudly, never pass.
 test: setup

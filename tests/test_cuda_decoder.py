@@ -213,3 +213,43 @@ def test_a_speculative_step_syncs_with_the_host_once():
     steps = gen.stats.target_passes - 1
     syncs = sum("synchroniz" in str(w.message) for w in caught)
     assert tokens and syncs <= steps
+
+
+def on_the_cuda_decoder(monkeypatch):
+    """Make every generator's target decoder a CudaDecoder in its captured form (static
+    cache, masked whole-capacity attention), as on a GPU, so that drafters bound to the
+    target's decoder (self, heads) run through it on a CPU."""
+    import specgen.core.engine as engine
+
+    monkeypatch.setattr(engine, "make_decoder", lambda model, exact=False: CudaDecoder(model, static=True))
+
+
+@pytest.mark.parametrize("k, adaptive", [(1, False), (4, False), (6, True)])
+def test_self_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k, adaptive):
+    from specgen.core.drafters import SelfDrafter
+
+    on_the_cuda_decoder(monkeypatch)
+    target, _ = tiny_pair("qwen2")
+    prompt = torch.tensor([[3, 17, 5, 9, 22]])
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=40)[0, 5:].tolist()
+    gen = SpeculativeGenerator(target, SelfDrafter(Skip(mlp={1})), k, adaptive)
+    assert isinstance(gen._decoder, CudaDecoder)
+    result = gen.generate(prompt[0], max_new_tokens=40)
+    assert result.token_ids == expected
+    assert result.stats.proposed > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_head_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, kind):
+    from specgen.core.drafters import make_drafter
+    from tiny_heads import fitted
+
+    on_the_cuda_decoder(monkeypatch)
+    target, head = fitted(kind)
+    prompt = torch.tensor([[3, 17, 5, 9, 22]])
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=40)[0, 5:].tolist()
+    gen = SpeculativeGenerator(target, make_drafter(kind, None, target.config.vocab_size, head=head), 4)
+    assert isinstance(gen._decoder, CudaDecoder) and gen._decoder.capture_layers is not None
+    result = gen.generate(prompt[0], max_new_tokens=40)
+    assert result.token_ids == expected
+    assert result.stats.accepted > 0  # the head drafted from the captured states

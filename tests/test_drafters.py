@@ -121,8 +121,8 @@ def test_make_drafter_methods():
 
 
 def test_make_drafter_errors():
-    with pytest.raises(ConfigError, match="Unknown drafting method 'eagle'"):
-        make_drafter("eagle", None, 64)
+    with pytest.raises(ConfigError, match="Unknown drafting method 'lookahead'"):
+        make_drafter("lookahead", None, 64)
     with pytest.raises(ConfigError, match="needs a draft model"):
         make_drafter("draft-model", None, 64)
     # hybrid without a draft model drafts with lookup, then the target itself (test_self.py)

@@ -18,6 +18,7 @@ LAYERS = {
     "profiles": 1,
     "kernels": 2,
     "decoding": 3,
+    "heads": 3.5,  # on decoding; under core (the head drafters) and loading (a profile's head)
     "core": 4, "loading": 4,
     "app": 5,
     "bench": 6, "serve": 6,

@@ -224,7 +224,7 @@ def test_quantization_names_are_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    ("[speculation]\nmethod = \"medusa\"\n", "speculation.method = 'medusa' is not allowed"),
+    ("[speculation]\nmethod = \"lookahead\"\n", "speculation.method = 'lookahead' is not allowed"),
     ("[speculation]\nnum_speculative_tokens = -1\n", "must be from 0 to 32"),
     ("[speculation]\nnum_speculative_tokens = 33\n", "must be from 0 to 32"),
     ("[speculation]\nmin_ngram = 4\n", "min_ngram <= max_ngram"),

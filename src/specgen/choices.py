@@ -21,10 +21,16 @@ QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES, *GPU_SCHEMES)
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
                "int8-dyn": 1.0, "int4-dyn": 0.63, "int4-gpu": 0.53}
 
+# Heads that draft from the target's own hidden states (heads/): EAGLE-1/2, EAGLE-3, Medusa-1.
+HEAD_KINDS = ("eagle", "eagle3", "medusa")
+# Heads `specgen heads train` fits to a target.
+TRAINABLE_HEADS = ("eagle", "medusa")
+
 # Who drafts: a second model, the prompt itself (n-gram lookup), lookup first and a model
-# otherwise (the draft model; without one, the target itself), or the target itself with
-# some of its sub-layers skipped (self-speculative drafting).
-METHODS = ("draft-model", "prompt-lookup", "hybrid", "self")
+# otherwise (the draft model; without one, the target itself), the target itself with some of
+# its sub-layers skipped (self-speculative drafting), or a head of the profile's [draft] (its
+# kind names the method).
+METHODS = ("draft-model", "prompt-lookup", "hybrid", "self", *HEAD_KINDS)
 # Methods that run a [draft] model: draft-model needs one; hybrid without one runs self.
 MODEL_METHODS = ("draft-model", "hybrid")
 

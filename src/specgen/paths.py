@@ -4,6 +4,7 @@ environment variable (tests and users with their own layout set them).
 | what | variable | default |
 |---|---|---|
 | caches (converted models, packed weights, kernels, demo files, tuned skip sets) | SPECGEN_CACHE_DIR | user cache dir |
+| heads trained by `specgen heads train` | SPECGEN_HEADS_DIR | cache dir / heads |
 | user profiles | SPECGEN_PROFILE_DIR | user config dir / profiles |
 | run history | SPECGEN_STATS_DB | user data dir / history.sqlite3 |
 | chat line history | SPECGEN_HISTORY_FILE | user data dir / chat_history |
@@ -31,6 +32,12 @@ def cache_dir() -> Path:
 def tuned_dir() -> Path:
     """Skip sets found by `specgen tune`, one JSON file per target (method "self")."""
     return cache_dir() / "tuned"
+
+
+def heads_dir() -> Path:
+    """Where `specgen heads train` puts a head by default, one folder per name; a profile's
+    `[draft] head = "NAME"` (a bare name) means the head there."""
+    return _env("SPECGEN_HEADS_DIR") or cache_dir() / "heads"
 
 
 def user_profile_dir() -> Path:

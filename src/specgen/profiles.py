@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, GPU_SCHEMES, MAX_K, METHODS, MIN_K, QUANTIZATIONS, RUNTIMES)
+from specgen.choices import (DTYPES, GPU_SCHEMES, HEAD_KINDS, MAX_K, METHODS, MIN_K, QUANTIZATIONS,
+                             RUNTIMES, listing)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -34,7 +35,7 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    model: str  # hub id, local directory, or path to a .gguf file
+    model: str = ""  # hub id, local directory, or path to a .gguf file ("": a [draft] head only)
     gguf_file: str | None = None  # a .gguf file inside the hub repo or directory
     revision: str | None = None
     dtype: str = "auto"
@@ -43,6 +44,14 @@ class ModelSpec:
     sha256: str | None = None  # of the single model file (GGUF)
     trust_remote_code: bool = False
     runtime: str = "transformers"  # "llama.cpp": a GGUF draft on llama.cpp's CPU kernels
+    # [draft] only: a head on the target (heads/): a folder, a hub id, or the name of a head
+    # `specgen heads train` made; and its kind (choices.HEAD_KINDS).
+    head: str | None = None
+    kind: str | None = None
+
+    @property
+    def has_model(self) -> bool:
+        return bool(self.model)
 
 
 @dataclass(frozen=True)
@@ -217,8 +226,10 @@ def _build(data: dict[str, Any], name: str, path: Path | None) -> Profile:
 def _build_section(cls: type, table: dict[str, Any], section: str, where: Any) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     _check_keys(table, list(fields), where, where=f"[{section}]")
-    if cls is ModelSpec and "model" not in table:
-        raise ConfigError(f"{where}: [{section}] needs a 'model' (a hub id, a directory or a .gguf file).")
+    if cls is ModelSpec and "model" not in table and not (section == "draft" and "head" in table):
+        also = " or a 'head'" if section == "draft" else ""
+        raise ConfigError(f"{where}: [{section}] needs a 'model' (a hub id, a directory or a "
+                          f".gguf file){also}.")
     values = {}
     for key, value in table.items():
         values[key] = _coerce(value, fields[key].type, f"{section}.{key}", where)
@@ -258,7 +269,8 @@ def _validate(p: Profile, where: Any) -> None:
         spec: ModelSpec | None = getattr(p, role)
         if spec is None:
             continue
-        if not spec.model.strip():
+        _check_head(spec, role, where)
+        if not spec.model.strip() and not (role == "draft" and spec.head):
             raise ConfigError(f"{where}: {role}.model is empty.")
         _choice(spec.dtype, DTYPES, f"{role}.dtype", where)
         _choice(spec.quantization, QUANTIZATIONS, f"{role}.quantization", where)
@@ -284,9 +296,15 @@ def _validate(p: Profile, where: Any) -> None:
                           "layer; a llama.cpp draft always drafts over its whole vocabulary. "
                           "Remove draft_vocab, or set draft.runtime = \"transformers\".")
     _choice(s.method, METHODS, "speculation.method", where)
-    if p.draft is None and s.method == "draft-model":
+    if (p.draft is None or not p.draft.has_model) and s.method == "draft-model":
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
                           "Add a [draft] table, or use method = \"self\" or \"prompt-lookup\".")
+    if s.method in HEAD_KINDS and (p.draft is None or p.draft.kind != s.method):
+        have = (f"draft.kind = {p.draft.kind!r}" if p.draft is not None and p.draft.kind
+                else "no head")
+        raise ConfigError(f"{where}: speculation.method = {s.method!r} drafts with a {s.method} "
+                          f"head, and the profile has {have}. Set [draft] head = \"...\" and "
+                          f"kind = \"{s.method}\" (docs/heads.md).")
     if s.skip_layers is not None:
         try:
             attention, mlp = parse_skip_layers(s.skip_layers)
@@ -318,6 +336,23 @@ def _validate(p: Profile, where: Any) -> None:
     if g.max_new_tokens < 1:
         raise ConfigError(f"{where}: generation.max_new_tokens must be >= 1, "
                           f"got {g.max_new_tokens}.")
+
+
+def _check_head(spec: ModelSpec, role: str, where: Any) -> None:
+    if role != "draft" and (spec.head is not None or spec.kind is not None):
+        raise ConfigError(f"{where}: {role}.head and {role}.kind are not allowed: a head drafts, "
+                          "so it belongs in [draft].")
+    if spec.head is not None and not spec.head.strip():
+        raise ConfigError(f"{where}: draft.head is empty. Give a folder, a hub id, or the name "
+                          "of a head trained with `specgen heads train`.")
+    if spec.head is not None and spec.kind is None:
+        raise ConfigError(f"{where}: draft.head needs draft.kind, the head's kind: "
+                          f"{listing(HEAD_KINDS)}.")
+    if spec.kind is not None:
+        _choice(spec.kind, HEAD_KINDS, "draft.kind", where)
+        if spec.head is None:
+            raise ConfigError(f"{where}: draft.kind = {spec.kind!r} needs draft.head, the head "
+                              "itself (a folder, a hub id, or a trained head's name).")
 
 
 def _check_llama_runtime(spec: ModelSpec, role: str, where: Any) -> None:

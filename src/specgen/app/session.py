@@ -62,8 +62,8 @@ class Session:
 
 
 def open_session(profile: Profile, progress: Callable[[str], None] | None = None,
-                 peer_draft: bool = False) -> Session:
-    pair = load_pair(profile, progress, peer_draft)
+                 peer_draft: bool = False, with_head: bool = False) -> Session:
+    pair = load_pair(profile, progress, peer_draft, with_head)
     if pair.draft is not None:
         check_pair(pair.target, pair.draft)
     spec = profile.speculation
@@ -78,6 +78,7 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         head_rows=spec.draft_vocab or None,
         confidence=spec.draft_confidence,
         skip=skip.skip if skip else None,
+        head=pair.head,
     )
     generator = SpeculativeGenerator(
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive

@@ -66,8 +66,9 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
     k = request.k if request.k is not None else prof.speculation.num_speculative_tokens
     everyone = b.contestants(method, k, prof.draft is not None)
     quantized = (request.target_quantization or prof.target.quantization) != "none"
+    head_kind = prof.draft.kind if prof.draft is not None else None
     default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target),
-                              self_drafting=everyone["adaptive"].self_drafts)
+                              self_drafting=everyone["adaptive"].self_drafts, head_kind=head_kind)
     chosen = request.contestants
     names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
@@ -75,11 +76,16 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
         raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
                           f"from {', '.join(everyone)}.")
     picked = [everyone[n] for n in dict.fromkeys(names)]
-    if any(c.needs_draft_model for c in picked) and prof.draft is None:
+    if any(c.needs_draft_model for c in picked) and not (prof.draft and prof.draft.has_model):
         if chosen:
             raise ConfigError(f"Profile {prof.name!r} has no draft model, which "
                               f"{', '.join(c.name for c in picked if c.needs_draft_model)} need.")
         picked = [c for c in picked if not c.needs_draft_model]
+    wrong = [c.name for c in picked if c.needs_head and c.method != head_kind]
+    if wrong:
+        have = f"a {head_kind} head" if head_kind else "no draft head"
+        raise ConfigError(f"{', '.join(wrong)} draft(s) with a head of that kind, and profile "
+                          f"{prof.name!r} has {have}: set [draft] head and kind (docs/heads.md).")
     return method, everyone, picked
 
 
@@ -114,7 +120,8 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
     if request.threads is not None:
         torch.set_num_threads(request.threads)
-    session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked))
+    session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked),
+                           with_head=any(c.needs_head for c in picked))
     reference = None
     if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
         reference = load_session(with_overrides(
@@ -134,7 +141,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                      spec.draft_confidence if request.draft_confidence is None
                      else request.draft_confidence,
                      reference, peer_draft=session.pair.peer_draft,
-                     skip=skip.skip if skip else None)
+                     skip=skip.skip if skip else None, head=session.pair.head)
     if gguf is not None:  # the same threads as torch, room for the longest prompt
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + request.max_new_tokens + 16)
@@ -142,6 +149,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
     by_name = {c.name: c for c in picked}
     config = {"profile": prof.name, "target": session.pair.target_name,
               "draft": session.pair.draft_name, "dtype": session.pair.dtype,
+              "head": session.pair.head_name, "head_kind": session.pair.head.kind if session.pair.head is not None else None,
               "device": session.pair.device, "max_new_tokens": request.max_new_tokens,
               "quantization": session.pair.quantization,
               "draft_quantization": session.pair.draft_quantization,

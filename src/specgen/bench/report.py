@@ -90,14 +90,29 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "common_prefix_with_baseline": (common_prefix(ms[0].token_ids, base[0].token_ids)
                                                 if base else None),
                 "mean_k": (statistics.fmean(ms[0].k_per_step) if ms[0].k_per_step else None),
+                "per_position_proposed": _sum_lists([m.per_position_proposed for m in ms]),
+                "per_position_accepted": _sum_lists([m.per_position_accepted for m in ms]),
             })
     return rows
+
+
+def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
+    lists = [x for x in lists if x]
+    return [sum(col) for col in zip(*lists)] if lists else []
+
+
+def acceptance_by_position(rows: Sequence[dict]) -> list[float | None]:
+    """Of the drafts at each position of a step (1st, 2nd, ...), the share the target kept."""
+    proposed = _sum_lists([r.get("per_position_proposed", []) for r in rows])
+    accepted = _sum_lists([r.get("per_position_accepted", []) for r in rows])
+    return [a / p if p else None for a, p in zip(accepted, proposed)]
 
 
 def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
     """Per contestant: geometric means of tokens/s, of the speedup over the baseline (per
     category, over the code categories and over everything) and of the ratio over the peer;
-    the worst single-prompt speedup; how many outputs equal the baseline's."""
+    the worst single-prompt speedup; how many outputs equal the baseline's; tokens per target
+    pass (tau) per category and acceptance per draft position."""
     out = {}
     for name in names:
         mine = [r for r in rows if r["contestant"] == name]
@@ -132,6 +147,9 @@ def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
             "min_vs_plain": min((r["vs_plain"] for r in mine if r["vs_plain"]), default=None),
             "acceptance_rate": _median([r["acceptance_rate"] for r in mine]),
             "tau": _median([r["tau"] for r in mine]),
+            "tau_by_category": {c: _median([r["tau"] for r in mine if r["category"] == c])
+                                for c in categories},
+            "acceptance_by_position": acceptance_by_position(mine),
             "equal_to_baseline": f"{sum(equal)}/{len(equal)}" if equal else None,
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in mine),
         }

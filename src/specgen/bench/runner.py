@@ -6,7 +6,8 @@ Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
 (`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, self-speculative
 drafting (`self`: the target with the profile's pinned, the tuned or the default skip set;
-`self-default`: with the default set; `hybrid-self`: lookup first, then self), `bf16`: plain
+`self-default`: with the default set; `hybrid-self`: lookup first, then self), the profile's
+draft head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
 quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
 llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
@@ -30,6 +31,7 @@ from transformers import PreTrainedModel
 
 from specgen.app.store import RunRecord, record_run
 from specgen.bench.prompts import PROMPTS
+from specgen.choices import HEAD_KINDS, MODEL_METHODS
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.core.stats import Stats
@@ -57,7 +59,11 @@ class Contestant:
     @property
     def needs_draft_model(self) -> bool:
         return self.kind == "peer" or (self.kind == "specgen" and not self.self_drafts
-                                       and self.method in ("draft-model", "hybrid"))
+                                       and self.method in MODEL_METHODS)
+
+    @property
+    def needs_head(self) -> bool:
+        return self.kind == "specgen" and self.method in HEAD_KINDS
 
 
 def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = True
@@ -80,20 +86,23 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
                                    self_drafts=True, default_skip=True),
         "hybrid-self": Contestant("hybrid-self", "specgen", "hybrid", k_max, adaptive=True,
                                   self_drafts=True),
+        **{kind: Contestant(kind, "specgen", kind, k_max, adaptive=True) for kind in HEAD_KINDS},
         "bf16": Contestant("bf16", "reference"),
         "llamacpp": Contestant("llamacpp", "llamacpp"),
     }
 
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
-                  self_drafting: bool = False) -> list[str]:
+                  self_drafting: bool = False, head_kind: str | None = None) -> list[str]:
     """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
     target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
-    file) and the self-drafting ones (only when the profile drafts that way: they need a
-    Llama-family target that specgen's lean decoder runs)."""
+    file), the self-drafting ones (only when the profile drafts that way: they need a
+    Llama-family target that specgen's lean decoder runs) and the head kinds other than the
+    profile's head's."""
     return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
             and (n != "llamacpp" or with_llama)
-            and (not everyone[n].self_drafts or self_drafting)]
+            and (not everyone[n].self_drafts or self_drafting)
+            and (n not in HEAD_KINDS or n == head_kind)]
 
 
 def builtin_prompts() -> list[BenchPrompt]:
@@ -207,6 +216,8 @@ class Measurement:
     peak_memory_bytes: int
     token_ids: list[int] = field(repr=False)
     k_per_step: list[int] = field(default_factory=list, repr=False)
+    per_position_proposed: list[int] = field(default_factory=list, repr=False)
+    per_position_accepted: list[int] = field(default_factory=list, repr=False)
 
 
 class Bench:
@@ -215,8 +226,9 @@ class Bench:
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
                  confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
-                 skip: Skip | None = None) -> None:
+                 skip: Skip | None = None, head=None) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
+        self.head = head
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
         self.peer_draft = peer_draft if peer_draft is not None else draft
         self.max_new_tokens = max_new_tokens
@@ -232,7 +244,7 @@ class Bench:
             vocab = self.target.config.get_text_config().vocab_size
             skip = None if c.default_skip else self.skip
             drafter = make_drafter(c.method, None if c.self_drafts else self.draft, vocab,
-                                   *self.drafter_options, skip=skip)
+                                   *self.drafter_options, skip=skip, head=self.head)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
         return self.generators[c.name]
 
@@ -324,6 +336,8 @@ class Bench:
             prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
             peak_memory_bytes=self.memory.read(), token_ids=tokens,
             k_per_step=list(stats.k_per_step),
+            per_position_proposed=list(stats.per_position_proposed) if specgen else [],
+            per_position_accepted=list(stats.per_position_accepted) if specgen else [],
         )
 
 
@@ -358,7 +372,8 @@ def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) ->
         dtype = quantization = "gguf"
     return record_run(RunRecord(
         command="bench", profile=p.name, target=session.pair.target_name,
-        draft=session.pair.draft_name if c.needs_draft_model else None, method=method,
+        draft=session.pair.draft_name if c.needs_draft_model else (
+            session.pair.head_name if c.needs_head else None), method=method,
         device="cpu" if c.kind == "llamacpp" else session.pair.device, dtype=dtype,
         quantization=quantization,
         adaptive=c.adaptive, k_max=c.k,

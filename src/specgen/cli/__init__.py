@@ -8,7 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from specgen import __version__
-from specgen.cli import bench, cache, chat, export, profiles, run, serve, stats, tune
+from specgen.cli import bench, cache, chat, export, heads, profiles, run, serve, stats, tune
 from specgen.cli.options import debug_enabled, err
 from specgen.errors import SpecgenError
 
@@ -47,6 +47,7 @@ app.command(help=tune.HELP)(tune.tune)
 app.add_typer(stats.app, name="stats")
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(cache.app, name="cache")
+app.add_typer(heads.app, name="heads")
 
 
 def _version(value: bool) -> None:

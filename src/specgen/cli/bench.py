@@ -15,7 +15,8 @@ HELP = """Measure specgen against plain decoding and transformers' assisted gene
 All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
 greedy: [bold]baseline[/] (the target's own generate), [bold]peer[/] (generate with
 assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] (specgen,
-adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting),
+adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting), the
+profile's draft head by its kind ([bold]eagle[/], [bold]eagle3[/], [bold]medusa[/]),
 [bold]plain[/] (specgen's own loop with speculation off; only when named), and,
 by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
@@ -46,7 +47,8 @@ def bench(
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
     contestants: Optional[str] = typer.Option(
         None, "--contestants", "-c",
-        help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,bf16,llamacpp.",
+        help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,"
+        "eagle,eagle3,medusa,bf16,llamacpp.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."

@@ -128,15 +128,17 @@ def prefetch(prof: Profile) -> None:
     start(prof)
 
 
-def load_session(prof: Profile, peer_draft: bool = False) -> Session:
-    """Load the profile's models behind a status line (`peer_draft`: see loading.load_pair)."""
+def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False) -> Session:
+    """Load the profile's models behind a status line (`peer_draft`, `with_head`: see
+    loading.load_pair)."""
     from transformers.utils import logging as hf_logging
 
     from specgen.app.session import open_session  # loads torch
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
     with err.status("Loading models…") as status:
-        session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft)
+        session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
+                               with_head=with_head)
     for notice in session.notices:
         err.print(f"[dim]note: {escape(notice)}[/]", highlight=False, soft_wrap=True)
     return session

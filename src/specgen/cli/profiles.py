@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from specgen.choices import HEAD_KINDS
 from specgen.errors import SpecgenError
 from specgen.profiles import (DEFAULT_PROFILE, Profile, bundled_profile_dir, list_profiles,
                               load_profile, user_profile_dir)
@@ -47,6 +48,8 @@ def list_cmd() -> None:
         drafted = "GGUF in llama.cpp" if p.draft and p.draft.runtime == "llama.cpp" else (
             p.draft.quantization if p.draft else "")
         quant = p.target.quantization + (f" / {drafted}" if p.draft else "")
+        if p.speculation.method in HEAD_KINDS:  # a head on the target drafts
+            draft, quant = f"{p.draft.kind} head {p.draft.head}", p.target.quantization
         label = f"{name} (default)" if name == DEFAULT_PROFILE else name
         table.add_row(label, p.target.model, draft, quant, _memory(p), _where(path))
     # A console per command, not per module: its width follows $COLUMNS at call time.
@@ -69,7 +72,8 @@ def show_cmd(name: str = typer.Argument(DEFAULT_PROFILE, help="Profile name or .
 def validate_cmd(file: Path = typer.Argument(..., help="A profile .toml file.")) -> None:
     """Check a profile file: syntax, keys, types and allowed values."""
     p = load_profile(str(file) if str(file).endswith(".toml") or "/" in str(file) else f"./{file}")
-    draft = f", draft {p.draft.model}" if p.draft else ""
+    draft = f", draft {p.draft.model}" if p.draft and p.draft.has_model else ""
+    draft += f", {p.draft.kind} head {p.draft.head}" if p.draft and p.draft.head else ""
     Console().print(f"ok: {file} is a valid profile (target {p.target.model}{draft})", highlight=False)
 
 

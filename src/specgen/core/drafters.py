@@ -15,11 +15,13 @@ whole draft falls below `stop_below`, which is part of what it is asked for, as 
 Four drafters: a small draft model (ModelDrafter), the target itself with some sub-layers
 skipped (SelfDrafter: no second model, no extra weights), prompt lookup (PromptLookupDrafter:
 the guess is already in the context, e.g. code being edited; no model, no forward passes),
-and lookup together with a model (HybridDrafter: the draft model, or the target itself).
-`make_drafter` builds one from a profile's `method`.
+and lookup together with a model (HybridDrafter: the draft model, or the target itself);
+heads on the target itself (EAGLE, EAGLE-3, Medusa) are in head_drafters.py. `make_drafter`
+builds one from a profile's `method`.
 
-A drafter that drafts with the target's own weights or cache has `bind_target(decoder,
-model)`: the generator calls it once, when it is made, with the target's decoder.
+A drafter that drafts with the target's own weights or cache, or reads its hidden states, has
+`bind_target(decoder, model)`: the generator calls it once, when it is made, with the
+target's decoder.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.choices import METHODS, listing
+from specgen.choices import HEAD_KINDS, METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
@@ -40,6 +42,7 @@ from specgen.kernels.quantize import QuantLinear
 
 if TYPE_CHECKING:
     from specgen.decoding.llamacpp import LlamaCppDraft
+    from specgen.heads.modules import Head
 
 MODEL = "model"  # the draft model's guesser name
 SELF = "self"  # the self-speculative drafter's guesser name
@@ -288,8 +291,8 @@ def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
         raise ConfigError(
             "Self-speculative drafting (method \"self\") runs the target through specgen's lean "
             "decoder, which serves a target on the CPU in float32 or bfloat16 (with specgen's C "
-            "kernels: an x86 CPU with AVX2 and gcc), int8-dyn or int4-dyn; this target runs "
-            "transformers' forward instead. Change target.quantization or the device, or use "
+            "kernels: an x86 CPU with AVX2 and gcc), int8-dyn or int4-dyn, or its CUDA decoder "
+            "(one GPU); this target runs transformers' forward instead. Change target.quantization or the device, or use "
             "method = \"prompt-lookup\" or a draft model.")
 
 
@@ -512,13 +515,24 @@ def make_drafter(
     head_rows: int | None = None,
     confidence: float = 0.0,
     skip: Skip | None = None,
+    head: Head | None = None,
 ) -> Drafter:
     """The drafter for a profile's `method`. `draft-model` needs a draft model; `hybrid`
-    drafts with it where there is one, else with the target itself (self); the others
-    ignore it. `skip`: the self drafter's skip set (None: default_skip). Pairing checks
-    (same tokenizer as the target) are the caller's: check_pair."""
+    drafts with it where there is one, else with the target itself (self); a head method
+    (HEAD_KINDS) needs a head of its kind (heads/); the others ignore both. `skip`: the self
+    drafter's skip set (None: default_skip). Pairing checks (same tokenizer as the target)
+    are the caller's: check_pair."""
     if method not in METHODS:
         raise ConfigError(f"Unknown drafting method {method!r}; choose {listing(METHODS)}.")
+    if method in HEAD_KINDS:
+        if head is None or head.kind != method:
+            have = f"a {head.kind} head" if head is not None else "none"
+            raise ConfigError(
+                f"method {method!r} drafts with a {method} head, and the profile has {have}: set "
+                f"[draft] head = \"...\" and kind = \"{method}\" (docs/heads.md).")
+        from specgen.core.head_drafters import make_head_drafter
+
+        return make_head_drafter(head, target_vocab, head_rows, confidence)
     if method == "prompt-lookup":
         return PromptLookupDrafter(max_ngram, min_ngram)
     if method == "self" or (method == "hybrid" and draft_model is None):

@@ -70,7 +70,8 @@ class SpeculativeGenerator:
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
         self._clock = _Clock(self.device)
-        # A drafter that drafts with the target's own weights or cache gets its decoder once.
+        # A drafter that reads the target's hidden states (a head) or drafts with its own
+        # weights or cache (self) gets the target's decoder, once.
         bind = getattr(self.drafter, "bind_target", None)
         if bind is not None:
             bind(self._decoder, target)

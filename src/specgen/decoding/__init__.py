@@ -6,6 +6,9 @@
     reset()         forget everything
     length          positions cached
 
+A target's decoder also keeps, when a drafting head asks (`capture_layers` not None), each
+pass's hidden states in `captured` (capture.py).
+
 `HFDecoder` is transformers' own forward (any architecture); `LeanDecoder` calls a
 Llama-family model's layers directly (hf.py, lean.py); `CudaDecoder` does so on a GPU over a
 static cache, replaying each small width from a CUDA graph (cuda.py). llama.cpp's draft
@@ -24,6 +27,7 @@ from typing import Protocol
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from specgen.decoding.capture import Capture
 from specgen.decoding.cuda import CudaDecoder, on_one_gpu
 from specgen.decoding.hf import HFDecoder
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
@@ -39,6 +43,9 @@ class Decoder(Protocol):
     def crop(self, length: int) -> None: ...
 
     def reset(self) -> None: ...
+
+    capture_layers: tuple[int, ...] | None
+    captured: list[Capture]
 
 
 def make_decoder(model: PreTrainedModel, exact: bool = False

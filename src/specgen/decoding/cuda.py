@@ -41,6 +41,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 from specgen.choices import MAX_K
+from specgen.decoding.capture import Capture
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
@@ -92,6 +93,10 @@ class CudaDecoder:
         self._slots: Tensor | None = None  # arange(capacity)
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None
+        # For a drafting head (decoding/capture.py). A capturing decoder runs every pass
+        # eagerly: a graph's outputs are only the rows it was captured to return.
+        self.capture_layers: tuple[int, ...] | None = None
+        self.captured: list[Capture] = []
 
     @property
     def capacity(self) -> int:
@@ -132,7 +137,7 @@ class CudaDecoder:
         m = ids.shape[0]
         self.reserve(self.length + m)
         out = None
-        if self.graphs and m <= GRAPH_WIDTH:
+        if self.graphs and m <= GRAPH_WIDTH and self.capture_layers is None:
             out = self._replay(ids, n, head, skip)
         if out is None:
             static = self.static and m <= GRAPH_WIDTH
@@ -177,7 +182,11 @@ class CudaDecoder:
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
                 is_causal=start == 0 and m > 1, enable_gqa=self.groups > 1).transpose(1, 2)[0]
 
-        x = self.norm(run_layers(x, self.layers, self.projections, attend, skip)[-n:])
+        inputs: list[Tensor] = []
+        x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
+        if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
+            self.captured.append(Capture(self.length, self.norm(x), inputs))
+        x = self.norm(x[-n:])
         return self.head(x) if head else x
 
     # --- CUDA graphs -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Collection, Set
 from typing import NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
+from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
@@ -90,13 +91,17 @@ def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
 
 
 def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], attend,
-               skip: Skip = NO_SKIP) -> Tensor:
+               skip: Skip = NO_SKIP, capture: Collection[int] | None = None,
+               inputs: list[Tensor] | None = None) -> Tensor:
     """The decoder layers over x [m, hidden], in transformers' order of operations: per layer
     a residual attention block (norm, q/k/v, `attend(i, attn, q, k, v)` -> [m, heads, d],
     o) and a residual SwiGLU MLP block. `skip` names sub-layers left out (a Skip): a skipped
-    block adds nothing to the residual stream (and a skipped attention writes no cache entry)."""
+    block adds nothing to the residual stream (and a skipped attention writes no cache entry).
+    The inputs of the layers in `capture` are appended to `inputs` (for a drafting head)."""
     m = x.shape[0]
     for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(layers, projections)):
+        if capture and i in capture:
+            inputs.append(x)
         if i not in skip.attention:
             q, k, v = qkv(layer.input_layernorm(x))
             x = x + o(attend(i, layer.self_attn, q, k, v).reshape(m, -1))[0]
@@ -126,6 +131,10 @@ class LeanDecoder:
         self.projections = layer_projections(model)
         self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
         self.length = 0
+        # For a drafting head (decoding/__init__.py: Capture): the layers whose inputs each
+        # pass keeps, or None to keep nothing.
+        self.capture_layers: tuple[int, ...] | None = None
+        self.captured: list[Capture] = []
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -162,8 +171,11 @@ class LeanDecoder:
                 return c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
             return self._attend(i, attn, q, k, v, cos, sin, start, mask)
 
-        x = run_layers(x, self.layers, self.projections, attend, skip)
+        inputs: list[Tensor] = []
+        x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
         self.length = end
+        if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
+            self.captured.append(Capture(start, self.norm(x), inputs))
         return self.norm(x[-n:])
 
     def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,

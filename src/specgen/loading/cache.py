@@ -362,7 +362,8 @@ def _wants(profile) -> list[tuple[str, dict]]:
     from specgen.choices import CPU_SCHEMES, MODEL_METHODS
 
     specs = [profile.target]
-    if profile.draft is not None and profile.speculation.method in MODEL_METHODS:
+    if (profile.draft is not None and profile.draft.has_model
+            and profile.speculation.method in MODEL_METHODS):
         specs.append(profile.draft)
     wants = []
     for spec in specs:

@@ -5,6 +5,7 @@ its role on the CPU (kernels.prepare)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, MODEL_METHODS
+from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.kernels import cuda_int4, prepare
@@ -23,8 +24,8 @@ from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate,
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, fetch_weights, load_config, load_tokenizer,
-                                     say)
+from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
+                                     load_tokenizer, say)
 from specgen.profiles import ModelSpec, Profile
 
 
@@ -42,6 +43,8 @@ class LoadedPair:
     load_seconds: float = 0.0
     peer_draft: PreTrainedModel | None = None  # a llama.cpp draft's transformers copy
     target_key: str = ""  # the target's weights and dtype (what tuned skip sets are kept by)
+    head: torch.nn.Module | None = None  # a draft head on the target (heads/)
+    head_name: str | None = None
 
 
 def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
@@ -111,6 +114,20 @@ def _device_map(device: str) -> str | dict[str, str]:
     return {"": device}
 
 
+def _unpack_gguf(source: Source, spec: ModelSpec, dtype: torch.dtype,
+                 progress: Progress | None) -> None:
+    """Point a GGUF source at its converted copy in `dtype` (made, or rebuilt, if need be)."""
+    if not source.gguf:
+        return
+    out = cache.converted_dir(source.sha256, dtype_name(dtype))
+    problem = problem_of(out)
+    if problem is not None:  # else the other role has just made it
+        if problem != ABSENT:
+            say(progress, f"The cached model in {out} is damaged ({problem}): rebuilding it")
+        convert_gguf(source, dtype, spec.trust_remote_code, progress)
+    source.path, source.gguf = out, None
+
+
 def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
                progress: Progress | None = None, role: str = "target") -> PreTrainedModel:
     """Load one located model with its dtype, quantization and device, as the "target"
@@ -129,14 +146,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
 
         model = packed.load(source.path, dtype, role == "target", spec.trust_remote_code)
         return prepare(model, role, spec.quantization).eval()
-    if source.gguf:
-        out = cache.converted_dir(source.sha256, dtype_name(dtype))
-        problem = problem_of(out)
-        if problem is not None:  # else the other role has just made it
-            if problem != ABSENT:
-                say(progress, f"The cached model in {out} is damaged ({problem}): rebuilding it")
-            convert_gguf(source, dtype, spec.trust_remote_code, progress)
-        source.path, source.gguf = out, None
+    _unpack_gguf(source, spec, dtype, progress)
     fetch_weights(source, progress)
     if spec.quantization in GPU_SCHEMES:  # quantized tensor by tensor, on one GPU
         gpu = torch.device("cuda:0" if device == "cuda" else device)
@@ -175,15 +185,56 @@ def load_llama_draft(source: Source, progress: Progress | None = None) -> llamac
     return llamacpp.load_draft(source.path / source.gguf, torch.get_num_threads())
 
 
-def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False
-              ) -> LoadedPair:
+def load_for_training(profile: Profile, progress: Progress | None = None
+                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The profile's target as a plain transformers model in its dtype, unquantized and not
+    prepared for decoding (teacher forcing reads whole chunks at once), with its tokenizer
+    and name: for `specgen heads train`."""
+    spec = profile.target
+    base = profile.path.parent if profile.path else None
+    device = resolve_device(spec.device, "target")
+    dtype = resolve_dtype(spec.dtype, device)
+    spec = dataclasses.replace(spec, quantization="none")  # trained against the float weights
+    source = locate(spec, "target", dtype, progress, base)
+    tokenizer = load_tokenizer(source, spec.trust_remote_code)
+    config = load_config(source, spec.trust_remote_code)
+    if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") != "1":
+        check_memory([(f"target {source.name}", device,
+                       estimate_bytes(config, dtype, "none", spec.trust_remote_code))])
+    _unpack_gguf(source, spec, dtype, progress)
+    fetch_weights(source, progress)
+    say(progress, f"Loading target {source.name} on {device}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+            device_map=_device_map(device))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"Cannot load {source.name}: {e}") from None
+    return model.eval().requires_grad_(False), tokenizer, source.name
+
+
+def load_head(profile: Profile, target: PreTrainedModel, progress: Progress | None = None
+              ) -> torch.nn.Module:
+    """The profile's draft head (heads/), checked against the loaded target."""
+    from specgen.heads.layout import KIND_NAMES, load_head as read_head
+
+    spec = profile.draft
+    folder = find_head(spec, profile.name, progress, profile.path.parent if profile.path else None)
+    say(progress, f"Loading the {KIND_NAMES[spec.kind]} head {spec.head}")
+    return read_head(folder, spec.kind, target.config.get_text_config(), where=spec.head)
+
+
+def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False,
+              with_head: bool = False) -> LoadedPair:
     """Locate, check (tokenizers, memory) and load the profile's target and draft. With
     `peer_draft`, a draft that runs in llama.cpp is also loaded in transformers (as its dtype
-    and quantization say), for `specgen bench`'s peer."""
+    and quantization say), for `specgen bench`'s peer. The profile's draft head is loaded when
+    its method drafts with it, or `with_head` (bench contestants)."""
     start = time.perf_counter()
     base = profile.path.parent if profile.path else None
     roles = [("target", profile.target)]
-    if profile.draft is not None and profile.speculation.method in MODEL_METHODS:
+    if (profile.draft is not None and profile.draft.has_model
+            and profile.speculation.method in MODEL_METHODS):
         roles.append(("draft", profile.draft))
     for role, spec in roles:
         if spec.trust_remote_code:
@@ -248,6 +299,10 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
               else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
     draft_spec = profile.draft if "draft" in models else None
+    head = None
+    if profile.draft is not None and profile.draft.head and (
+            with_head or profile.speculation.method in HEAD_KINDS):
+        head = load_head(profile, models["target"], progress)
     peer = None
     if peer_draft and llama and draft_spec is not None:  # transformers' copy of the same draft
         source = locate(draft_spec, "draft", dtypes["draft"], progress, base)
@@ -256,9 +311,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         target=models["target"], draft=models.get("draft"), tokenizer=tokenizers["target"],
         peer_draft=peer,
         target_name=sources["target"].name,
-        draft_name=sources["draft"].name if "draft" in sources else None,
+        draft_name=sources["draft"].name if "draft" in sources else (
+            profile.draft.head if head is not None else None),  # who drafts
         device=devices["target"], dtype=dtype_name(dtypes["target"]),
         quantization=profile.target.quantization,
         draft_quantization=draft_spec.quantization if draft_spec else "none",
+        head=head, head_name=profile.draft.head if head is not None else None,
         load_seconds=time.perf_counter() - start, target_key=key,
     )

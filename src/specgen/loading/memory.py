@@ -103,7 +103,7 @@ def rough_bytes(spec: ModelSpec) -> tuple[float, float] | None:
 
 def profile_rough_bytes(profile: Profile) -> float | None:
     """Rough peak memory of a whole profile (None when a model's size is unknown)."""
-    parts = [rough_bytes(s) for s in (profile.target, profile.draft) if s is not None]
+    parts = [rough_bytes(s) for s in (profile.target, profile.draft) if s is not None and s.has_model]
     if profile.speculation.method not in MODEL_METHODS:
         parts = parts[:1]
     return None if None in parts else loading_peak(parts)

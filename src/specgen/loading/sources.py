@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from specgen.errors import ModelError
 from specgen.loading import demo
-from specgen.paths import cache_dir
+from specgen.paths import cache_dir, heads_dir
 from specgen.profiles import ModelSpec
 
 Progress = Callable[[str], None]
@@ -146,6 +146,36 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
         raise ModelError(f"{what} has no file {kwargs.get('filename')}." + hint) from None
     except (hf.HfHubHTTPError, OSError) as e:
         raise ModelError(f"Could not download {what}: {e}" + hint) from None
+
+
+def find_head(spec: ModelSpec, profile: str, progress: Progress | None = None,
+              base: Path | None = None) -> Path:
+    """The folder of a profile's draft head: a path (absolute, or relative to the profile's
+    folder), the name of a head `specgen heads train` made (paths.heads_dir), or a hub id
+    whose config and weight files are fetched (heads.layout.WEIGHT_FILES)."""
+    from specgen.heads.layout import WEIGHT_FILES
+
+    head = spec.head
+    raw = Path(head).expanduser()
+    path = raw if raw.is_absolute() or base is None else base / raw
+    if path.is_dir() or raw.is_dir():
+        return path if path.is_dir() else raw
+    if _looks_like_path(head) or (head.count("/") != 1 and "/" in head):
+        raise ModelError(f"draft.head: {path} is not a folder. Give the folder holding the "
+                         "head's config.json and weights.")
+    if "/" not in head:
+        trained = heads_dir() / head
+        if trained.is_dir():
+            return trained
+        raise ModelError(f"No head named {head!r} has been trained yet (looked in {trained}). "
+                         f"Train it with: specgen heads train --profile {profile} (about an hour "
+                         "on two CPU cores), or point draft.head at a folder or hub id.")
+    from huggingface_hub import snapshot_download
+
+    say(progress, f"Fetching the head {head}")
+    folder = _hub_call(snapshot_download, head, None, "",
+                       allow_patterns=["config.json", *WEIGHT_FILES[spec.kind]])
+    return Path(folder)
 
 
 def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES
+from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS
 from specgen.errors import ConfigError
 from specgen.loading.memory import rough_params
 from specgen.profiles import ModelSpec, Profile
@@ -28,7 +28,6 @@ LLAMACPP_VERSIONS = {
     "legacy": "llama.cpp builds before late April 2026 (before b9000)",
 }
 FLAVORS = tuple(LLAMACPP_VERSIONS)
-HEAD_METHODS = ("eagle", "eagle3", "medusa")
 # Weights may take this share of a GPU; the rest holds the KV cache and activations.
 WEIGHT_SHARE = 0.5
 # The target schemes vLLM reproduces with its in-flight bitsandbytes 4-bit quantization.
@@ -160,7 +159,7 @@ def vllm(profile: Profile, gpu_gb: float = 80.0, port: int = 8000) -> Command:
         raise Unsupported("No vLLM equivalent for method \"self\" (the target drafting with "
                           "layers skipped): vLLM has no layer-skipping drafter; train an EAGLE "
                           "head, or use a draft model.")
-    if method not in ("draft-model", "prompt-lookup", "hybrid", *HEAD_METHODS):
+    if method not in ("draft-model", "prompt-lookup", "hybrid", *HEAD_KINDS):
         raise Unsupported(f"No vLLM equivalent known for method {method!r}; vLLM drafts with "
                           "draft_model, ngram, eagle, eagle3, medusa or mtp.")
     cmd = Command("vllm serve", notes=[f"specgen profile {profile.name} for {VLLM_VERSION}."])
@@ -229,13 +228,13 @@ def llamacpp(profile: Profile, flavor: str = "current", port: int = 8080) -> Com
         raise ConfigError(f"--flavor must be current or legacy, got {flavor!r}.")
     legacy = flavor == "legacy"
     spec, method = profile.speculation, profile.speculation.method
-    if method == "self" or (method in HEAD_METHODS and (method != "eagle3" or legacy)):
+    if method == "self" or (method in HEAD_KINDS and (method != "eagle3" or legacy)):
         what = ("the target drafting with layers skipped" if method == "self"
                 else f"an {method} head")
         raise Unsupported(f"No llama.cpp equivalent for method {method!r} ({what}) in "
                           f"{LLAMACPP_VERSIONS[flavor]}; use a draft model"
                           f"{'' if legacy else ', or an EAGLE-3 head (draft-eagle3)'}.")
-    if method not in ("draft-model", "prompt-lookup", "hybrid", *HEAD_METHODS):
+    if method not in ("draft-model", "prompt-lookup", "hybrid", *HEAD_KINDS):
         raise Unsupported(f"No llama.cpp equivalent known for method {method!r}; llama-server "
                           "drafts with a draft model, n-gram lookup, EAGLE-3 or MTP.")
     cmd = Command("llama-server", notes=[f"specgen profile {profile.name} for "

@@ -1,0 +1,313 @@
+"""Drafters that are heads on the target itself (heads/): EAGLE-1/2, EAGLE-3 and Medusa-1.
+They read the hidden states the target's own passes computed anyway (decoding/capture.py),
+so drafting costs the head's small forward and no target work.
+
+The engine hands the target's decoder over once (`bind_target`); the drafter then asks it to
+keep each pass's hidden states and takes them after every pass (`rollback`, which the engine
+calls after each verification, and `propose`, which follows the prompt's pass). Only the rows
+of kept tokens are true features: a position p's feature is true once the target's cache
+holds p (it depends on tokens 0..p only).
+
+An EAGLE head reads pairs (f_j, token_{j+1}) at position j and predicts f_{j+1}. Its cache
+holds pairs made from true features only: the catch-up pairs of a `propose` (every kept
+position since the last one, in one forward), never its own guesses, which are cropped away
+after each draft. So rollback stays a length. A Medusa head reads only the newest true
+feature: head i guesses the token i + 2 places after it.
+
+Exactness is the engine's, as for every drafter: greedy drafts are verified against the
+target's argmax, and sampled drafts come with the distribution q they were drawn from, on the
+target's vocabulary (EAGLE-3's reduced vocabulary scattered through d2t)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specgen.core.sampling import SamplingParams, probs_from_logits, sample
+from specgen.heads.modules import Eagle3Head, EagleHead, Head, HeadCache, MedusaHeads
+
+
+def output_rows(layer: torch.nn.Module, rows: int | None, dtype: torch.dtype,
+                device: torch.device) -> Tensor | None:
+    """The first `rows` rows of an output layer's weight as a float [rows, H] tensor: a view of
+    a float Linear's, or read back from a quantized one by applying it to the identity (in
+    chunks). None: use the layer as it is (all its rows)."""
+    if rows is None or rows >= layer.out_features:
+        return None
+    if isinstance(layer, torch.nn.Linear) and layer.bias is None:
+        return layer.weight[:rows].to(dtype)
+    with torch.no_grad():
+        eye = torch.eye(layer.in_features, dtype=torch.float32, device=device)
+        parts = [layer(eye[i : i + 256])[:, :rows].float() for i in range(0, eye.shape[0], 256)]
+        return torch.cat(parts).t().contiguous().to(dtype)
+
+
+def as_linear(weight: Tensor) -> torch.nn.Linear:
+    """A bias-free Linear over `weight` [out, in] (no copy), made fast for one-row products on
+    a CPU as a draft's layers are (kernels.prepare)."""
+    from specgen.kernels import prepare
+
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return prepare(layer, "draft")
+
+
+class HeadDrafter:
+    """What the three kinds share: binding to the target, taking its hidden states, the
+    feature store of true features not yet read, rollback and reset."""
+
+    ends_own_drafts = True
+
+    def __init__(self, head: Head, target_vocab: int, head_rows: int | None = None,
+                 confidence: float = 0.0) -> None:
+        self.head = head
+        self.kind = head.kind
+        self.vocab_size = target_vocab
+        self.head_rows = head_rows
+        self.confidence = confidence
+        self.decoder = None
+        self.device = torch.device("cpu")
+        self._passes = 0
+        self._feats: Tensor | None = None  # true features of positions [_start, _start + len)
+        self._start = 0
+
+    # --- the engine's hook ------------------------------------------------------------------
+
+    def bind_target(self, decoder, model) -> None:
+        """Take the target's decoder (its passes' hidden states) and model (embedding, output
+        layer, device, dtype); called once, when the generator is built."""
+        self.decoder = decoder
+        decoder.capture_layers = self.capture_layers()
+        decoder.captured.clear()
+        embed = model.get_input_embeddings()
+        self.device, self.dtype = embed.weight.device, embed.weight.dtype
+        self.head.to(device=self.device, dtype=self.dtype)
+        from specgen.kernels import prepare
+
+        prepare(self.head, "draft")  # one-row products by the CPU kernel where it serves
+        own = getattr(self.head, "embed_tokens", None)  # an EAGLE-3 head of another width
+        self.embed = embed if own is None else own
+        self.reset()
+
+    def capture_layers(self) -> tuple[int, ...]:
+        return ()
+
+    # --- the feature store -------------------------------------------------------------------
+
+    def _take(self) -> None:
+        """Move the decoder's captured passes into the feature store: a pass starting at p
+        replaces whatever the store held from p on (the target's cache was cut back there)."""
+        if self.decoder is None:
+            raise RuntimeError("a head drafter drafts only once bound to its target "
+                               "(SpeculativeGenerator calls bind_target)")
+        for capture in self.decoder.captured:
+            feats = self._features(capture)
+            end = self._start + (0 if self._feats is None else self._feats.shape[0])
+            if self._feats is None or not self._start <= capture.start <= end:
+                self._feats, self._start = feats, capture.start  # a gap: start afresh there
+                self._restart(capture.start)
+            else:
+                self._feats = torch.cat([self._feats[: capture.start - self._start], feats])
+        self.decoder.captured.clear()
+
+    def _features(self, capture) -> Tensor:
+        return capture.final
+
+    def _restart(self, position: int) -> None:
+        """The store no longer reaches back to what the head has read: start the head anew."""
+
+    def _feature(self, position: int) -> Tensor | None:
+        i = position - self._start
+        if self._feats is None or not 0 <= i < self._feats.shape[0]:
+            return None
+        return self._feats[i]
+
+    # --- the Drafter protocol ----------------------------------------------------------------
+
+    @property
+    def forward_passes(self) -> int:
+        return self._passes
+
+    def guessers(self, tokens: Tensor) -> dict:
+        return {self.kind: self}
+
+    def reset(self) -> None:
+        self._feats, self._start, self._passes = None, 0, 0
+        if self.decoder is not None:
+            self.decoder.captured.clear()
+
+    def rollback(self, n_valid: int) -> None:
+        if self.decoder is not None:
+            self._take()
+        if self._feats is not None:
+            self._feats = self._feats[: max(0, n_valid - self._start)]
+
+    def _pick(self, logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
+              stop_below: float) -> tuple[Tensor, Tensor | None, float | None]:
+        """A draft token from `logits`, the q it was drawn from (None when greedy and no stop
+        needs it) and the draft's probability of it (None: unknown)."""
+        if params.greedy:
+            token = logits.argmax(-1)
+            if not (self.confidence or stop_below):
+                return token, None, None
+            q = torch.softmax(logits.float(), -1)
+            return token, q, float(q[token])
+        q = probs_from_logits(logits, params)
+        token = sample(q, generator)
+        return token, q, float(q[token])
+
+
+class EagleDrafter(HeadDrafter):
+    """EAGLE-1/2 and EAGLE-3: one decoder layer run autoregressively on its own features."""
+
+    def __init__(self, head: EagleHead | Eagle3Head, target_vocab: int,
+                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+        super().__init__(head, target_vocab, head_rows, confidence)
+        self.cache = HeadCache()
+        self._base = 0  # the position of the head cache's first pair
+
+    def capture_layers(self) -> tuple[int, ...]:
+        return tuple(self.head.config.aux_layers) if self.kind == "eagle3" else ()
+
+    def bind_target(self, decoder, model) -> None:
+        super().bind_target(decoder, model)
+        # EAGLE-1/2 scores its features with the target's output layer (maybe cut to its
+        # first rows, as a draft model's may be: ModelDrafter).
+        self.lm_head = model.get_output_embeddings()
+        rows = output_rows(self.lm_head, self.head_rows, self.dtype, self.device)
+        self.rows = None if rows is None else as_linear(rows)
+        if self.kind == "eagle3":  # where each draft id's probability goes in the target's vocabulary
+            self.d2t_index = self.head.target_ids(
+                torch.arange(self.head.config.draft_vocab, device=self.device))
+
+    def _features(self, capture) -> Tensor:
+        if self.kind == "eagle3":
+            return torch.cat(capture.layer_inputs, dim=-1)
+        return capture.final
+
+    def _restart(self, position: int) -> None:
+        self.cache.crop(0)
+        self._base = position
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache.crop(0)
+        self._base = 0
+
+    def rollback(self, n_valid: int) -> None:
+        super().rollback(n_valid)
+        # Pair j reads token j + 1: it stays while tokens 0..j+1 do.
+        self.cache.crop(max(0, n_valid - 1 - self._base))
+
+    def _logits(self, out: Tensor, head_logits: Tensor | None) -> Tensor:
+        """Logits over target ids 0..V'-1 for EAGLE-1/2 (the target's head); EAGLE-3's over
+        its draft vocabulary (mapped to target ids by `_target_id`)."""
+        if head_logits is not None:
+            return head_logits
+        if self.rows is not None:
+            return self.rows(out)
+        return self.lm_head(out)[..., : self.vocab_size]
+
+    def _step(self, hidden: Tensor, tokens: Tensor, start: int, fused: bool
+              ) -> tuple[Tensor, Tensor]:
+        """The head over pairs (hidden[i], tokens[i]) at positions start.., written to its
+        cache: (its last output [H], the logits read from it)."""
+        embeds = self.embed(tokens.to(self.device))[None].to(self.dtype)
+        positions = torch.arange(start, start + tokens.shape[0], device=self.device)
+        hidden = hidden[None].to(self.dtype)
+        self._passes += 1
+        if isinstance(self.head, Eagle3Head):
+            out, logits = self.head(hidden, embeds, positions, self.cache, fused=fused)
+            return out[0, -1], logits[0, -1]
+        out = self.head(hidden, embeds, positions, self.cache)
+        return out[0, -1], None
+
+    @torch.no_grad()  # when called outside the engine's inference mode, as tests do
+    def propose(self, tokens: Tensor, k: int, params: SamplingParams,
+                generator: torch.Generator | None, stop_below: float = 0.0
+                ) -> tuple[Tensor, Tensor | None]:
+        self._take()
+        last = tokens.shape[0] - 1  # the pending token's position: its feature is not known yet
+        if k < 1 or self._feature(last - 1) is None:
+            return tokens.new_empty(0), None
+        first = self._base + self.cache.length  # the first pair the head has not read
+        if first >= last:  # asked again with nothing new: read the newest pair once more
+            self.cache.crop(last - 1 - self._base)
+            first = last - 1
+        if first < self._start:  # its features are gone (bound late): read from what is kept
+            self._restart(self._start)
+            first = self._start
+        feats = self._feats[first - self._start : last - self._start]
+        true_length = self.cache.length + feats.shape[0]
+        # 1. Catch up: every kept pair since the last draft, in one forward; its last output
+        #    predicts the pending token's feature, whose logits give the first draft.
+        out, head_logits = self._step(feats, tokens[first + 1 : last + 1], first, fused=True)
+        ids, qs, sure = [], [], 1.0
+        for i in range(k):
+            logits = self._logits(out, head_logits)
+            token, q, p = self._pick(logits, params, generator, stop_below)
+            if self.kind == "eagle3":
+                token = self.head.target_ids(token)
+                if q is not None:
+                    q = q.new_zeros(self.vocab_size).index_copy_(0, self.d2t_index, q)
+            ids.append(token)
+            if not params.greedy:
+                qs.append(q)
+            if p is not None:
+                sure *= p
+                if p < self.confidence or sure < stop_below:
+                    break
+            if i + 1 < k:  # 2. Draft on: the head's own output as the next feature.
+                out, head_logits = self._step(out[None], token[None], last + i, fused=False)
+        self.cache.crop(true_length)  # its guesses never stay in the cache
+        return torch.stack(ids).to(tokens.device), (torch.stack(qs) if qs else None)
+
+
+class MedusaDrafter(HeadDrafter):
+    """Medusa-1: every head reads the newest true feature; head i guesses token i + 2 after
+    it, independently of the guesses before it (each q is still what its token was drawn
+    from, so rejection sampling stays exact)."""
+
+    def __init__(self, head: MedusaHeads, target_vocab: int, head_rows: int | None = None,
+                 confidence: float = 0.0) -> None:
+        super().__init__(head, target_vocab, head_rows, confidence)
+        rows = head.config.draft_vocab or target_vocab
+        self.rows = min(rows, target_vocab, head_rows or rows)
+
+    def bind_target(self, decoder, model) -> None:
+        super().bind_target(decoder, model)
+        self.outputs = [as_linear(head[-1].weight[: self.rows]) for head in self.head]
+
+    @torch.no_grad()
+    def propose(self, tokens: Tensor, k: int, params: SamplingParams,
+                generator: torch.Generator | None, stop_below: float = 0.0
+                ) -> tuple[Tensor, Tensor | None]:
+        self._take()
+        feature = self._feature(tokens.shape[0] - 2)  # the last position the target has read
+        k = min(k, len(self.head))
+        if k < 1 or feature is None:
+            return tokens.new_empty(0), None
+        self._passes += 1
+        ids, qs, sure = [], [], 1.0
+        for i in range(k):
+            head = self.head[i]
+            x = feature.to(self.dtype)
+            for block in head[:-1]:
+                x = block(x)
+            logits = self.outputs[i](x)
+            token, q, p = self._pick(logits, params, generator, stop_below)
+            ids.append(token)
+            if not params.greedy:
+                qs.append(q)
+            if p is not None:
+                sure *= p
+                if p < self.confidence or sure < stop_below:
+                    break
+        return torch.stack(ids).to(tokens.device), (torch.stack(qs) if qs else None)
+
+
+def make_head_drafter(head: Head, target_vocab: int, head_rows: int | None = None,
+                      confidence: float = 0.0) -> HeadDrafter:
+    if isinstance(head, MedusaHeads):
+        return MedusaDrafter(head, target_vocab, head_rows, confidence)
+    return EagleDrafter(head, target_vocab, head_rows, confidence)

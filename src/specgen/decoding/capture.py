@@ -1,0 +1,20 @@
+"""What a target's pass leaves for a drafting head (heads/, core/head_drafters.py): the
+hidden states that pass computed anyway, so a head costs no extra target work.
+
+A decoder captures only when asked: `capture_layers` is None (keep nothing: the default) or
+the indices of the layers whose inputs a head reads (EAGLE-3's low, middle and high layers;
+empty for EAGLE-1/2 and Medusa, which read the final states only). Each pass then appends one
+`Capture` to the decoder's `captured` list, which the head's drafter empties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class Capture:
+    start: int  # the position of the pass's first row
+    final: Tensor  # [m, H] the final hidden states after the last norm, every row of the pass
+    layer_inputs: list[Tensor]  # [m, H] each: the inputs of `capture_layers`, in that order
