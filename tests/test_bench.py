@@ -99,7 +99,7 @@ def test_geomean_ignores_missing_values():
 
 def test_builtin_prompt_set_covers_every_category():
     prompts = b.builtin_prompts()
-    assert len(prompts) >= 12
+    assert len(prompts) >= 16
     assert {p.category for p in prompts} == set(CATEGORIES)
 
 
