@@ -225,6 +225,9 @@ def test_quantization_names_are_accepted(tmp_path):
     ("[speculation]\nnum_speculative_tokens = 33\n", "must be from 0 to 32"),
     ("[speculation]\nmin_ngram = 4\n", "min_ngram <= max_ngram"),
     ("[speculation]\ndraft_confidence = 1.0\n", "draft_confidence must be in [0, 1)"),
+    ("[speculation]\ndraft_window = -1\n", "draft_window must be 0 (the draft reads the whole"),
+    ("[speculation]\ndraft_window = 8\n", "or at least 16 tokens, got 8"),
+    ("[speculation]\ndraft_window = 1.5\n", "draft_window must be an integer"),
     ("[generation]\ntop_p = 1.5\n", "top_p must be in (0, 1]"),
     ("[generation]\nmax_new_tokens = 0\n", "max_new_tokens must be >= 1"),
 ])

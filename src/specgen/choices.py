@@ -31,6 +31,15 @@ RUNTIMES = ("transformers", "llama.cpp")
 # FP32_ROWS, kernels.int4 tile paths), so every token's logits are those of a one-token pass.
 MIN_K, MAX_K = 0, 32
 
+# A draft forward reading fewer unread context tokens than this costs about one pass (passes
+# are flat at such widths): only a longer reading is a catch-up, timed, charged and measured
+# as one (core/adaptive.py).
+CATCH_UP_TOKENS = 8
+
+# The fewest context tokens a draft model may be limited to reading (speculation.draft_window;
+# 0 reads the whole context): fewer leaves it too little text to guess from.
+MIN_DRAFT_WINDOW = 16
+
 
 def listing(names: tuple[str, ...] | list[str], last: str = "or") -> str:
     """'a, b or c': a choice list for help texts and error messages."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, MAX_K, METHODS, MIN_K, MODEL_METHODS, QUANTIZATIONS,
-                             RUNTIMES)
+from specgen.choices import (DTYPES, MAX_K, METHODS, MIN_DRAFT_WINDOW, MIN_K, MODEL_METHODS,
+                             QUANTIZATIONS, RUNTIMES)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -55,6 +55,7 @@ class SpeculationSpec:
     min_ngram: int = 1
     draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
     draft_confidence: float = 0.0  # end a draft below this draft probability (0: never)
+    draft_window: int = 0  # the draft reads at most the context's last N tokens (0: all)
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,9 @@ def _validate(p: Profile, where: Any) -> None:
     if not 0.0 <= s.draft_confidence < 1.0:
         raise ConfigError(f"{where}: speculation.draft_confidence must be in [0, 1) (0 never "
                           f"ends a draft early; 0.4 is a good start), got {s.draft_confidence}.")
+    if s.draft_window and s.draft_window < MIN_DRAFT_WINDOW or s.draft_window < 0:
+        raise ConfigError(f"{where}: speculation.draft_window must be 0 (the draft reads the whole "
+                          f"context) or at least {MIN_DRAFT_WINDOW} tokens, got {s.draft_window}.")
     if not 1 <= s.min_ngram <= s.max_ngram:
         raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
                           f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")
@@ -335,6 +339,7 @@ _OVERRIDES = {
     "num_speculative_tokens": ("speculation", "num_speculative_tokens"),
     "adaptive": ("speculation", "adaptive"),
     "method": ("speculation", "method"),
+    "draft_window": ("speculation", "draft_window"),
     "target_quantization": ("target", "quantization"),
     "target_dtype": ("target", "dtype"),
     "draft_quantization": ("draft", "quantization"),

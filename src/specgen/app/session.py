@@ -72,6 +72,7 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         min_ngram=spec.min_ngram,
         head_rows=spec.draft_vocab or None,
         confidence=spec.draft_confidence,
+        window=spec.draft_window,
     )
     generator = SpeculativeGenerator(
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive

@@ -38,6 +38,7 @@ class BenchRequest:
     draft_runtime: str | None = None
     raw: bool = False
     stats_db: Path | None = None
+    draft_window: int | None = None
 
     def check(self) -> None:
         """Refuse bad values before anything loads."""
@@ -95,7 +96,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                           max_new_tokens=request.max_new_tokens, temperature=0.0,
                           device=request.device, target_quantization=request.target_quantization,
                           draft_quantization=request.draft_quantization,
-                          draft_runtime=request.draft_runtime)
+                          draft_runtime=request.draft_runtime, draft_window=request.draft_window)
     if request.draft_vocab and prof.draft is not None and prof.draft.runtime == "llama.cpp":
         raise ConfigError("--draft-vocab trims a transformers draft's output layer; a llama.cpp "
                           "draft drafts over its whole vocabulary. Drop --draft-vocab.")
@@ -122,7 +123,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                      (spec.draft_vocab if request.draft_vocab is None else request.draft_vocab) or None,
                      spec.draft_confidence if request.draft_confidence is None
                      else request.draft_confidence,
-                     reference, peer_draft=session.pair.peer_draft)
+                     reference, peer_draft=session.pair.peer_draft, window=spec.draft_window)
     if gguf is not None:  # the same threads as torch, room for the longest prompt
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + request.max_new_tokens + 16)
@@ -138,6 +139,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0,
               "draft_confidence": runner.drafter_options[3],
+              "draft_window": spec.draft_window,
               "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
               **({"llamacpp_gguf": str(gguf)} if gguf is not None else {})}
     total = len(prompt_set) * request.repeats * len(picked)

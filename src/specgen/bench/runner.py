@@ -197,13 +197,14 @@ class Bench:
 
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
-                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None) -> None:
+                 confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
+                 window: int = 0) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
         self.peer_draft = peer_draft if peer_draft is not None else draft
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
-        self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
+        self.drafter_options = (max_ngram, min_ngram, head_rows, confidence, window)
         self.memory = PeakMemory(target.device)
         self.generators: dict[str, SpeculativeGenerator] = {}
         self.last_stats: dict[str, Stats] = {}

@@ -61,6 +61,10 @@ def bench(
         None, "--draft-confidence",
         help="End a draft when the draft's probability of its token falls below this (0: never; default: the profile's).",
     ),
+    draft_window: Optional[int] = typer.Option(
+        None, "--draft-window",
+        help="The draft reads at most the context's last N tokens (0: all; default: the profile's).",
+    ),
     device: Optional[str] = DEVICE,
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     draft_quantization: Optional[str] = DRAFT_QUANTIZATION,
@@ -74,6 +78,6 @@ def bench(
     request = BenchRequest(
         profile, prompts, max_new_tokens, repeats, out_file, chosen, method, k, threads,
         draft_vocab, draft_confidence, device, target_quantization, draft_quantization,
-        draft_runtime, raw, stats_db)
+        draft_runtime, raw, stats_db, draft_window)
     if not run(request, load_session, err):
         raise typer.Exit(130)

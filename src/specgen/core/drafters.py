@@ -12,6 +12,12 @@ there and almost always wrong), so each length learns its own acceptance and K. 
 knows its confidence (`ends_own_drafts`) stops a draft once the draft's probability of its
 whole draft falls below `stop_below`, which is part of what it is asked for, as k is.
 
+A drafter that must read context before it guesses (a draft model catching up) may say how
+much: `unread(tokens)`, the tokens it would read, and after a propose `catch_up`, the
+(tokens, seconds) of that reading when its first forward read CATCH_UP_TOKENS or more. The
+planner charges and measures that reading apart from drafting. Drafters that read nothing
+of their own (prompt lookup) need neither.
+
 Three drafters: a small draft model (ModelDrafter), prompt lookup (PromptLookupDrafter: the
 guess is already in the context, e.g. code being edited; no model, no forward passes), and
 the two together (HybridDrafter). `make_drafter` builds one from a profile's `method`.
@@ -22,11 +28,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import time
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.choices import METHODS, MODEL_METHODS, listing
+from specgen.choices import CATCH_UP_TOKENS, METHODS, MODEL_METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError, ModelError
@@ -133,6 +141,11 @@ class ModelDrafter:
     missing in one forward, so catching up never costs an extra pass. The prompt is read the
     same way, when first asked to draft: an answer that never drafts never pays for it.
 
+    `window` (0: none) bounds that reading: with more than `window` tokens unread, the draft
+    forgets what it holds and reads only the context's last `window` tokens, as if the
+    context began there (`skipped` tokens before its cache). The draft's context is not the
+    guarantee (only the target's is): a shorter one can only make its guesses worse.
+
     A draft ends early, after the token that brings it below either of two limits: the
     draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
     assisted generation has), or its probability of the whole draft so far under the
@@ -145,26 +158,47 @@ class ModelDrafter:
     ends_own_drafts = True
 
     def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
-                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+                 head_rows: int | None = None, confidence: float = 0.0, window: int = 0) -> None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ConfigError(f"The draft's window must be an integer >= 0 (0: the whole "
+                              f"context), got {window!r}.")
         self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
         self.confidence = confidence
+        self.window = window
+        self.skipped = 0  # context tokens before the draft's cache (a window's start)
         self.device = self.lm.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.vocab_size = min(vocab_size, self.lm.vocab_size)
         self._passes = 0
+        self.catch_up = (0, 0.0)  # the last propose's reading: (tokens, seconds)
 
     def reset(self) -> None:
         self.lm.reset()
+        self.skipped = 0
         self._passes = 0
 
     @property
     def forward_passes(self) -> int:
         return self._passes
 
+    def unread(self, tokens: Tensor) -> int:
+        """Tokens of `tokens` the draft would read in its next forward."""
+        unread = len(tokens) - self.skipped - self.lm.length
+        return min(unread, self.window) if self.window else unread
+
     def _missing(self, tokens: Tensor) -> Tensor:
+        if self.window and len(tokens) - self.skipped - self.lm.length > self.window:
+            self.lm.reset()  # start over on the window
+            self.skipped = len(tokens) - self.window
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        return tokens[self.lm.length:].to(self.device).clamp_max(self.lm.input_vocab - 1)
+        missing = tokens[self.skipped + self.lm.length:]
+        return missing.to(self.device).clamp_max(self.lm.input_vocab - 1)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _logits(self, ids: Tensor) -> Tensor:
         return self.lm.logits(ids)[: self.vocab_size]
@@ -178,11 +212,16 @@ class ModelDrafter:
         stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
         pending = self._missing(tokens)
+        reading = pending.numel() >= CATCH_UP_TOKENS and k > 0
+        self.catch_up = (0, 0.0)
+        start = self._clock() if reading else 0.0
         ids, qs = [], []
         sure = 1.0  # the draft's probability of its whole draft so far
         for _ in range(k):
             logits = self._logits(pending)
             self._passes += 1
+            if reading:
+                self.catch_up, reading = (pending.numel(), self._clock() - start), False
             if params.greedy:
                 token = logits.argmax(-1)
                 q = torch.softmax(logits.float(), -1) if self.confidence or stop_below else None
@@ -202,7 +241,11 @@ class ModelDrafter:
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def rollback(self, n_valid: int) -> None:
-        self.lm.crop(n_valid)
+        if n_valid < self.skipped:  # the context now ends before the window began
+            self.lm.reset()
+            self.skipped = 0
+        else:
+            self.lm.crop(n_valid - self.skipped)
 
 
 def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:
@@ -328,6 +371,7 @@ def make_drafter(
     min_ngram: int = 1,
     head_rows: int | None = None,
     confidence: float = 0.0,
+    window: int = 0,
 ) -> Drafter:
     """The drafter for a profile's `method`. A draft model is needed by the MODEL_METHODS
     and ignored by the others. Pairing checks (same tokenizer as the target) are the
@@ -341,7 +385,7 @@ def make_drafter(
             f"method {method!r} needs a draft model; set one in the profile, or use "
             "method = \"prompt-lookup\", which needs none."
         )
-    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
+    model_drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence, window)
     if method == "draft-model":
         return model_drafter
     return HybridDrafter(model_drafter, PromptLookupDrafter(max_ngram, min_ngram))
