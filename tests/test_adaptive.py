@@ -470,3 +470,22 @@ def test_a_draft_model_whose_reading_is_not_repaid_leaves_plain_decoding_as_it_w
     world = World(prompt=700, new=24, read=0.02, alpha_model=0.7, p_match=0.0)
     plain = world.new / (world.prompt * world.prefill + world.new)
     assert world.rates()["model"] == pytest.approx(plain, rel=0.01)
+
+
+def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
+    """A probe asks whether the draft has become useful again; what it has to read to catch
+    up is part of asking, not a start-up to be repaid."""
+    book = Book(read_cost={"model": 0.001}, prefill_cost=0.001)
+    planner = Planner(6, book=book)
+    reader = Reader(20)
+    planner.observe(planner.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.17)
+    planner.policies["model"] = policy = AdaptiveK(6, self_stopping=True,
+                                                   verify_cost=planner.verify_cost)
+    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # useless so far: switched off
+    ks = []
+    for made in range(2, 2 + policy.probe_every):
+        plan = planner.plan(reader, None, 1000, made)
+        ks.append(plan.k)
+        if not plan.k:
+            planner.observe(plan, 0, 0, 0.0, 0.17)
+    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6

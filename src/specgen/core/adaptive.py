@@ -27,13 +27,17 @@ guesser's own steps; the expected rate of its K until it has drafted a few times
 
 A guesser may have to read context before it can guess: a draft model reads the prompt
 when first asked to draft, and catches up on what other guessers drafted. That reading is
-paid once, so it is spread over the tokens the answer is expected to go on for (`horizon`):
-a guesser whose catch-up those tokens cannot repay at its expected rate is not asked, and
-one that would be is asked only where it beats the other guessers after paying for it.
-Prompt lookup reads nothing, so on a long prompt it drafts first and the draft model joins
-once the answer has gone on long enough to repay its reading. What a catch-up costs per
-token is measured on this machine (`Book`, kept across answers); until then the target's
-own prompt pass stands in for it (a draft reads no slower than its target).
+paid before any of its guesses, and whether they will be worth it on this text is not known
+until they are made; nor how long the answer will be. So a guesser with reading to do is
+asked only once the time it would have saved on the answer so far, at its expected rate,
+pays for the reading (`saving`; the ski-rental rule): an answer that ends sooner never
+pays for it, and one that goes on pays at most twice what starting at once would have.
+Steps that already made tokens faster than it would (prompt lookup copying a passage) save
+it nothing, so on a long prompt lookup drafts first and the draft model joins where plain
+steps or poor guesses leave it something to save. What reading costs per token, and what a
+draft pass costs, are measured on this machine (`Book`, kept across answers); until then
+the target's own prompt pass stands in for the reading (a draft reads no slower than its
+target). A probe of a switched-off guesser pays its reading: that is part of asking.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ class Policy(Protocol):
 
     def score(self, k: int) -> float: ...
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None: ...
+    def update(self, k: int, n_accepted: int, draft_seconds: float, passes: int | None = None
+               ) -> None: ...
 
     def stop_below(self, k: int) -> float: ...
 
@@ -141,8 +146,8 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
     """Of the `guessers` whose policy drafts this step, the one with the best score (the
     first of equals), with its K; (None, 0) when none drafts: a plain step. A guesser with
     `catch_up` seconds of reading to do first drafts only where `saved(its score)`, the
-    seconds it is expected to save, is more: where other guessers already make tokens
-    about as fast, it has nothing to repay its reading with."""
+    seconds it is expected to save, is more (a probe excepted): where other guessers
+    already make tokens about as fast, it has nothing to repay its reading with."""
     best: tuple[str | None, int] = (None, 0)
     best_score = -math.inf
     for guesser in guessers:
@@ -152,7 +157,8 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
             continue
         score = policy.score(k)
         seconds = (catch_up or {}).get(guesser, 0.0)
-        if seconds > 0.0 and (saved is None or saved(score) <= seconds):
+        probe = getattr(policy, "probing", False)
+        if seconds > 0.0 and not probe and (saved is None or saved(score) <= seconds):
             continue
         if score > best_score:
             best, best_score = (guesser, k), score
@@ -425,14 +431,14 @@ class Planner:
         so (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is
         not a draft pass."""
         record_pass(self.verify_cost, k, verify_seconds)
-        self.steps.append((n_accepted + 1, draft_seconds + verify_seconds))
-        if not k:
-            return
-        read, read_seconds = getattr(plan.drafter, "catch_up", None) or (0, 0.0)
+        read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:
             self.book.read(plan.guesser, read, read_seconds)
             draft_seconds, passes = max(0.0, draft_seconds - read_seconds), k - 1
+        self.steps.append((n_accepted + 1, draft_seconds + verify_seconds))
+        if not k:
+            return
         policy = self.policies[plan.guesser]
         policy.update(k, n_accepted, draft_seconds, passes)
         if getattr(policy, "draft_cost", None) is not None:
