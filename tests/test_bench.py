@@ -328,3 +328,12 @@ def test_plain_is_specgens_own_loop_with_nothing_drafted(tiny_profile, prompts_f
     assert all(r["equal_to_baseline"] for r in doc["per_prompt"])
     rows = [r for r in load_runs(tmp_path / "history.sqlite3") if r["k_max"] == 0]
     assert rows and {r["method"] for r in rows} == {"none"} and {r["draft"] for r in rows} == {None}
+
+
+def test_the_defaults_run_each_drafting_method_once():
+    """`adaptive` drafts with the profile's method: `lookup` or `hybrid` would repeat it."""
+    names = b.default_names(b.contestants("hybrid"), quantized=False, with_llama=False)
+    assert "adaptive" in names and "hybrid" not in names and "lookup" in names
+    names = b.default_names(b.contestants("prompt-lookup"), quantized=False, with_llama=False)
+    assert "lookup" not in names and "hybrid" in names
+    assert {"adaptive", "lookup", "hybrid"} <= set(b.default_names(b.contestants("draft-model"), False, False))

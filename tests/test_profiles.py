@@ -53,7 +53,7 @@ def test_bundled_profiles_all_load_and_describe_hardware():
     for name in BUNDLED:
         p = load_profile(name)
         assert p.path.parent == bundled_profile_dir()
-        assert p.draft is not None and p.speculation.method == "draft-model"
+        assert p.draft is not None and p.speculation.method == "hybrid"  # the default where a draft is
         assert "GB" in p.description  # says what memory it needs
 
 
@@ -236,7 +236,17 @@ def test_bad_values(tmp_path, extra, expected):
 
 
 def test_draft_model_method_needs_a_draft(tmp_path):
-    assert "needs a [draft] model" in error_of('[target]\nmodel = "org/big"\n', tmp_path)
+    for method in ("draft-model", "hybrid"):
+        text = f'[target]\nmodel = "org/big"\n[speculation]\nmethod = "{method}"\n'
+        assert "needs a [draft] model" in error_of(text, tmp_path)
+
+
+def test_the_default_method_is_the_hybrid_with_a_draft_and_prompt_lookup_without(tmp_path):
+    assert load_profile(str(write(tmp_path, "pair", MINIMAL))).speculation.method == "hybrid"
+    alone = load_profile(str(write(tmp_path, "alone", '[target]\nmodel = "org/big"\n')))
+    assert alone.draft is None and alone.speculation.method == "prompt-lookup"
+    again = with_overrides(alone, temperature=0.5)  # a resolved default survives overrides
+    assert again.speculation.method == "prompt-lookup"
 
 
 def test_model_entry_needs_model(tmp_path):

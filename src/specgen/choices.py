@@ -22,6 +22,10 @@ QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo":
 METHODS = ("draft-model", "prompt-lookup", "hybrid")
 # Methods that need a [draft] model.
 MODEL_METHODS = ("draft-model", "hybrid")
+# What a profile drafts with unless it says: the hybrid where it has a draft model (each step
+# goes to prompt lookup or the draft by measured yield, the draft joining once its reading of
+# the prompt pays), else prompt lookup. The output is exactly the target's whatever the method.
+DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT = "hybrid", "prompt-lookup"
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
 RUNTIMES = ("transformers", "llama.cpp")

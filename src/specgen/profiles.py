@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, MAX_K, METHODS, MIN_DRAFT_WINDOW, MIN_K, MODEL_METHODS,
-                             QUANTIZATIONS, RUNTIMES)
+from specgen.choices import (DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT, DTYPES, MAX_K, METHODS,
+                             MIN_DRAFT_WINDOW, MIN_K, MODEL_METHODS, QUANTIZATIONS, RUNTIMES)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -50,7 +50,7 @@ class ModelSpec:
 class SpeculationSpec:
     num_speculative_tokens: int = 4
     adaptive: bool = True
-    method: str = "draft-model"
+    method: str = DEFAULT_METHOD  # DEFAULT_METHOD_WITHOUT_DRAFT without a [draft]: _build
     max_ngram: int = 3
     min_ngram: int = 1
     draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
@@ -210,6 +210,9 @@ def _build(data: dict[str, Any], name: str, path: Path | None) -> Profile:
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}.")
         specs[section] = _build_section(cls, table, section, where)
+    if specs["draft"] is None and "method" not in (data.get("speculation") or {}):
+        specs["speculation"] = dataclasses.replace(specs["speculation"],
+                                                   method=DEFAULT_METHOD_WITHOUT_DRAFT)
     profile = Profile(name=name, path=path, description=description, **specs)
     _validate(profile, where)
     return profile

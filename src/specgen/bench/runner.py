@@ -73,10 +73,11 @@ def contestants(method: str = "draft-model", k_max: int = 4) -> dict[str, Contes
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool) -> list[str]:
     """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
-    target) and `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
-    file)."""
+    target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
+    file), and `lookup` or `hybrid` where `adaptive` already runs that method."""
+    same = {"prompt-lookup": "lookup", "hybrid": "hybrid"}.get(everyone["adaptive"].method)
     return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
-            and (n != "llamacpp" or with_llama)]
+            and (n != "llamacpp" or with_llama) and n != same]
 
 
 def builtin_prompts() -> list[BenchPrompt]:

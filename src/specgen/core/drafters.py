@@ -25,10 +25,9 @@ the two together (HybridDrafter). `make_drafter` builds one from a profile's `me
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
-
-import time
 
 import torch
 from torch import Tensor
