@@ -489,3 +489,42 @@ def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
         if not plan.k:
             planner.observe(plan, 0, 0, 0.0, 0.17)
     assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6
+
+
+def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_its_reading():
+    """A 500-token prompt the draft reads at 2 ms a token (1 s); plain steps of 0.2 s.
+    Lookup matches every `every` steps and keeps `kept` of its drafts. Where it matches
+    every step and its guesses hold, its steps already make tokens faster than the draft
+    would: the draft never starts. Where they fail, lookup drafts first, and the draft
+    starts once the seconds it would have saved on the answer so far pay for its reading:
+    the first plan where saving(steps, rate, horizon) exceeds 1 s."""
+    def run(kept: int, every: int) -> tuple[list[str], Planner]:
+        book = Book(read_cost={"model": 0.002}, draft_cost={"model": 0.01})
+        planner = Planner(6, book=book)
+        model, lookup = Reader(500), Guesser(False, ("lookup-3",))
+        hybrid = Guesser(True, ())
+        chosen, made = [], 1
+        while made < 200:
+            match = len(chosen) % every == every - 1
+            hybrid.guessers = lambda tokens: {**({"lookup-3": lookup} if match else {}),
+                                              "model": model}
+            plan = planner.plan(hybrid, None, 1000, made)
+            chosen.append(plan.guesser or "plain")
+            if plan.guesser == "model":
+                return chosen, planner
+            n = min(kept, plan.k)
+            planner.observe(plan, plan.k, n, 0.0, 0.2 + 0.01 * plan.k)
+            made += n + 1
+            model.to_read += n + 1
+        return chosen, planner
+
+    chosen, _ = run(kept=6, every=1)  # lookup copies: its steps make 7 tokens for 0.26 s
+    assert "model" not in chosen and "lookup-3" in chosen
+    chosen, planner = run(kept=0, every=2)  # lookup's guesses fail: no faster than plain steps
+    assert chosen[-1] == "model" and "lookup-3" in chosen[:-1]
+    policy = planner.policies["model"]
+    rate = policy.score(6)
+    made = sum(n for n, _ in planner.steps) + 1
+    assert saving(planner.steps, rate, made) > 500 * 0.002  # repaid now
+    before = list(planner.steps)[:-1]
+    assert saving(before, rate, made - 1) <= 500 * 0.002  # and not a step sooner
