@@ -1,7 +1,9 @@
 """What a draft window costs in acceptance and saves in reading, on long prompts.
 
     python bench/draft_window_probe.py --profile qwen-coder-demo-int8-int4 \
-        --windows 0,128,256,512 --out window.json
+        --windows 0,256:0,256,512 --out window.json
+
+A window is N (its head the drafter's default: a quarter) or N:H (H tokens from the start).
 
 For each prompt of the chosen categories (the built-in set's summarization and rag, and
 --prompts' own), the target's greedy answer (specgen with speculation off), then for each
@@ -50,14 +52,15 @@ def main() -> None:
     ap.add_argument("--profile", default="qwen-coder-demo-int8-int4")
     ap.add_argument("--prompts", default=None, help="a JSONL prompt file (default: built-in set)")
     ap.add_argument("--categories", default="summarization,rag")
-    ap.add_argument("--windows", default="0,128,256,512")
+    ap.add_argument("--windows", default="0,256:0,256,512")
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
-    windows = [int(w) for w in args.windows.split(",")]
+    windows = [tuple(int(x) for x in w.split(":")) if ":" in w else (int(w), None)
+               for w in args.windows.split(",")]
     wanted = set(args.categories.split(","))
     prompts = read_prompts(Path(args.prompts)) if args.prompts else builtin_prompts()
     prompts = [p for p in prompts if p.category in wanted]
@@ -77,8 +80,9 @@ def main() -> None:
             result = plain.generate(ids, max_new_tokens=args.max_new_tokens,
                                     eos_token_ids=session.eos_ids())
             answer = result.token_ids
-            for window in windows:
-                drafter = ModelDrafter(draft, vocab, window=window)
+            for window, head in windows:
+                drafter = ModelDrafter(draft, vocab, window=window, head=head)
+                head = drafter.head
                 drafter.reset()
                 hits = []
                 start = time.perf_counter()
@@ -90,26 +94,28 @@ def main() -> None:
                         first = time.perf_counter() - start
                     hits.append(int(guess[0]) == token)
                 row = {"prompt": i, "category": prompt.category, "prompt_tokens": len(ids),
-                       "answer_tokens": len(answer), "window": window,
+                       "answer_tokens": len(answer), "window": window, "head": head,
                        "read_tokens": min(len(ids), window) if window else len(ids),
                        "read_seconds": first,
                        "target_prefill_seconds": result.stats.prefill_seconds,
                        "agreement": sum(hits) / len(hits), "mean_run": runs(hits)}
                 rows.append(row)
-                print(f"prompt {i} ({prompt.category}, {len(ids)} tokens) window {window or 'all':>4}: "
+                print(f"prompt {i} ({prompt.category}, {len(ids)} tokens) window "
+                      f"{f'{window}:{head}' if window else 'all':>7}: "
                       f"read {row['read_tokens']} tokens in {first:.3f} s (target's prompt pass "
                       f"{row['target_prefill_seconds']:.3f} s), agreement {row['agreement']:.2f}, "
                       f"mean run {row['mean_run']:.2f}", flush=True)
     summary = {}
-    for window in windows:
-        mine = [r for r in rows if r["window"] == window]
-        summary[str(window)] = {
+    for key in dict.fromkeys((r["window"], r["head"]) for r in rows):
+        mine = [r for r in rows if (r["window"], r["head"]) == key]
+        name = f"{key[0]}:{key[1]}" if key[0] else "all"
+        summary[name] = {
             "agreement": statistics.fmean(r["agreement"] for r in mine),
             "mean_run": statistics.fmean(r["mean_run"] for r in mine),
             "read_seconds": statistics.fmean(r["read_seconds"] for r in mine)}
-        print(f"window {window or 'all':>4}: agreement {summary[str(window)]['agreement']:.3f}, "
-              f"mean run {summary[str(window)]['mean_run']:.2f}, "
-              f"read {summary[str(window)]['read_seconds']:.3f} s (means over prompts)")
+        print(f"window {name:>7}: agreement {summary[name]['agreement']:.3f}, "
+              f"mean run {summary[name]['mean_run']:.2f}, "
+              f"read {summary[name]['read_seconds']:.3f} s (means over prompts)")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"profile": prof.name, "threads": args.threads, "command": vars(args),

@@ -425,25 +425,31 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
 
 # --- a draft that reads only the context's last tokens (draft_window) ------------------------
 
-def test_a_windowed_draft_reads_only_the_contexts_last_tokens():
-    """With more than `window` tokens unread, the draft starts over on the last `window`
-    tokens, as if the context began there; later it catches up one step at a time."""
+def test_a_windowed_draft_reads_only_the_contexts_head_and_tail():
+    """With more than `window` tokens unread, the draft starts over on the context's first
+    `head` tokens (a quarter of the window by default) and its last window - head, as if
+    the context were those joined; later it catches up one step at a time."""
     draft = tiny_model("llama", seed=1)
     context = repetitive_prompt(0)  # 28 tokens
-    windowed = ModelDrafter(draft, 64, window=16)
+    windowed = ModelDrafter(draft, 64, window=16)  # the first 4 and the last 12
     assert windowed.unread(context) == 16 and ModelDrafter(draft, 64).unread(context) == 28
     ids, _ = windowed.propose(context, 3, GREEDY, None)
-    assert windowed.skipped == 12 and windowed.lm.length == 16 + 2
+    assert (windowed.skip_at, windowed.skipped) == (4, 12) and windowed.lm.length == 16 + 2
     assert windowed.catch_up[0] == 16  # what it read first, timed
-    fresh, _ = ModelDrafter(draft, 64).propose(context[12:], 3, GREEDY, None)
-    assert torch.equal(ids, fresh)
+    joined = torch.cat([context[:4], context[16:]])
+    assert torch.equal(ids, ModelDrafter(draft, 64).propose(joined, 3, GREEDY, None)[0])
     longer = torch.cat([context, ids[:2], torch.tensor([5])])
     windowed.rollback(len(context) + 2)  # two drafts kept: the cache holds them
     assert windowed.lm.length == 16 + 2 and windowed.unread(longer) == 1
-    windowed.rollback(5)  # a new prompt sharing 5 tokens: before the window began
-    assert windowed.skipped == 0 and windowed.lm.length == 0
+    windowed.rollback(10)  # a new prompt sharing 10 tokens: the tail is gone, the head stays
+    assert (windowed.skip_at, windowed.skipped, windowed.lm.length) == (0, 0, 4)
+    tail = ModelDrafter(draft, 64, window=16, head=0)  # the last 16 alone
+    ids, _ = tail.propose(context, 3, GREEDY, None)
+    assert torch.equal(ids, ModelDrafter(draft, 64).propose(context[12:], 3, GREEDY, None)[0])
     with pytest.raises(ConfigError, match="window must be an integer >= 0"):
         ModelDrafter(draft, 64, window=-1)
+    with pytest.raises(ConfigError, match="head must be from 0"):
+        ModelDrafter(draft, 64, window=16, head=16)
 
 
 @pytest.mark.parametrize("method", ["draft-model", "hybrid"])

@@ -141,9 +141,11 @@ class ModelDrafter:
     same way, when first asked to draft: an answer that never drafts never pays for it.
 
     `window` (0: none) bounds that reading: with more than `window` tokens unread, the draft
-    forgets what it holds and reads only the context's last `window` tokens, as if the
-    context began there (`skipped` tokens before its cache). The draft's context is not the
-    guarantee (only the target's is): a shorter one can only make its guesses worse.
+    forgets what it holds and reads `head` tokens from the context's start (by default a
+    quarter of the window: the system prompt and the instruction) and the rest from its
+    end, as if the context were those two parts joined; the `skipped` tokens between them
+    are never read. The draft's context is not the guarantee (only the target's is): a
+    shorter one can only make its guesses worse.
 
     A draft ends early, after the token that brings it below either of two limits: the
     draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
@@ -157,14 +159,21 @@ class ModelDrafter:
     ends_own_drafts = True
 
     def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
-                 head_rows: int | None = None, confidence: float = 0.0, window: int = 0) -> None:
+                 head_rows: int | None = None, confidence: float = 0.0, window: int = 0,
+                 head: int | None = None) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ConfigError(f"The draft's window must be an integer >= 0 (0: the whole "
                               f"context), got {window!r}.")
+        head = window // 4 if head is None else head
+        if not 0 <= head < max(window, 1):
+            raise ConfigError(f"The draft window's head must be from 0 to the window less one "
+                              f"({window - 1}), got {head!r}.")
         self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
         self.confidence = confidence
-        self.window = window
-        self.skipped = 0  # context tokens before the draft's cache (a window's start)
+        self.window, self.head = window, head
+        # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`
+        # tokens it never read) the rest; skipped > 0 only while it holds all of the first.
+        self.skip_at = self.skipped = 0
         self.device = self.lm.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.vocab_size = min(vocab_size, self.lm.vocab_size)
@@ -173,7 +182,7 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.lm.reset()
-        self.skipped = 0
+        self.skip_at = self.skipped = 0
         self._passes = 0
 
     @property
@@ -187,11 +196,13 @@ class ModelDrafter:
 
     def _missing(self, tokens: Tensor) -> Tensor:
         if self.window and len(tokens) - self.skipped - self.lm.length > self.window:
-            self.lm.reset()  # start over on the window
-            self.skipped = len(tokens) - self.window
+            self.lm.reset()  # start over on the window: its head and its tail
+            self.skip_at, self.skipped = self.head, len(tokens) - self.window
+            missing = torch.cat([tokens[: self.head], tokens[self.head + self.skipped:]])
+        else:
+            missing = tokens[self.skipped + self.lm.length:]
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        missing = tokens[self.skipped + self.lm.length:]
         return missing.to(self.device).clamp_max(self.lm.input_vocab - 1)
 
     def _clock(self) -> float:
@@ -240,9 +251,10 @@ class ModelDrafter:
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def rollback(self, n_valid: int) -> None:
-        if n_valid < self.skipped:  # the context now ends before the window began
-            self.lm.reset()
-            self.skipped = 0
+        if self.skipped and n_valid < self.skip_at + self.skipped:
+            # The context now ends before the window's tail: keep what is a prefix of it.
+            self.lm.crop(min(n_valid, self.skip_at))
+            self.skip_at = self.skipped = 0
         else:
             self.lm.crop(n_valid - self.skipped)
 
