@@ -121,8 +121,10 @@ def test_bench_json_shape_exactness_and_recording(tiny_profile, prompts_file, tm
     from specgen.app.store import load_runs
 
     out = tmp_path / "bench.json"
+    # --method draft-model: the fixed-K and adaptive entries draft with the draft model, so
+    # every method runs (the profile's default, hybrid, would leave `hybrid` to `adaptive`).
     result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "12",
-                    "--repeats", "2", "--out", str(out))
+                    "--repeats", "2", "--method", "draft-model", "--out", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     names = ["baseline", "peer", "k2", "k4", "k6", "adaptive", "lookup", "hybrid"]
