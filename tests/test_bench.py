@@ -99,7 +99,7 @@ def test_geomean_ignores_missing_values():
 
 def test_builtin_prompt_set_covers_every_category():
     prompts = b.builtin_prompts()
-    assert len(prompts) >= 12
+    assert len(prompts) >= 16
     assert {p.category for p in prompts} == set(CATEGORIES)
 
 
@@ -121,8 +121,10 @@ def test_bench_json_shape_exactness_and_recording(tiny_profile, prompts_file, tm
     from specgen.app.store import load_runs
 
     out = tmp_path / "bench.json"
+    # --method draft-model: the fixed-K and adaptive entries draft with the draft model, so
+    # every method runs (the profile's default, hybrid, would leave `hybrid` to `adaptive`).
     result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "12",
-                    "--repeats", "2", "--out", str(out))
+                    "--repeats", "2", "--method", "draft-model", "--out", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     names = ["baseline", "peer", "k2", "k4", "k6", "adaptive", "lookup", "hybrid"]
@@ -328,3 +330,12 @@ def test_plain_is_specgens_own_loop_with_nothing_drafted(tiny_profile, prompts_f
     assert all(r["equal_to_baseline"] for r in doc["per_prompt"])
     rows = [r for r in load_runs(tmp_path / "history.sqlite3") if r["k_max"] == 0]
     assert rows and {r["method"] for r in rows} == {"none"} and {r["draft"] for r in rows} == {None}
+
+
+def test_the_defaults_run_each_drafting_method_once():
+    """`adaptive` drafts with the profile's method: `lookup` or `hybrid` would repeat it."""
+    names = b.default_names(b.contestants("hybrid"), quantized=False, with_llama=False)
+    assert "adaptive" in names and "hybrid" not in names and "lookup" in names
+    names = b.default_names(b.contestants("prompt-lookup"), quantized=False, with_llama=False)
+    assert "lookup" not in names and "hybrid" in names
+    assert {"adaptive", "lookup", "hybrid"} <= set(b.default_names(b.contestants("draft-model"), False, False))

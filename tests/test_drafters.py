@@ -421,3 +421,63 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
     drafter.propose = lambda *a: (asked.append((a[1], a[4])), propose(*a))[1]
     SpeculativeGenerator(target, drafter, 8).generate(repetitive_prompt(0), max_new_tokens=12)
     assert made == {0: True} and asked[0] == (8, 0.25)
+
+
+# --- a draft that reads only the context's last tokens (draft_window) ------------------------
+
+def test_a_windowed_draft_reads_only_the_contexts_head_and_tail():
+    """With more than `window` tokens unread, the draft starts over on the context's first
+    `head` tokens (a quarter of the window by default) and its last window - head, as if
+    the context were those joined; later it catches up one step at a time."""
+    draft = tiny_model("llama", seed=1)
+    context = repetitive_prompt(0)  # 28 tokens
+    windowed = ModelDrafter(draft, 64, window=16)  # the first 4 and the last 12
+    assert windowed.unread(context) == 16 and ModelDrafter(draft, 64).unread(context) == 28
+    ids, _ = windowed.propose(context, 3, GREEDY, None)
+    assert (windowed.skip_at, windowed.skipped) == (4, 12) and windowed.lm.length == 16 + 2
+    assert windowed.catch_up[0] == 16  # what it read first, timed
+    joined = torch.cat([context[:4], context[16:]])
+    assert torch.equal(ids, ModelDrafter(draft, 64).propose(joined, 3, GREEDY, None)[0])
+    longer = torch.cat([context, ids[:2], torch.tensor([5])])
+    windowed.rollback(len(context) + 2)  # two drafts kept: the cache holds them
+    assert windowed.lm.length == 16 + 2 and windowed.unread(longer) == 1
+    windowed.rollback(10)  # a new prompt sharing 10 tokens: the tail is gone, the head stays
+    assert (windowed.skip_at, windowed.skipped, windowed.lm.length) == (0, 0, 4)
+    tail = ModelDrafter(draft, 64, window=16, head=0)  # the last 16 alone
+    ids, _ = tail.propose(context, 3, GREEDY, None)
+    assert torch.equal(ids, ModelDrafter(draft, 64).propose(context[12:], 3, GREEDY, None)[0])
+    with pytest.raises(ConfigError, match="window must be an integer >= 0"):
+        ModelDrafter(draft, 64, window=-1)
+    with pytest.raises(ConfigError, match="head must be from 0"):
+        ModelDrafter(draft, 64, window=16, head=16)
+
+
+@pytest.mark.parametrize("method", ["draft-model", "hybrid"])
+def test_a_windowed_draft_keeps_greedy_output_the_targets(pair, expected, method):
+    target, draft = pair
+    for k, adaptive in ((2, False), (5, False), (8, True)):
+        gen = SpeculativeGenerator(target, make_drafter(method, draft, 64, window=16), k, adaptive)
+        for seed in PROMPT_SEEDS:
+            result = gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW)
+            assert result.token_ids == expected[seed], (k, adaptive, seed)
+    # A chat: the second prompt extends the first; the window starts over where it must.
+    gen = SpeculativeGenerator(target, make_drafter(method, draft, 64, window=16), 4, False)
+    first = repetitive_prompt(0)
+    out = gen.generate(first, max_new_tokens=20).token_ids
+    second = torch.cat([first, torch.tensor(out[:15]), repetitive_prompt(1)])
+    reference = target.generate(second[None], do_sample=False, max_new_tokens=20)
+    assert gen.generate(second, max_new_tokens=20).token_ids == reference[0, len(second):].tolist()
+
+
+def test_a_windowed_draft_keeps_the_targets_distribution():
+    target, draft = tiny_pair("llama")
+    prompt = lookup_prompt(target)  # 10 tokens: the draft reads its last 4
+    params = SamplingParams(1.0)
+    joint = target_joint(target, prompt, 3, params)
+    drafter = ModelDrafter(draft, VOCAB, window=4)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, adaptive=False)
+    kw = dict(max_new_tokens=3, temperature=params.temperature)
+    samples = Counter(tuple(gen.generate(prompt, seed=i, **kw).token_ids) for i in range(SAMPLES))
+    assert drafter.skipped > 0
+    pvalue = chi_square_pvalue(samples, joint)
+    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"

@@ -294,3 +294,17 @@ def test_bad_inputs():
     with pytest.raises(ConfigError, match="shape"):
         gen.generate(torch.zeros(1, 1, 5, dtype=torch.long))
     assert issubclass(ConfigError, SpecgenError) and issubclass(ModelError, SpecgenError)
+
+
+def test_the_generator_measures_reading_and_keeps_it_across_answers():
+    """The target's prompt pass and the draft's first reading of the prompt are timed into
+    the generator's book, which a new conversation keeps: they are the machine's costs."""
+    target, draft = tiny_pair()
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=False)  # fixed K: the draft reads at once
+    prompt = torch.arange(3, 63) % 60  # 60 tokens
+    gen.generate(prompt, max_new_tokens=8)
+    assert gen.book.prefill_cost is not None and gen.book.prefill_cost > 0
+    assert gen.book.read_cost["model"] > 0  # the draft read the prompt in one forward
+    book = gen.book
+    gen.reset()
+    assert gen.book is book and "model" in gen.book.read_cost

@@ -202,7 +202,7 @@ def test_a_broken_sampler_is_caught_with_a_head(monkeypatch):
     def accept_all(p, q, draft_ids, generator=None):
         return draft_ids.shape[0], sample(p[draft_ids.shape[0]], generator)
 
-    monkeypatch.setattr(specgen.core.engine, "rejection_verify", accept_all)
+    monkeypatch.setattr(specgen.core.engine, "rejection_accept", accept_all)
     target, head = peaked("eagle")
     params = SamplingParams(1.0)
     samples, _ = draw(generator("eagle", target, head, 2), 3, params, samples=2000)

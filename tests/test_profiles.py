@@ -54,7 +54,7 @@ def test_bundled_profiles_all_load_and_describe_hardware():
     for name in BUNDLED:
         p = load_profile(name)
         assert p.path.parent == bundled_profile_dir()
-        assert p.draft is not None and p.speculation.method == "draft-model"
+        assert p.draft is not None and p.speculation.method == "hybrid"  # the default where a draft is
         assert "GB" in p.description  # says what memory it needs
 
 
@@ -229,6 +229,9 @@ def test_quantization_names_are_accepted(tmp_path):
     ("[speculation]\nnum_speculative_tokens = 33\n", "must be from 0 to 32"),
     ("[speculation]\nmin_ngram = 4\n", "min_ngram <= max_ngram"),
     ("[speculation]\ndraft_confidence = 1.0\n", "draft_confidence must be in [0, 1)"),
+    ("[speculation]\ndraft_window = -1\n", "draft_window must be 0 (the draft reads the whole"),
+    ("[speculation]\ndraft_window = 8\n", "or at least 16 tokens, got 8"),
+    ("[speculation]\ndraft_window = 1.5\n", "draft_window must be an integer"),
     ("[generation]\ntop_p = 1.5\n", "top_p must be in (0, 1]"),
     ("[generation]\nmax_new_tokens = 0\n", "max_new_tokens must be >= 1"),
 ])
@@ -237,7 +240,19 @@ def test_bad_values(tmp_path, extra, expected):
 
 
 def test_draft_model_method_needs_a_draft(tmp_path):
-    assert "needs a [draft] model" in error_of('[target]\nmodel = "org/big"\n', tmp_path)
+    text = '[target]\nmodel = "org/big"\n[speculation]\nmethod = "draft-model"\n'
+    assert "needs a [draft] model" in error_of(text, tmp_path)
+    # hybrid without a draft model is lookup, then the target itself (method self)
+    text = '[target]\nmodel = "org/big"\n[speculation]\nmethod = "hybrid"\n'
+    assert load_profile(str(write(tmp_path, "hybrid", text))).speculation.method == "hybrid"
+
+
+def test_the_default_method_is_the_hybrid_with_a_draft_and_prompt_lookup_without(tmp_path):
+    assert load_profile(str(write(tmp_path, "pair", MINIMAL))).speculation.method == "hybrid"
+    alone = load_profile(str(write(tmp_path, "alone", '[target]\nmodel = "org/big"\n')))
+    assert alone.draft is None and alone.speculation.method == "prompt-lookup"
+    again = with_overrides(alone, temperature=0.5)  # a resolved default survives overrides
+    assert again.speculation.method == "prompt-lookup"
 
 
 def test_model_entry_needs_model(tmp_path):

@@ -33,6 +33,10 @@ TRAINABLE_HEADS = ("eagle", "medusa")
 METHODS = ("draft-model", "prompt-lookup", "hybrid", "self", *HEAD_KINDS)
 # Methods that run a [draft] model: draft-model needs one; hybrid without one runs self.
 MODEL_METHODS = ("draft-model", "hybrid")
+# What a profile drafts with unless it says: the hybrid where it has a draft model (each step
+# goes to prompt lookup or the draft by measured yield, the draft joining once its reading of
+# the prompt pays), else prompt lookup. The output is exactly the target's whatever the method.
+DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT = "hybrid", "prompt-lookup"
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
 RUNTIMES = ("transformers", "llama.cpp")
@@ -41,6 +45,15 @@ RUNTIMES = ("transformers", "llama.cpp")
 # stays narrower than the passes the CPU kernels compute by another method (kernels.linear
 # FP32_ROWS, kernels.int4 tile paths), so every token's logits are those of a one-token pass.
 MIN_K, MAX_K = 0, 32
+
+# A draft forward reading fewer unread context tokens than this costs about one pass (passes
+# are flat at such widths): only a longer reading is a catch-up, timed, charged and measured
+# as one (core/adaptive.py).
+CATCH_UP_TOKENS = 8
+
+# The fewest context tokens a draft model may be limited to reading (speculation.draft_window;
+# 0 reads the whole context): fewer leaves it too little text to guess from.
+MIN_DRAFT_WINDOW = 16
 
 
 def listing(names: tuple[str, ...] | list[str], last: str = "or") -> str:

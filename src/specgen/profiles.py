@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specgen.choices import (DTYPES, GPU_SCHEMES, HEAD_KINDS, MAX_K, METHODS, MIN_K, QUANTIZATIONS,
+from specgen.choices import (DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT, DTYPES, GPU_SCHEMES,
+                             HEAD_KINDS, MAX_K, METHODS, MIN_DRAFT_WINDOW, MIN_K, QUANTIZATIONS,
                              RUNTIMES, listing)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
@@ -58,12 +59,13 @@ class ModelSpec:
 class SpeculationSpec:
     num_speculative_tokens: int = 4
     adaptive: bool = True
-    method: str = "draft-model"
+    method: str = DEFAULT_METHOD  # DEFAULT_METHOD_WITHOUT_DRAFT without a [draft]: _build
     max_ngram: int = 3
     min_ngram: int = 1
     draft_vocab: int = 0  # draft over the first N token ids only (0: all); see ModelDrafter
     draft_confidence: float = 0.0  # end a draft below this draft probability (0: never)
     skip_layers: str | None = None  # method "self": sub-layers to skip (parse_skip_layers)
+    draft_window: int = 0  # the draft reads at most the context's last N tokens (0: all)
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,10 @@ def _build(data: dict[str, Any], name: str, path: Path | None) -> Profile:
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}.")
         specs[section] = _build_section(cls, table, section, where)
+    no_model = specs["draft"] is None or not specs["draft"].has_model
+    if no_model and "method" not in (data.get("speculation") or {}):
+        specs["speculation"] = dataclasses.replace(specs["speculation"],
+                                                   method=DEFAULT_METHOD_WITHOUT_DRAFT)
     profile = Profile(name=name, path=path, description=description, **specs)
     _validate(profile, where)
     return profile
@@ -323,6 +329,9 @@ def _validate(p: Profile, where: Any) -> None:
     if not 0.0 <= s.draft_confidence < 1.0:
         raise ConfigError(f"{where}: speculation.draft_confidence must be in [0, 1) (0 never "
                           f"ends a draft early; 0.4 is a good start), got {s.draft_confidence}.")
+    if s.draft_window and s.draft_window < MIN_DRAFT_WINDOW or s.draft_window < 0:
+        raise ConfigError(f"{where}: speculation.draft_window must be 0 (the draft reads the whole "
+                          f"context) or at least {MIN_DRAFT_WINDOW} tokens, got {s.draft_window}.")
     if not 1 <= s.min_ngram <= s.max_ngram:
         raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
                           f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")
@@ -421,6 +430,7 @@ _OVERRIDES = {
     "num_speculative_tokens": ("speculation", "num_speculative_tokens"),
     "adaptive": ("speculation", "adaptive"),
     "method": ("speculation", "method"),
+    "draft_window": ("speculation", "draft_window"),
     "target_quantization": ("target", "quantization"),
     "target_dtype": ("target", "dtype"),
     "draft_quantization": ("draft", "quantization"),

@@ -79,6 +79,7 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         confidence=spec.draft_confidence,
         skip=skip.skip if skip else None,
         head=pair.head,
+        window=spec.draft_window,
     )
     generator = SpeculativeGenerator(
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive

@@ -39,6 +39,7 @@ class BenchRequest:
     draft_runtime: str | None = None
     raw: bool = False
     stats_db: Path | None = None
+    draft_window: int | None = None
 
     def check(self) -> None:
         """Refuse bad values before anything loads."""
@@ -105,7 +106,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                           max_new_tokens=request.max_new_tokens, temperature=0.0,
                           device=request.device, target_quantization=request.target_quantization,
                           draft_quantization=request.draft_quantization,
-                          draft_runtime=request.draft_runtime)
+                          draft_runtime=request.draft_runtime, draft_window=request.draft_window)
     if request.draft_vocab and prof.draft is not None and prof.draft.runtime == "llama.cpp":
         raise ConfigError("--draft-vocab trims a transformers draft's output layer; a llama.cpp "
                           "draft drafts over its whole vocabulary. Drop --draft-vocab.")
@@ -141,7 +142,8 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
                      spec.draft_confidence if request.draft_confidence is None
                      else request.draft_confidence,
                      reference, peer_draft=session.pair.peer_draft,
-                     skip=skip.skip if skip else None, head=session.pair.head)
+                     skip=skip.skip if skip else None, head=session.pair.head,
+                     window=spec.draft_window)
     if gguf is not None:  # the same threads as torch, room for the longest prompt
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + request.max_new_tokens + 16)
@@ -158,6 +160,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
               "threads": torch.get_num_threads(), "chat_template": gen.chat_template,
               "draft_vocab": runner.drafter_options[2] or 0,
               "draft_confidence": runner.drafter_options[3],
+              "draft_window": spec.draft_window,
               "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
               **({"skip_layers": skipsets.skip_text(skip.skip), "skip_origin": skip.origin,
                   "default_skip_layers": skipsets.skip_text(

@@ -97,10 +97,11 @@ def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: 
     """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
     target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
     file), the self-drafting ones (only when the profile drafts that way: they need a
-    Llama-family target that specgen's lean decoder runs) and the head kinds other than the
-    profile's head's."""
+    Llama-family target that specgen's lean decoder runs), the head kinds other than the
+    profile's head's, and `lookup` or `hybrid` where `adaptive` already runs that method."""
+    same = {"prompt-lookup": "lookup", "hybrid": "hybrid"}.get(everyone["adaptive"].method)
     return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
-            and (n != "llamacpp" or with_llama)
+            and (n != "llamacpp" or with_llama) and n != same
             and (not everyone[n].self_drafts or self_drafting)
             and (n not in HEAD_KINDS or n == head_kind)]
 
@@ -226,7 +227,7 @@ class Bench:
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
                  confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
-                 skip: Skip | None = None, head=None) -> None:
+                 skip: Skip | None = None, head=None, window: int = 0) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
         self.head = head
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
@@ -234,6 +235,7 @@ class Bench:
         self.max_new_tokens = max_new_tokens
         self.eos_ids = list(eos_ids)
         self.drafter_options = (max_ngram, min_ngram, head_rows, confidence)
+        self.window = window  # the draft model's reading (make_drafter)
         self.skip = skip  # the self drafter's (None: the default set)
         self.memory = PeakMemory(target.device)
         self.generators: dict[str, SpeculativeGenerator] = {}
@@ -244,7 +246,8 @@ class Bench:
             vocab = self.target.config.get_text_config().vocab_size
             skip = None if c.default_skip else self.skip
             drafter = make_drafter(c.method, None if c.self_drafts else self.draft, vocab,
-                                   *self.drafter_options, skip=skip, head=self.head)
+                                   *self.drafter_options, skip=skip, head=self.head,
+                                   window=self.window)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
         return self.generators[c.name]
 

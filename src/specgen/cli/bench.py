@@ -15,8 +15,10 @@ HELP = """Measure specgen against plain decoding and transformers' assisted gene
 All contestants run in one process on the profile's model pair, interleaved prompt by prompt,
 greedy: [bold]baseline[/] (the target's own generate), [bold]peer[/] (generate with
 assistant_model=draft), [bold]k2 k4 k6[/] (specgen, fixed K), [bold]adaptive[/] (specgen,
-adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting), the
-profile's draft head by its kind ([bold]eagle[/], [bold]eagle3[/], [bold]medusa[/]),
+adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid drafting),
+[bold]self[/], [bold]self-default[/] and [bold]hybrid-self[/] (the target drafting for itself
+with sub-layers skipped; by default only when the profile's method is self), the profile's
+draft head by its kind ([bold]eagle[/], [bold]eagle3[/], [bold]medusa[/]),
 [bold]plain[/] (specgen's own loop with speculation off; only when named), and,
 by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
@@ -48,7 +50,7 @@ def bench(
     contestants: Optional[str] = typer.Option(
         None, "--contestants", "-c",
         help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,"
-        "eagle,eagle3,medusa,bf16,llamacpp.",
+        "self,self-default,hybrid-self,eagle,eagle3,medusa,bf16,llamacpp.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."
@@ -61,6 +63,11 @@ def bench(
         None, "--draft-confidence",
         help="End a draft when the draft's probability of its token falls below this (0: never; default: the profile's).",
     ),
+    draft_window: Optional[int] = typer.Option(
+        None, "--draft-window",
+        help="The draft model reads at most N tokens of the context: its start and its end "
+        "(0: all; default: the profile's).",
+    ),
     **options,
 ) -> None:
     from specgen.bench.command import BenchRequest, run
@@ -69,6 +76,6 @@ def bench(
     request = BenchRequest(
         prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, out_file=out_file,
         contestants=contestants, method=method, threads=threads, draft_vocab=draft_vocab,
-        draft_confidence=draft_confidence, **options)
+        draft_confidence=draft_confidence, draft_window=draft_window, **options)
     if not run(request, load_session, err):
         raise typer.Exit(130)

@@ -21,14 +21,34 @@ where the text turns. Whether to speculate at all is then decided on the measure
 such drafts (tokens per second of their steps) against a plain step, and probes are
 self-ended drafts too: no model of a draft whose length it does not choose. Such a probe
 stops where the draft is unsure, so it is cheap and comes after 4 plain steps, not 16.
+
+Between guessers, each step goes to the best measured yield (tokens per second of the
+guesser's own steps; the expected rate of its K until it has drafted a few times).
+
+A guesser may have to read context before it can guess: a draft model reads the prompt
+when first asked to draft, and catches up on what other guessers drafted. That reading is
+paid before any of its guesses, and whether they will be worth it on this text is not known
+until they are made; nor how long the answer will be. So a guesser with reading to do is
+asked only once the time it would have saved on the answer so far, at its expected rate,
+pays for the reading (`saving`; the ski-rental rule): an answer that ends sooner never
+pays for it, and one that goes on pays at most twice what starting at once would have.
+Steps that already made tokens faster than it would (prompt lookup copying a passage) save
+it nothing, so on a long prompt lookup drafts first and the draft model joins where plain
+steps or poor guesses leave it something to save. What reading costs per token, and what a
+draft pass costs, are measured on this machine (`Book`, kept across answers); until then
+the target's own prompt pass stands in for the reading (a draft reads no slower than its
+target). A probe of a switched-off guesser pays its reading: that is part of asking.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from specgen.choices import CATCH_UP_TOKENS
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -39,6 +59,9 @@ if TYPE_CHECKING:
 FIRST_K = 2  # a guesser's K while its costs are unknown
 FIRST_STOP = 0.5  # a self-ended draft's stop then: its whole draft as likely wrong as right
 TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is judged
+YIELD_STEPS = 2  # steps after which a guesser is compared with others by its measured yield
+READ_SAMPLE = 32  # a read at least this long measures the seconds per token read
+RECENT_STEPS = 256  # steps whose tokens and seconds say what a catch-up would save
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -73,6 +96,27 @@ def marginal_verify_cost(costs: dict[int, float]) -> float:
     return max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
 
 
+def horizon(made: int, left: int) -> int:
+    """Tokens the answer is expected to go on for: as many as it has made so far (an answer
+    that has run for n tokens is as likely as not to run for n more), never more than the
+    tokens still wanted."""
+    return max(0, min(left, made))
+
+
+def saving(steps: Iterable[tuple[int, float]], rate: float, tokens: int) -> float:
+    """Seconds a guesser yielding `rate` would save over the next `tokens` tokens, if they
+    go as the recent `steps` (tokens made, seconds) went: each step slower per token than
+    `rate` would have taken tokens / rate instead. With `tokens` the horizon, a catch-up
+    is started once the time it would have saved so far pays for it (the ski-rental
+    rule): an answer that ends sooner never pays for it, one that goes on pays at most
+    twice what starting at once would have."""
+    made = spent = 0.0
+    for n, seconds in steps:
+        made += n
+        spent += max(0.0, seconds - n / rate)
+    return tokens * spent / made if made and rate > 0.0 else 0.0
+
+
 def moving_average(old: float | None, new: float) -> float:
     """Costs drift (caches grow, the machine's load changes): weight recent measurements."""
     return new if old is None else 0.8 * old + 0.2 * new
@@ -88,22 +132,36 @@ class Policy(Protocol):
 
     def rate(self, k: int) -> float: ...
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None: ...
+    def score(self, k: int) -> float: ...
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float, passes: int | None = None
+               ) -> None: ...
 
     def stop_below(self, k: int) -> float: ...
 
 
-def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int
-                   ) -> tuple[str | None, int]:
-    """Of the `guessers` whose policy drafts this step, the one with the best expected rate
-    (the first of equals), with its K; (None, 0) when none drafts: a plain step."""
+def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int,
+                   catch_up: Mapping[str, float] | None = None,
+                   saved: Callable[[float], float] | None = None) -> tuple[str | None, int]:
+    """Of the `guessers` whose policy drafts this step, the one with the best score (the
+    first of equals), with its K; (None, 0) when none drafts: a plain step. A guesser with
+    `catch_up` seconds of reading to do first drafts only where `saved(its score)`, the
+    seconds it is expected to save, is more (a probe excepted): where other guessers
+    already make tokens about as fast, it has nothing to repay its reading with."""
     best: tuple[str | None, int] = (None, 0)
-    best_rate = -math.inf
+    best_score = -math.inf
     for guesser in guessers:
         policy = policies[guesser]
         k = policy.choose(limit)
-        if k and policy.rate(k) > best_rate:
-            best, best_rate = (guesser, k), policy.rate(k)
+        if not k:
+            continue
+        score = policy.score(k)
+        seconds = (catch_up or {}).get(guesser, 0.0)
+        probe = getattr(policy, "probing", False)
+        if seconds > 0.0 and not probe and (saved is None or saved(score) <= seconds):
+            continue
+        if score > best_score:
+            best, best_score = (guesser, k), score
     return best
 
 
@@ -119,7 +177,11 @@ class FixedK:
     def rate(self, k: int) -> float:
         return 0.0  # no estimate: guessers keep their order of preference
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
+    def score(self, k: int) -> float:
+        return 0.0
+
+    def update(self, k: int, n_accepted: int, draft_seconds: float, passes: int | None = None
+               ) -> None:
         pass
 
     def stop_below(self, k: int) -> float:
@@ -135,6 +197,7 @@ class AdaptiveK:
         self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7,
         probe_every: int | None = None, max_probe_every: int = 128,
         verify_cost: dict[int, float] | None = None, self_stopping: bool = False,
+        prior_draft_cost: float | None = None,
     ) -> None:
         self.k_max = k_max
         self.self_stopping = self_stopping
@@ -147,14 +210,16 @@ class AdaptiveK:
         self.wait = probe_every  # plain steps before the next probe
         # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
         self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
-        self.draft_cost: float | None = None  # seconds per draft forward
+        self.draft_cost: float | None = None  # seconds per draft forward, this answer
+        self.prior_draft_cost = prior_draft_cost  # the same, from earlier answers
         self.warm = False  # drafted once: the first step's cost includes warming up
         # Seconds per target pass over k+1 tokens, shared by the policies of one generation.
         self.verify_cost = {} if verify_cost is None else verify_cost
         self.plain_steps = 0
         self.probing = False  # the step in flight is a probe
-        # A self-ended draft's length varies with the text, so its yield is measured, not
-        # modelled: decayed tokens made and seconds spent by its speculative steps.
+        # A guesser's yield is measured, not modelled (a self-ended draft's length varies
+        # with the text; lookup's guesses hold in runs): decayed tokens made and seconds
+        # spent by its speculative steps.
         self.yield_tokens = self.yield_seconds = 0.0
         self.spec_steps = 0  # speculative steps taken
 
@@ -167,16 +232,35 @@ class AdaptiveK:
             return self.verify_cost[k]
         return verify_curve(self.verify_cost, k)
 
+    def _draft_cost(self) -> float:
+        if self.draft_cost is not None:
+            return self.draft_cost
+        return self.prior_draft_cost or 0.0
+
+    def _geometric_rate(self, k: int) -> float:
+        cost = self._verify_cost(k) + k * self._draft_cost()
+        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+
     def rate(self, k: int) -> float:
         """Expected tokens per second when drafting k tokens. An untried guesser is taken
-        to guess at the prior rate for free: it gets a step to be measured only where the
-        others are expected to do worse than that."""
+        to guess at the prior acceptance, at the draft cost measured in earlier answers
+        (free when there were none): it gets a step to be measured only where the others
+        are expected to do worse than that. An untried self-ended draft is taken to do as
+        well as the best fixed K would."""
         if not self.verify_cost:
             return math.inf  # nothing measured yet
-        if k and self.yield_seconds:
-            return self.yield_tokens / self.yield_seconds  # a self-ended draft's, measured
-        cost = self._verify_cost(k) + k * (self.draft_cost or 0.0)
-        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+        if k and self.self_stopping:
+            if self.yield_seconds:
+                return self.yield_tokens / self.yield_seconds  # a self-ended draft's, measured
+            return max(self._geometric_rate(j) for j in range(1, k + 1))
+        return self._geometric_rate(k)
+
+    def score(self, k: int) -> float:
+        """What this guesser is expected to yield a step, to compare it with the others: its
+        measured yield once it has drafted YIELD_STEPS times, else the expected rate of k."""
+        if self.spec_steps >= YIELD_STEPS and self.yield_seconds:
+            return self.yield_tokens / self.yield_seconds
+        return self.rate(k)
 
     def choose(self, limit: int) -> int:
         self.probing = False  # a probe offered last step but not taken is forgotten
@@ -218,22 +302,25 @@ class AdaptiveK:
         rate = max(self.rate(k), self.rate(0))
         return rate * (self.draft_cost + marginal_verify_cost(self.verify_cost))
 
-    def update(self, k: int, n_accepted: int, draft_seconds: float) -> None:
+    def update(self, k: int, n_accepted: int, draft_seconds: float, passes: int | None = None
+               ) -> None:
         """After a step this policy drafted (k >= 1); the pass itself goes to record_pass.
-        The first step's drafting time is not a cost of drafting: it includes the draft
-        model reading the prompt (it does so when first asked to draft) and first-call
-        warm-up, and taken as the cost it would switch a good draft off."""
-        if self.warm:
-            self.draft_cost = moving_average(self.draft_cost, draft_seconds / k)
+        `draft_seconds` were spent on `passes` draft passes (default k), a catch-up left
+        out (the planner charges it apart). The first step's drafting time is not a cost
+        of drafting: it includes first-call warm-up, and taken as the cost it would switch
+        a good draft off."""
+        passes = k if passes is None else passes
+        if self.warm and passes:
+            self.draft_cost = moving_average(self.draft_cost, draft_seconds / passes)
         self.warm = True
-        if self.self_stopping:  # the first step's draft time is unknown: taken as free
-            # A kept probe says the text has changed since speculation went off: the yield
-            # starts again from it, or a long bad stretch would outvote it for many probes.
-            self.spec_steps += 1
-            keep = 0.0 if self.probing and n_accepted else self.decay
-            self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
-            self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
-                                  + k * (self.draft_cost or 0.0))
+        # A kept probe says the text has changed since speculation went off: the yield
+        # starts again from it, or a long bad stretch would outvote it for many probes.
+        # The first step's draft time is unknown: taken as free.
+        self.spec_steps += 1
+        keep = 0.0 if self.probing and n_accepted else self.decay
+        self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
+        self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
+                              + k * self._draft_cost())
         if n_accepted:
             self.wait = self.probe_every
         elif self.probing:  # a failed probe: wait twice as long before the next
@@ -258,31 +345,81 @@ class Plan:
 PLAIN = Plan(None, None, 0)
 
 
+@dataclass
+class Book:
+    """What a generator measures about its machine that outlives one answer: the seconds per
+    token a guesser's catch-up reads (`read_cost`, by guesser) and the target's prompt pass
+    (`prefill_cost`), and a guesser's seconds per draft pass (`draft_cost`). These are needed
+    before a guesser's first draft of an answer, to price what starting it would cost; each
+    answer measures its step costs afresh, since they change with the context's length."""
+
+    read_cost: dict[str, float] = field(default_factory=dict)
+    prefill_cost: float | None = None
+    draft_cost: dict[str, float] = field(default_factory=dict)  # seconds per draft pass
+
+    def catch_up(self, guesser: str, unread: int) -> float:
+        """Seconds `guesser` would spend reading `unread` tokens before its first guess; 0
+        for a read no longer than a pass's, or while nothing is measured."""
+        if unread < CATCH_UP_TOKENS:
+            return 0.0
+        per_token = self.read_cost.get(guesser, self.prefill_cost)
+        return 0.0 if per_token is None else unread * per_token
+
+    def read(self, guesser: str, tokens: int, seconds: float) -> None:
+        if tokens >= READ_SAMPLE:
+            self.read_cost[guesser] = moving_average(self.read_cost.get(guesser), seconds / tokens)
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        if tokens >= READ_SAMPLE:
+            self.prefill_cost = moving_average(self.prefill_cost, seconds / tokens)
+
+
 class Planner:
     """The policy beside the loop: before each step it plans who drafts and how much
     (`plan`), after it learns from what verification kept and what the step cost
     (`observe`). One K policy per guesser, made on first use; the target's pass costs are
-    the target's, whoever drafted, so the policies share them."""
+    the target's, whoever drafted, so the policies share them. Catch-up costs are kept in
+    a `Book` that outlives the answer (the generator's)."""
 
-    def __init__(self, k_max: int, adaptive: bool = True) -> None:
+    def __init__(self, k_max: int, adaptive: bool = True, book: Book | None = None) -> None:
         self.verify_cost: dict[int, float] = {}
         self.policies: dict[str, Policy] = {}
         self.k_max, self.adaptive = k_max, adaptive
+        self.book = Book() if book is None else book
+        self.steps: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS)  # (tokens, seconds)
 
     def _policy(self, guesser: str, drafter: Drafter) -> Policy:
         if guesser not in self.policies:
             self.policies[guesser] = (
                 AdaptiveK(self.k_max, verify_cost=self.verify_cost,
-                          self_stopping=drafter.ends_own_drafts)
+                          self_stopping=drafter.ends_own_drafts,
+                          prior_draft_cost=self.book.draft_cost.get(guesser))
                 if self.adaptive else FixedK(self.k_max))
         return self.policies[guesser]
 
-    def plan(self, drafter: Drafter, tokens: Tensor, limit: int) -> Plan:
-        """The next step's plan, drafting at most `limit` tokens."""
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """The target's pass over `tokens` prompt tokens took `seconds`."""
+        self.book.prefilled(tokens, seconds)
+
+    def catch_up(self, guesser: str, drafter: Drafter, tokens: Tensor) -> float:
+        """Seconds `drafter` would read before guessing for `guesser` (drafters that read
+        nothing of their own need not say: `unread`)."""
+        unread = getattr(drafter, "unread", None)
+        return self.book.catch_up(guesser, unread(tokens)) if unread is not None else 0.0
+
+    def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
+        """The next step's plan, drafting at most `limit` tokens, `made` tokens into the
+        answer."""
         offered = drafter.guessers(tokens)
         for guesser, who in offered.items():
             self._policy(guesser, who)
-        guesser, k = choose_guesser(self.policies, tuple(offered), limit)
+        if self.adaptive:
+            catch_up = {g: self.catch_up(g, who, tokens) for g, who in offered.items()}
+            ahead = horizon(made, limit + 1)
+            guesser, k = choose_guesser(self.policies, tuple(offered), limit, catch_up,
+                                        lambda rate: saving(self.steps, rate, ahead))
+        else:
+            guesser, k = choose_guesser(self.policies, tuple(offered), limit)
         if guesser is None:
             return PLAIN
         return Plan(guesser, offered[guesser], k, self.policies[guesser].stop_below(k))
@@ -290,7 +427,19 @@ class Planner:
     def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
         """After verifying a step of `plan` that drafted k tokens (a drafter may find fewer
-        than planned) of which n_accepted were kept."""
+        than planned) of which n_accepted were kept. A drafter that read context first says
+        so (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is
+        not a draft pass."""
         record_pass(self.verify_cost, k, verify_seconds)
-        if k:
-            self.policies[plan.guesser].update(k, n_accepted, draft_seconds)
+        read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
+        passes = k
+        if read >= CATCH_UP_TOKENS:
+            self.book.read(plan.guesser, read, read_seconds)
+            draft_seconds, passes = max(0.0, draft_seconds - read_seconds), k - 1
+        self.steps.append((n_accepted + 1, draft_seconds + verify_seconds))
+        if not k:
+            return
+        policy = self.policies[plan.guesser]
+        policy.update(k, n_accepted, draft_seconds, passes)
+        if getattr(policy, "draft_cost", None) is not None:
+            self.book.draft_cost[plan.guesser] = policy.draft_cost

@@ -12,6 +12,12 @@ there and almost always wrong), so each length learns its own acceptance and K. 
 knows its confidence (`ends_own_drafts`) stops a draft once the draft's probability of its
 whole draft falls below `stop_below`, which is part of what it is asked for, as k is.
 
+A drafter that must read context before it guesses (a draft model catching up) may say how
+much: `unread(tokens)`, the tokens it would read, and after a propose `catch_up`, the
+(tokens, seconds) of that reading when its first forward read CATCH_UP_TOKENS or more. The
+planner charges and measures that reading apart from drafting. Drafters that read nothing
+of their own (prompt lookup) need neither.
+
 Four drafters: a small draft model (ModelDrafter), the target itself with some sub-layers
 skipped (SelfDrafter: no second model, no extra weights), prompt lookup (PromptLookupDrafter:
 the guess is already in the context, e.g. code being edited; no model, no forward passes),
@@ -26,6 +32,7 @@ target's decoder.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -33,7 +40,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.choices import HEAD_KINDS, METHODS, listing
+from specgen.choices import CATCH_UP_TOKENS, HEAD_KINDS, METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
@@ -173,6 +180,13 @@ class ModelDrafter:
     missing in one forward, so catching up never costs an extra pass. The prompt is read the
     same way, when first asked to draft: an answer that never drafts never pays for it.
 
+    `window` (0: none) bounds that reading: with more than `window` tokens unread, the draft
+    forgets what it holds and reads `head` tokens from the context's start (by default a
+    quarter of the window: the system prompt and the instruction) and the rest from its
+    end, as if the context were those two parts joined; the `skipped` tokens between them
+    are never read. The draft's context is not the guarantee (only the target's is): a
+    shorter one can only make its guesses worse.
+
     A draft ends early, after the token that brings it below either of two limits: the
     draft's probability of that token under `confidence` (a fixed cut-off, as transformers'
     assisted generation has), or its probability of the whole draft so far under the
@@ -185,26 +199,56 @@ class ModelDrafter:
     ends_own_drafts = True
 
     def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
-                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+                 head_rows: int | None = None, confidence: float = 0.0, window: int = 0,
+                 head: int | None = None) -> None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ConfigError(f"The draft's window must be an integer >= 0 (0: the whole "
+                              f"context), got {window!r}.")
+        head = window // 4 if head is None else head
+        if not 0 <= head < max(window, 1):
+            raise ConfigError(f"The draft window's head must be from 0 to the window less one "
+                              f"({window - 1}), got {head!r}.")
         self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
         self.confidence = confidence
+        self.window, self.head = window, head
+        # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`
+        # tokens it never read) the rest; skipped > 0 only while it holds all of the first.
+        self.skip_at = self.skipped = 0
         self.device = self.lm.device
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.vocab_size = min(vocab_size, self.lm.vocab_size)
         self._passes = 0
+        self.catch_up = (0, 0.0)  # the last propose's reading: (tokens, seconds)
 
     def reset(self) -> None:
         self.lm.reset()
+        self.skip_at = self.skipped = 0
         self._passes = 0
 
     @property
     def forward_passes(self) -> int:
         return self._passes
 
+    def unread(self, tokens: Tensor) -> int:
+        """Tokens of `tokens` the draft would read in its next forward."""
+        unread = len(tokens) - self.skipped - self.lm.length
+        return min(unread, self.window) if self.window else unread
+
     def _missing(self, tokens: Tensor) -> Tensor:
+        if self.window and len(tokens) - self.skipped - self.lm.length > self.window:
+            self.lm.reset()  # start over on the window: its head and its tail
+            self.skip_at, self.skipped = self.head, len(tokens) - self.window
+            missing = torch.cat([tokens[: self.head], tokens[self.head + self.skipped:]])
+        else:
+            missing = tokens[self.skipped + self.lm.length:]
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        return tokens[self.lm.length:].to(self.device).clamp_max(self.lm.input_vocab - 1)
+        return missing.to(self.device).clamp_max(self.lm.input_vocab - 1)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _logits(self, ids: Tensor) -> Tensor:
         return self.lm.logits(ids)[: self.vocab_size]
@@ -218,11 +262,16 @@ class ModelDrafter:
         stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
         pending = self._missing(tokens)
+        reading = pending.numel() >= CATCH_UP_TOKENS and k > 0
+        self.catch_up = (0, 0.0)
+        start = self._clock() if reading else 0.0
         ids, qs = [], []
         sure = 1.0  # the draft's probability of its whole draft so far
         for _ in range(k):
             logits = self._logits(pending)
             self._passes += 1
+            if reading:
+                self.catch_up, reading = (pending.numel(), self._clock() - start), False
             if params.greedy:
                 token = logits.argmax(-1)
                 q = torch.softmax(logits.float(), -1) if self.confidence or stop_below else None
@@ -242,7 +291,12 @@ class ModelDrafter:
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def rollback(self, n_valid: int) -> None:
-        self.lm.crop(n_valid)
+        if self.skipped and n_valid < self.skip_at + self.skipped:
+            # The context now ends before the window's tail: keep what is a prefix of it.
+            self.lm.crop(min(n_valid, self.skip_at))
+            self.skip_at = self.skipped = 0
+        else:
+            self.lm.crop(n_valid - self.skipped)
 
 
 def default_skip(layers: int) -> Skip:
@@ -345,6 +399,9 @@ class SelfDrafter(ModelDrafter):
         self.lm: SkippedTarget | None = None  # bound to the target by bind_target
         self.vocab_size = 0
         self._passes = 0
+        # ModelDrafter's reading: the target's cache holds the whole context, so no window.
+        self.window = self.head = self.skip_at = self.skipped = 0
+        self.catch_up = (0, 0.0)
 
     @property
     def device(self) -> torch.device:
@@ -516,6 +573,7 @@ def make_drafter(
     confidence: float = 0.0,
     skip: Skip | None = None,
     head: Head | None = None,
+    window: int = 0,
 ) -> Drafter:
     """The drafter for a profile's `method`. `draft-model` needs a draft model; `hybrid`
     drafts with it where there is one, else with the target itself (self); a head method
@@ -543,7 +601,7 @@ def make_drafter(
             "method = \"self\" or \"prompt-lookup\", which need none."
         )
     else:
-        drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence)
+        drafter = ModelDrafter(draft_model, target_vocab, head_rows, confidence, window)
     if method == "hybrid":
         return HybridDrafter(drafter, PromptLookupDrafter(max_ngram, min_ngram))
     return drafter

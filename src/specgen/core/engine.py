@@ -20,7 +20,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from specgen.choices import MAX_K, MIN_K
-from specgen.core.adaptive import Plan, Planner
+from specgen.core.adaptive import Book, Plan, Planner
 from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
 from specgen.core.sampling import SamplingParams, greedy_accept, probs_from_logits, rejection_accept
 from specgen.core.stats import Source, Stats, Token
@@ -77,6 +77,9 @@ class SpeculativeGenerator:
             bind(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
+        # What reading context costs on this machine, learnt across answers; a new
+        # conversation keeps it (reset), since it is the machine's, not the context's.
+        self.book = Book()
 
     def reset(self) -> None:
         """Forget the cached context (start a new conversation)."""
@@ -128,7 +131,7 @@ class SpeculativeGenerator:
             raise ConfigError("stop_strings need a tokenizer to read the text; pass tokenizer=.")
         stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
         gen_t, gen_d = self._generators(seed)
-        planner = Planner(self.k_max, self.adaptive)
+        planner = Planner(self.k_max, self.adaptive, self.book)
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         max_new_tokens = self._room(len(tokens), max_new_tokens)
@@ -144,6 +147,7 @@ class SpeculativeGenerator:
             _, new, ids = self._settle(*self._verify(logits, no_drafts, None, params, gen_t),
                                        no_drafts)
             stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
+            planner.prefilled(stats.prefill_tokens, stats.prefill_seconds)
             tokens = self._tokens = torch.cat([tokens, new])
             stats.target_passes = 1
             if (yield from self._emit(ids, 0, 0, stop, stats)):
@@ -151,7 +155,8 @@ class SpeculativeGenerator:
             while stats.new_tokens < max_new_tokens:
                 # 1. Draft: the planner picks who drafts and how much (never more tokens than
                 #    are still wanted); a drafter may find fewer, or end sooner.
-                plan = planner.plan(self.drafter, tokens, max_new_tokens - stats.new_tokens - 1)
+                plan = planner.plan(self.drafter, tokens, max_new_tokens - stats.new_tokens - 1,
+                                    stats.new_tokens)
                 t0 = self._clock.mark()
                 drafts, q = self._draft(plan, tokens, params, gen_d)
                 k = drafts.shape[0]
