@@ -8,6 +8,7 @@ from typing import Optional
 
 from specgen.app.render import TokenPrinter, make_console
 from specgen.paths import chat_history
+from specgen.profiles import check_seed
 from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
                                  METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RECORD_PROMPT, SEED,
                                  STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
@@ -51,14 +52,15 @@ def chat(
     record_prompt: bool = RECORD_PROMPT,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.app import chat as chat_app  # loads torch
-
     use_color(no_color)
+    check_seed(seed)
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system,
         device=device, target_quantization=target_quantization,
         draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
+    from specgen.app import chat as chat_app  # loads torch: after every check of the input
+
     session = load_session(prof)
     conversation = chat_app.Chat(session, prof.generation.system_prompt, seed)
     out = make_console(no_color=no_color)

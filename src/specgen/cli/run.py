@@ -13,8 +13,10 @@ from specgen.app.store import record_run
 from specgen.cli.options import (DEBUG, DEVICE, DRAFT_QUANTIZATION, DRAFT_RUNTIME, K, MAX_NEW_TOKENS,
                                  METHOD, NO_ADAPTIVE, NO_COLOR, PROFILE, RAW, RECORD_PROMPT, SEED,
                                  STATS_DB, SYSTEM, TARGET_QUANTIZATION, TEMPERATURE, TOP_K, TOP_P,
-                                 err, load_session, profile_with_options, read_prompt, use_color)
+                                 err, load_session, profile_with_options, read_prompt,
+                                 use_color, warn)
 from specgen.errors import ConfigError
+from specgen.profiles import check_seed
 
 HELP = """Generate an answer with speculative decoding, streamed as it is verified.
 
@@ -58,17 +60,18 @@ def run(
     record_prompt: bool = RECORD_PROMPT,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.app.answer import answer  # loads torch
-
     if output_format not in ("text", "json"):
         raise ConfigError(f"--format must be 'text' or 'json', got {output_format!r}.")
     use_color(no_color)
+    check_seed(seed)
     text = read_prompt(prompt, file)
     prof = profile_with_options(
         profile, max_new_tokens, temperature, top_p, top_k, k, no_adaptive, method, system, raw,
         device=device, target_quantization=target_quantization,
         draft_quantization=draft_quantization, draft_runtime=draft_runtime,
     )
+    from specgen.app.answer import answer  # loads torch: after every check of the input
+
     session = load_session(prof)
     out = make_console(no_color=no_color)
     as_json = output_format == "json"
@@ -76,18 +79,22 @@ def run(
     if printer.styled and not as_json:
         err.print(printer.legend())
     result = answer(session, text, seed, on_text=None if as_json else printer.write)
+    # Recorded first: whatever ended the answer (Ctrl-C, SIGTERM, a closed stdout), the run
+    # is in the history before anything else is written.
     warning = record_run(
         session.record("run", result.stats, result.ended, text if record_prompt else None),
         stats_db)
-    if as_json:
-        doc = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict(),
-               "profile": prof.name, "target": session.pair.target_name,
-               "draft": session.pair.draft_name}
-        out.file.write(json.dumps(doc, ensure_ascii=False) + "\n")
-    else:
-        out.file.write("\n")
-    err.print(summary_line(result.stats), style="dim", soft_wrap=True, highlight=False)
+    if not isinstance(result.stopped_by, BrokenPipeError):
+        if as_json:
+            doc = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict(),
+                   "profile": prof.name, "target": session.pair.target_name,
+                   "draft": session.pair.draft_name}
+            out.file.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        else:
+            out.file.write("\n")
+        out.file.flush()  # a closed stdout shows here, not at exit
+        err.print(summary_line(result.stats), style="dim", soft_wrap=True, highlight=False)
     if warning:
-        err.print(f"[yellow]warning:[/] {warning}")
-    if result.ended == "interrupted":
-        raise typer.Exit(130)
+        warn(warning)
+    if result.stopped_by is not None:
+        raise result.stopped_by  # the exit code says what ended it (cli/signals.py)

@@ -16,14 +16,14 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, MODEL_METHODS
 from specgen.decoding import llamacpp
-from specgen.errors import ConfigError, ModelError, ResourceError
+from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
 from specgen.kernels import prepare
 from specgen.loading.convert import convert_gguf, converted_dir, is_complete, locate, locate_gguf
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
 from specgen.loading.sources import (Progress, Source, fetch_weights, load_config, load_tokenizer,
-                                     say)
+                                     refused_code, say)
 from specgen.paths import cache_dir
 from specgen.profiles import ModelSpec, Profile
 
@@ -122,7 +122,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
-        raise ModelError(f"Cannot load {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(f"Cannot load {source.name}: {e}") from None
     scheme, cache = "none", None
     if spec.quantization in CPU_SCHEMES:
         # The packed weights are cached, keyed by the source weights' identity and dtype, so
@@ -151,7 +151,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
     for role, spec in roles:
         if spec.trust_remote_code:
             warnings.warn(f"{role} {spec.model}: trust_remote_code = true runs Python code from "
-                          "the model's repository on this machine.", stacklevel=2)
+                          "the model's repository on this machine.", SpecgenWarning, stacklevel=2)
         if spec.quantization in BNB_SCHEMES:
             bnb_config(spec.quantization, torch.float32)  # fail early if bitsandbytes is missing
 

@@ -143,12 +143,24 @@ def _hub_call(fn: Callable, repo: str, revision: str | None, hint: str, **kwargs
         raise ModelError(f"Could not download {what}: {e}" + hint) from None
 
 
+def refused_code(name: str, e: Exception) -> ModelError | None:
+    """transformers' refusal to run a model's own Python code, as the profile key to change
+    (None for any other error)."""
+    if "trust_remote_code" not in str(e):
+        return None
+    return ModelError(
+        f"{name} needs its own Python code to load, which specgen runs only when the profile "
+        "allows it: if you trust that code, set trust_remote_code = true in the profile's "
+        "[target] or [draft] table naming this model.")
+
+
 def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:
     kwargs = {"gguf_file": source.gguf} if source.gguf else {}
     try:
         return AutoConfig.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"Cannot read the configuration of {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(
+            f"Cannot read the configuration of {source.name}: {e}") from None
 
 
 def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -156,4 +168,5 @@ def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTraine
     try:
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"Cannot load the tokenizer of {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(
+            f"Cannot load the tokenizer of {source.name}: {e}") from None
