@@ -51,7 +51,8 @@ def stats(new_tokens: int, passes: int, proposed: int, accepted: int, k_max: int
 def add(db, profile: str, s: dict, age_days: float = 0.0, **fields) -> None:
     record = RunRecord(
         command=fields.pop("command", "run"), profile=profile, target=f"{profile}/target",
-        draft=f"{profile}/draft", method="draft", device="cpu", dtype="bfloat16",
+        draft=f"{profile}/draft", method=fields.pop("method", "draft-model"), device="cpu",
+        dtype="bfloat16",
         quantization="none", adaptive=False, k_max=s["k_max"], temperature=0.0, top_p=1.0,
         top_k=0, ended=fields.pop("ended", "completed"), stats=s,
         created_at=NOW - age_days * DAY, **fields,
@@ -83,16 +84,21 @@ def as_json(db, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+def group(doc: dict, profile: str) -> dict:
+    (found,) = [g for g in doc["groups"] if g["profile"] == profile]
+    return found
+
+
 def test_aggregates_are_ratios_of_sums(db):
     doc = as_json(db)
-    coder = doc["profiles"]["coder"]
+    coder = group(doc, "coder")
     assert coder["runs"] == 2
     assert coder["new_tokens"] == 42
     assert coder["acceptance_rate"] == pytest.approx(18 / 100)  # not (0.9 + 0.1) / 2
     assert coder["tau"] == pytest.approx(42 / 27)
     wall = sum(r["wall_seconds"] for r in load_runs(db, profile="coder"))
     assert coder["tokens_per_second"] == pytest.approx(42 / wall)
-    verify, draft = 0.5 * 27, 0.2 * 100 / 4
+    verify, draft = 0.5 * 27, 0.2 * 100 / 4  # no prompt passes in these records
     assert coder["speedup_estimate"] == pytest.approx(42 * (verify / 27) / (draft + verify))
     rows = load_runs(db, profile="coder")
     assert coder["per_position_proposed"] == [
@@ -100,7 +106,7 @@ def test_aggregates_are_ratios_of_sums(db):
     assert coder["per_position_rate"][0] == pytest.approx(
         coder["per_position_accepted"][0] / coder["per_position_proposed"][0])
     assert sum(coder["accepted_length_hist"]) == sum(coder["k_hist"][1:])
-    plain = doc["profiles"]["plain"]
+    plain = group(doc, "plain")
     assert plain["acceptance_rate"] is None and plain["tau"] == 1.0
     assert doc["runs"] == 4 and doc["total"]["new_tokens"] == 70
     assert doc["total"]["acceptance_rate"] == pytest.approx((18 + 16) / 120)
@@ -114,7 +120,7 @@ def test_default_view_shows_profiles_and_charts(db):
                  "Drafts accepted per step", "no drafts proposed", "4 runs", "█"):
         assert text in out, text
     coder_line = next(line for line in out.splitlines() if line.strip().startswith("coder "))
-    assert coder_line.split()[1:4] == ["2", "42", "18%"]
+    assert coder_line.split()[1:6] == ["draft-model:", "coder/draft", "2", "42", "18%"]
 
 
 @pytest.mark.parametrize("view", [[], ["--runs"]])
@@ -138,7 +144,7 @@ def test_render_into_a_40_column_console(db):
 
 def test_profile_filter(db):
     doc = as_json(db, "--profile", "chat")
-    assert list(doc["profiles"]) == ["chat"] and doc["runs"] == 1
+    assert [g["profile"] for g in doc["groups"]] == ["chat"] and doc["runs"] == 1
 
 
 def test_since_filter(db):
@@ -195,7 +201,7 @@ def test_empty_history_says_how_to_make_some(tmp_path):
 def test_no_match_says_so(db):
     result = invoke("--stats-db", str(db), "--profile", "nope")
     assert result.exit_code == 0
-    assert "No runs match" in result.stdout and "4 runs" in result.stdout
+    assert "No runs match" in result.stdout and "4 records" in result.stdout
 
 
 def test_env_var_selects_the_database(db):
@@ -263,14 +269,18 @@ def test_clear_refuses_filters(db):
     assert len(load_runs(db)) == 4
 
 
-def test_the_speedup_estimate_leaves_out_the_prompts_passes(tmp_path):
+def test_the_speedup_estimate_counts_the_prompts_passes_as_plain_steps(tmp_path):
     """Since the prompt's pass gives the first token, a record counts it among its target
-    passes but not among its steps; records made before count steps only."""
+    passes but not among its steps: it costs one plain step on both sides. Records made
+    before count steps only, and keep their figure."""
     new = stats(new_tokens=11, passes=2, proposed=8, accepted=8)  # 1 + 5 + 5 tokens
     new["target_passes"] = 3
     old = stats(new_tokens=10, passes=2, proposed=8, accepted=8)
-    for name, s in (("new", new), ("old", old)):
+    for name, s, prompt_passes in (("new", new, 1), ("old", old, 0)):
         add(tmp_path / f"{name}.sqlite3", name, s)
         [row] = load_runs(tmp_path / f"{name}.sqlite3")
-        expected = 10 * (s["verify_seconds"] / 2) / (s["draft_seconds"] + s["verify_seconds"])
+        step = s["verify_seconds"] / 2
+        expected = s["new_tokens"] * step / (s["draft_seconds"] + s["verify_seconds"]
+                                             + prompt_passes * step)
         assert summarize([row])["speedup_estimate"] == pytest.approx(expected)
+        assert expected <= s["new_tokens"] / s["target_passes"]

@@ -248,7 +248,8 @@ def test_a_head_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k
     target, head = fitted(kind)
     prompt = torch.tensor([[3, 17, 5, 9, 22]])
     expected = target.generate(prompt, do_sample=False, max_new_tokens=40)[0, 5:].tolist()
-    gen = SpeculativeGenerator(target, make_drafter(kind, None, target.config.vocab_size, head=head), 4)
+    gen = SpeculativeGenerator(target, make_drafter(kind, None, target.config.vocab_size, head=head), 4,
+                              prepare=False)  # the cached fitted target stays as it is
     assert isinstance(gen._decoder, CudaDecoder) and gen._decoder.capture_layers is not None
     result = gen.generate(prompt[0], max_new_tokens=40)
     assert result.token_ids == expected

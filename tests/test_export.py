@@ -144,8 +144,12 @@ def test_llamacpp_current_demo_profile():
     assert flags["-hf"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"
     assert flags["--hf-file"] == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     assert flags["-hfd"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M"
-    assert flags["--spec-type"] == "draft-simple"  # a draft model alone no longer turns it on
+    # the demo drafts with the hybrid: lookup and the draft model
+    assert flags["--spec-type"] == "ngram-simple,draft-simple"
     assert flags["--spec-draft-n-max"] == "4" and flags["--port"] == "8080"
+    alone = with_overrides(load_profile("qwen-coder-demo"), method="draft-model")
+    _, _, flags = parse(llamacpp(alone).text())
+    assert flags["--spec-type"] == "draft-simple"  # a draft model alone no longer turns it on
 
 
 def test_llamacpp_methods_current_and_legacy():

@@ -31,9 +31,10 @@ def prompt(seed=0, vocab=64, length=9):
     return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
-def generator(kind, target, head, k, adaptive=False, **kw):
+def generator(kind, target, head, k, adaptive=False, prepare=False, **kw):
+    """`prepare` False: the cached `fitted` targets must not be prepared in place."""
     drafter = make_drafter(kind, None, target.config.vocab_size, head=head, **kw)
-    return SpeculativeGenerator(target, drafter, k, adaptive=adaptive)
+    return SpeculativeGenerator(target, drafter, k, adaptive=adaptive, prepare=prepare)
 
 
 @pytest.mark.parametrize("kind, draft_vocab", KINDS)
@@ -118,7 +119,7 @@ def test_the_lean_decoder_captures_what_transformers_does(kind, draft_vocab):
 
 def test_a_decoder_keeps_nothing_unless_a_head_asks():
     target, head = fitted("eagle")
-    gen = SpeculativeGenerator(target, make_drafter("prompt-lookup", None, 64), 4)
+    gen = SpeculativeGenerator(target, make_drafter("prompt-lookup", None, 64), 4, prepare=False)
     gen.generate(prompt(0), max_new_tokens=8)
     assert gen._decoder.capture_layers is None and gen._decoder.captured == []
     gen = generator("eagle3", *fitted("eagle3", draft_vocab=48), 4)

@@ -45,7 +45,7 @@ def test_a_reference_checkpoint_loads_and_drafts_exactly(tmp_path, kind, file):
     if kind == "medusa":  # counted from the keys: the published config says 2
         assert len(loaded) == 4
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
-    gen = SpeculativeGenerator(target, make_drafter(kind, None, 64, head=loaded), 4)
+    gen = SpeculativeGenerator(target, make_drafter(kind, None, 64, head=loaded), 4, prepare=False)
     result = gen.generate(ids, max_new_tokens=24)
     assert result.token_ids == reference(target, ids) and result.stats.accepted > 0
 
@@ -78,7 +78,7 @@ def test_an_eagle3_head_narrower_than_its_target_brings_its_own_embedding(tmp_pa
                                       config), "eagle3", c)
     assert loaded.embed_tokens.weight.shape == (64, 32)
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(2))
-    gen = SpeculativeGenerator(target, make_drafter("eagle3", None, 64, head=loaded), 3)
+    gen = SpeculativeGenerator(target, make_drafter("eagle3", None, 64, head=loaded), 3, prepare=False)
     assert gen.generate(ids, max_new_tokens=24).token_ids == reference(target, ids)
 
 

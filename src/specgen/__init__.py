@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.2.0"
-__all__ = ["GenerationResult", "SpecgenError", "SpeculativeGenerator", "Stats", "Token", "__version__"]
+__all__ = ["GenerationResult", "Session", "SpecgenError", "SpeculativeGenerator", "Stats", "Token",
+           "__version__", "load", "prepare"]
 
 if TYPE_CHECKING:
+    from specgen.app.session import Session, load
     from specgen.core.engine import GenerationResult, SpeculativeGenerator
     from specgen.core.stats import Stats, Token
     from specgen.errors import SpecgenError
+    from specgen.kernels import prepare
 
 
 def __getattr__(name: str):
@@ -21,6 +24,14 @@ def __getattr__(name: str):
         from specgen.errors import SpecgenError
 
         return SpecgenError
+    if name == "prepare":  # kernels.prepare(model, role, quantization): the CLI's preparation
+        from specgen.kernels import prepare
+
+        return prepare
+    if name in ("load", "Session"):  # a profile loaded as the CLI loads it
+        from specgen.app import session
+
+        return getattr(session, name)
     if name in ("Stats", "Token"):
         from specgen.core import stats
 

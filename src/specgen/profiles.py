@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import sys
@@ -32,6 +33,12 @@ DEFAULT_PROFILE = "qwen-coder-demo"
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# Bounds that keep a valid profile runnable: integers fit the history's 64-bit columns; a
+# temperature below MIN_TEMPERATURE is greedy in effect but overflows the scaled logits; an
+# n-gram longer than MAX_NGRAM never pays and its match table grows with it.
+MAX_INT = 2**63 - 1
+MIN_TEMPERATURE = 1e-5
+MAX_NGRAM = 64
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,8 @@ def list_profiles() -> list[tuple[str, Path]]:
 def find_profile(name: str) -> Path:
     if name.endswith(".toml") or "/" in name or os.sep in name:
         path = Path(name).expanduser()
+        if path.is_dir():
+            raise ConfigError(f"Profile {path} is a directory: give a profile's .toml file.")
         if not path.is_file():
             raise ConfigError(f"Profile file {path} does not exist.")
         return path
@@ -149,13 +158,37 @@ def load_profile(name_or_path: str) -> Profile:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        text = utf8_text(path.read_bytes(), f"Profile {path}")
+    except IsADirectoryError:
+        raise ConfigError(f"Profile {path} is a directory: give a profile's .toml file.") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot read profile {path}: {e.strerror}.") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         # tomllib's message already ends with "(at line L, column C)".
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"Cannot read profile {path}: {e.strerror}") from None
+
+
+def utf8_text(data: bytes | str, what: str) -> str:
+    """`data` as text if it is valid UTF-8, else a ConfigError naming `what` and the first bad
+    byte. A str from stdin or argv carries undecodable bytes as surrogates (surrogateescape):
+    they count as bad bytes too."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+            return data
+        except UnicodeEncodeError as e:
+            bad = data[e.start]
+            byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+            at = f"byte 0x{byte:02x}" if byte is not None else f"character {bad!r}"
+            raise ConfigError(f"{what} is not UTF-8 text ({at} at character {e.start}): "
+                              "give it as UTF-8.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}): save it as UTF-8.") from None
 
 
 def _read_merged(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
@@ -169,7 +202,8 @@ def _read_merged(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: 'extends' must be a profile name (a string), got {base_name!r}.")
     base_path = _find_base(base_name, path)
     if base_path.resolve() in seen or base_path.resolve() == path.resolve():
-        raise ConfigError(f"{path}: 'extends = {base_name!r}' forms a cycle.")
+        raise ConfigError(f"{path}: extends = {base_name!r} forms a cycle: a profile cannot "
+                          "extend itself, directly or through others.")
     base = _read_merged(base_path, (*seen, path.resolve()))
     merged = {**base, **{k: v for k, v in data.items() if k not in SECTIONS}}
     for section in SECTIONS:
@@ -191,7 +225,13 @@ def _find_base(name: str, child: Path) -> Path:
         candidate = folder / f"{name}.toml"
         if candidate.is_file() and candidate.resolve() != child.resolve():
             return candidate
-    return find_profile(name)
+    if name == child.stem and "/" not in name and not name.endswith(".toml"):
+        return child  # only itself has that name: reported as a cycle
+    try:
+        return find_profile(name)
+    except ConfigError as e:
+        why = str(e)
+        raise ConfigError(f"{child}: extends = {name!r}, but {why[:1].lower()}{why[1:]}") from None
 
 
 def _check_keys(table: dict[str, Any], allowed: tuple[str, ...] | list[str], path: Path,
@@ -220,6 +260,10 @@ def _build(data: dict[str, Any], name: str, path: Path | None) -> Profile:
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{section}] must be a table, got {table!r}.")
         specs[section] = _build_section(cls, table, section, where)
+    if specs["target"] is None:
+        raise ConfigError(f"{where}: a profile needs a [target] table naming the model that "
+                          "verifies (model = a hub id, a directory or a .gguf file), or "
+                          "extends = \"another profile\" that has one.")
     no_model = specs["draft"] is None or not specs["draft"].has_model
     if no_model and "method" not in (data.get("speculation") or {}):
         specs["speculation"] = dataclasses.replace(specs["speculation"],
@@ -258,7 +302,41 @@ def _coerce(value: Any, annotation: str, key: str, where: Any) -> Any:
         names = {"str": "a string", "bool": "true or false", "int": "an integer",
                  "float": "a number"}
         raise ConfigError(f"{where}: {key} must be {names[kind]}, got {value!r}.")
-    return float(value) if kind == "float" else value
+    if kind == "int" and abs(value) > MAX_INT:
+        raise ConfigError(f"{where}: {key} = {value} is out of range (at most {MAX_INT}).")
+    if kind == "float":
+        return finite(value, f"{where}: {key}")
+    if kind == "str":
+        if "\x00" in value:
+            raise ConfigError(f"{where}: {key} must not contain a NUL character.")
+        return utf8_text(value, f"{where}: {key}")
+    return value
+
+
+def finite(value: Any, name: str) -> float:
+    """`value` as a float if it is a finite number (not a bool), else a ConfigError that
+    names it. Every number a user gives passes here before any model loads: profiles and
+    command-line options (through `with_overrides`), chat commands, HTTP request bodies
+    (whose JSON may spell NaN and Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}.")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}.")
+    return number
+
+
+def check_seed(seed: Any, name: str = "--seed") -> int | None:
+    """A sampling seed: None, or an integer from 0 to MAX_INT (torch's generators take 64
+    bits, and chat turns add their index to it)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_INT:
+        raise ConfigError(f"{name} must be an integer from 0 to {MAX_INT}, got {seed!r}.")
+    return seed
 
 
 def _choice(value: str, allowed: tuple[str, ...], key: str, where: Any) -> None:
@@ -332,12 +410,16 @@ def _validate(p: Profile, where: Any) -> None:
     if s.draft_window and s.draft_window < MIN_DRAFT_WINDOW or s.draft_window < 0:
         raise ConfigError(f"{where}: speculation.draft_window must be 0 (the draft reads the whole "
                           f"context) or at least {MIN_DRAFT_WINDOW} tokens, got {s.draft_window}.")
-    if not 1 <= s.min_ngram <= s.max_ngram:
-        raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram, "
-                          f"got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")
+    if not 1 <= s.min_ngram <= s.max_ngram <= MAX_NGRAM:
+        raise ConfigError(f"{where}: speculation needs 1 <= min_ngram <= max_ngram <= "
+                          f"{MAX_NGRAM}, got min_ngram = {s.min_ngram}, max_ngram = {s.max_ngram}.")
     if g.temperature < 0:
         raise ConfigError(f"{where}: generation.temperature must be >= 0 (0 is greedy), "
                           f"got {g.temperature}.")
+    if 0 < g.temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"{where}: generation.temperature must be 0 (greedy) or at least "
+                          f"{MIN_TEMPERATURE:g}, got {g.temperature}: a temperature that small "
+                          "is greedy in effect.")
     if not 0 < g.top_p <= 1:
         raise ConfigError(f"{where}: generation.top_p must be in (0, 1], got {g.top_p}.")
     if g.top_k < 0:
@@ -438,11 +520,13 @@ _OVERRIDES = {
 }
 
 
-def with_overrides(profile: Profile, **overrides: Any) -> Profile:
+def with_overrides(profile: Profile, *, where: str = "command line", **overrides: Any) -> Profile:
     """A copy of `profile` with command-line values applied (None means "not given"),
-    validated again. `device` sets both models' device (but a llama.cpp draft's, always the CPU)."""
+    validated again as a profile is (types, finite numbers, ranges), so that any caller (a
+    chat command, an HTTP request: `where` names it in errors) checks its values before a
+    model runs. `device` sets both models' device (but a llama.cpp draft's, always the CPU)."""
     data = profile.to_dict()
-    data["__file__"] = "command line"
+    data["__file__"] = where
     for name, value in overrides.items():
         if value is None:
             continue

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console, RenderableType
+from rich.markup import escape
 from torch import Tensor
 
 from specgen.app.render import IncrementalDecoder, TokenPrinter, summary_line
@@ -32,9 +33,9 @@ from specgen.app.report import pct, profile_charts, summarize
 from specgen.app.session import Session
 from specgen.app.store import record_run
 from specgen.core.stats import Stats, Token
-from specgen.errors import ConfigError, SpecgenError
+from specgen.errors import ConfigError, SpecgenError, Terminated
 from specgen.loading.load import context_limit
-from specgen.profiles import with_overrides
+from specgen.profiles import utf8_text, with_overrides
 
 PROMPT, MORE = ">>> ", "... "
 FENCE = '"""'
@@ -157,6 +158,7 @@ class Chat:
         """The prompt for `user`'s message, dropping the oldest turns while the prompt and a
         full answer (max_new_tokens) would not fit the context. The turns leave only once
         the answer has started: a message that is refused changes nothing."""
+        user = utf8_text(user, "The message")
         budget = self.context_limit - self.session.profile.generation.max_new_tokens
         first = self.first
         while True:
@@ -253,7 +255,7 @@ class Chat:
         except ValueError:
             raise ConfigError(
                 f"/k needs a whole number of draft tokens, got {arg!r}: try /k 4.") from None
-        self._override(num_speculative_tokens=k)
+        self._override("/k", num_speculative_tokens=k)
         self.session.generator.k_max = k
         mode = "the most per step (adaptive)" if self.session.generator.adaptive else "every step"
         return Reply([f"K = {k}, {mode}."])
@@ -262,7 +264,7 @@ class Chat:
         if arg.lower() not in ("on", "off"):
             raise ConfigError(f"/adaptive takes on or off, got {arg!r}.")
         on = arg.lower() == "on"
-        self._override(adaptive=on)
+        self._override("/adaptive", adaptive=on)
         self.session.generator.adaptive = on
         return Reply([f"Adaptive K {'on' if on else 'off'}."])
 
@@ -272,11 +274,13 @@ class Chat:
         except ValueError:
             raise ConfigError(
                 f"/temperature needs a number, got {arg!r}: try /temperature 0.7.") from None
-        self._override(temperature=value)
+        self._override("/temperature", temperature=value)
         return Reply([f"Temperature {value:g}{' (greedy)' if value == 0 else ''}."])
 
-    def _override(self, **values) -> None:
-        self.session.profile = with_overrides(self.session.profile, **values)
+    def _override(self, command: str, **values) -> None:
+        """Apply a command's values to the profile, validated as the command line's are
+        (a non-finite or out-of-range value is refused and changes nothing)."""
+        self.session.profile = with_overrides(self.session.profile, where=command, **values)
 
     def _cmd_stats(self, arg: str, width: int) -> Reply:
         return Reply(self.stats_lines(width))
@@ -293,6 +297,8 @@ class Chat:
             path.write_text(text, encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"Cannot write {path}: {e.strerror}.") from None
+        except ValueError:  # a NUL in the name
+            raise ConfigError(f"Cannot write {path!r}: a file name cannot hold a NUL.") from None
         return Reply([f"Saved {len(self.turns)} turns to {path}."])
 
     def stats_lines(self, width: int = 80) -> list[RenderableType]:
@@ -313,7 +319,8 @@ def stats_row(stats: Stats, session: Session) -> dict:
     k_hist = Counter(stats.k_per_step)
     d["k_hist"] = [k_hist[k] for k in range(max([stats.k_max, *k_hist]) + 1)]
     d["wall_seconds"] = stats.total_seconds
-    return {**d, "target": session.pair.target_name, "draft": session.pair.draft_name}
+    return {**d, "target": session.pair.target_name, "draft": session.pair.draft_name,
+            "method": session.profile.speculation.method}
 
 
 # --- transcripts --------------------------------------------------------------------------
@@ -381,12 +388,16 @@ def pipe_line(_prompt: str) -> str:
 def repl(chat: Chat, read_line: Callable[[str], str], out: Console, info: Console,
          stats_db: Path | None = None, record_prompt: bool = False) -> None:
     """Read messages and commands until /exit or end of input. Answers go to `out`;
-    everything else (notices, command output, summaries) to `info`."""
+    everything else (notices, command output, summaries) to `info`. Ctrl-C stops an answer
+    and the chat goes on; SIGTERM (errors.Terminated) and a closed `out` (BrokenPipeError)
+    end the chat, re-raised once the answer so far is recorded."""
     printer = TokenPrinter(out)
     warned = False
     while True:
         try:
             text = read_message(read_line)
+        except Terminated:
+            raise
         except KeyboardInterrupt:
             info.print("\n(Ctrl-D or /exit to leave)", style="dim", highlight=False)
             continue
@@ -404,19 +415,23 @@ def repl(chat: Chat, read_line: Callable[[str], str], out: Console, info: Consol
                 break
             continue
         try:
-            turn = answer_turn(chat, unescape(text), printer, info)
+            turn, stopped_by = answer_turn(chat, unescape(text), printer, info)
         except SpecgenError as e:
-            info.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            info.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             continue
         prompt = turn.user if record_prompt else None
         warning = record_run(chat.session.record("chat", turn.stats, turn.ended, prompt), stats_db)
         if warning and not warned:
-            info.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            info.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
             warned = True
+        if isinstance(stopped_by, (Terminated, BrokenPipeError)):
+            raise stopped_by
 
 
-def answer_turn(chat: Chat, message: str, printer: TokenPrinter, info: Console) -> Turn:
-    """Stream one answer; Ctrl-C stops it and keeps what was said."""
+def answer_turn(chat: Chat, message: str, printer: TokenPrinter, info: Console
+                ) -> tuple[Turn, BaseException | None]:
+    """Stream one answer; Ctrl-C or SIGTERM stops it and keeps what was said, and so does a
+    closed output. Returns the turn and what stopped it (None: it ended by itself)."""
     pending = chat.prepare(message)
     if pending.dropped:
         info.print(f"(the conversation outgrew the context of {chat.context_limit:,} tokens: "
@@ -425,15 +440,22 @@ def answer_turn(chat: Chat, message: str, printer: TokenPrinter, info: Console) 
     decoder = IncrementalDecoder(chat.session.tokenizer)
     stream = chat.answer(pending)
     source = "bonus"
+    stopped_by: BaseException | None = None
     try:
         for token in stream:
             printer.write(decoder.push(token.id), token.source)
             source = token.source
-    except KeyboardInterrupt:
-        stream.close()
-    printer.write(decoder.flush(), source)
-    printer.console.file.write("\n")
-    printer.console.file.flush()
+    except (KeyboardInterrupt, BrokenPipeError) as e:
+        stream.close()  # the turn is kept as interrupted (Chat.answer)
+        stopped_by = e
+    if not isinstance(stopped_by, BrokenPipeError):
+        try:
+            printer.write(decoder.flush(), source)
+            printer.console.file.write("\n")
+            printer.console.file.flush()
+        except BrokenPipeError as e:
+            stopped_by = e
     assert chat.last is not None
-    info.print(summary_line(chat.last.stats), style="dim", soft_wrap=True, highlight=False)
-    return chat.last
+    if not isinstance(stopped_by, BrokenPipeError):
+        info.print(summary_line(chat.last.stats), style="dim", soft_wrap=True, highlight=False)
+    return chat.last, stopped_by

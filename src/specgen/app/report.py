@@ -3,7 +3,12 @@ their Rich rendering (tables, per-position acceptance bars). Shared by `specgen 
 chat's /stats. No torch.
 
 Aggregates are ratios of sums (sum accepted / sum proposed, sum tokens / sum target passes),
-never means of per-run ratios, so a long run weighs what it generated.
+never means of per-run ratios, so a long run weighs what it generated. Runs are summed only
+with runs whose figures are comparable: the same profile, drafting method and draft model
+(`by_group`). The speedup estimate needs specgen's own counts (steps, draft and verify
+time), so it is given only for runs of specgen's drafting methods; older histories also hold
+bench measurements of transformers' and llama.cpp's decoding (methods
+"transformers-assisted", "llama.cpp", "none"), whose counts mean something else.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specgen.choices import METHODS
 from specgen.core.stats import step_speedup
 
 NARROW = 64  # below this width, one two-column table per profile instead of one wide table
@@ -52,11 +58,14 @@ def summarize(runs: list[dict]) -> dict:
     k_hist = _sum_lists([r["k_hist"] for r in runs])
     speedup = step_speedup(total["new_tokens"], total["target_passes"], sum(k_hist),
                            total["draft_seconds"], total["verify_seconds"])
+    if not all(r.get("method") in METHODS for r in runs):
+        speedup = 0.0  # some counts are not specgen's steps: no estimate
     latest = runs[-1] if runs else {}
     return {
         "runs": len(runs),
         "target": latest.get("target"),
         "draft": latest.get("draft"),
+        "method": latest.get("method"),
         **total,
         "acceptance_rate": _ratio(total["accepted"], total["proposed"]),
         "tau": _ratio(total["new_tokens"], total["target_passes"]),
@@ -70,11 +79,27 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
-def by_profile(runs: list[dict]) -> dict[str, dict]:
-    groups: dict[str, list[dict]] = {}
+def by_group(runs: list[dict]) -> list[dict]:
+    """One summary per (profile, method, draft): what makes runs' figures comparable. Each
+    carries its `profile`, `method` and `draft`; ordered by profile, then by most runs."""
+    groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault(r["profile"], []).append(r)
-    return {name: summarize(groups[name]) for name in sorted(groups)}
+        groups.setdefault((r["profile"], r["method"], r["draft"]), []).append(r)
+    out = [{**summarize(rows), "profile": p, "method": m, "draft": d}
+           for (p, m, d), rows in groups.items()]
+    return sorted(out, key=lambda s: (s["profile"], -s["runs"], s["method"], s["draft"] or ""))
+
+
+def drafting(method: str | None, draft: str | None) -> str:
+    """Who drafted, in a few words: the method and its draft model ("draft-model: X",
+    "prompt-lookup", "no drafting" for plain decoding)."""
+    if method in (None, "none"):
+        return "no drafting"
+    return f"{method}: {draft}" if draft else method
+
+
+def group_label(s: dict) -> str:
+    return f"{s['profile']} · {drafting(s['method'], s['draft'])}"
 
 
 def fmt_value(value: float | None, spec: str, suffix: str = "") -> str:
@@ -95,21 +120,24 @@ HEADLINE = (  # (column, key, format)
 )
 
 
-def summary_tables(profiles: dict[str, dict], width: int) -> list[Table]:
-    """One row per profile when it fits, else one two-column table per profile."""
+def summary_tables(groups: list[dict], width: int) -> list[Table]:
+    """One row per group (profile and drafting) when it fits, else one two-column table per
+    group."""
     if width >= NARROW:
-        table = Table(box=box.SIMPLE_HEAD, title="Runs by profile", title_justify="left",
-                      show_edge=False)
+        table = Table(box=box.SIMPLE_HEAD, title="Runs by profile and drafting",
+                      title_justify="left", show_edge=False)
         table.add_column("profile", overflow="fold")
+        table.add_column("drafting", overflow="fold")
         for name, _, _ in HEADLINE:
             table.add_column(name, justify="right", no_wrap=True)
-        for profile, s in profiles.items():
-            table.add_row(profile, *(fmt(s[key]) for _, key, fmt in HEADLINE))
+        for s in groups:
+            table.add_row(s["profile"], drafting(s["method"], s["draft"]),
+                          *(fmt(s[key]) for _, key, fmt in HEADLINE))
         return [table]
     tables = []
-    for profile, s in profiles.items():
-        table = Table(box=box.SIMPLE_HEAD, title=profile, title_justify="left", show_header=False,
-                      show_edge=False)
+    for s in groups:
+        table = Table(box=box.SIMPLE_HEAD, title=group_label(s), title_justify="left",
+                      show_header=False, show_edge=False)
         table.add_column("figure")
         table.add_column("value", justify="right")
         for name, key, fmt in HEADLINE:
@@ -145,9 +173,10 @@ def bar_lines(rows: list[tuple[str, float, str]], width: int, style: str) -> lis
 
 
 def profile_charts(profile: str, s: dict, width: int) -> list[Text | str]:
-    """Acceptance by draft position and the accepted-length histogram for one profile."""
+    """Acceptance by draft position and the accepted-length histogram for one group of runs,
+    under a heading naming its profile, who drafted and the target."""
     out: list[Text | str] = []
-    pair = f"{s['draft'] or 'no draft'} -> {s['target']}"
+    pair = f"{drafting(s.get('method'), s['draft'])} -> {s['target']}"
     out.append(Text.assemble((profile, "bold"), "  ", (pair, "dim")))
     positions = [(str(i + 1), rate or 0.0, f"{pct(rate):>4} of {n:,}")
                  for i, (rate, n) in enumerate(zip(s["per_position_rate"],
@@ -168,12 +197,12 @@ def profile_charts(profile: str, s: dict, width: int) -> list[Text | str]:
 
 
 def render_summary(console: Console, runs: list[dict], db_path: Path) -> None:
-    profiles = by_profile(runs)
-    for table in summary_tables(profiles, console.width):
+    groups = by_group(runs)
+    for table in summary_tables(groups, console.width):
         console.print(table)
-    for profile, s in profiles.items():
+    for s in groups:
         console.print()
-        for line in profile_charts(profile, s, console.width):
+        for line in profile_charts(s["profile"], s, console.width):
             console.print(line, no_wrap=True, overflow="ellipsis")
     console.print()
     console.print(Text(f"{len(runs):,} runs · history: {db_path}", style="dim"), overflow="fold")
@@ -184,6 +213,8 @@ def render_runs(console: Console, runs: list[dict]) -> None:
     wide = console.width >= NARROW
     table = Table(box=None, pad_edge=False, header_style="bold")
     columns = ["when", "command", "profile", "tokens", "accept", "tau", "tok/s", "ended"]
+    if console.width >= 2 * NARROW:
+        columns.insert(3, "method")
     if not wide:
         columns = ["when", "profile", "accept", "tau"]
     for name in columns:
@@ -194,7 +225,8 @@ def render_runs(console: Console, runs: list[dict]) -> None:
         f = run_figures(r)
         cells = {
             "when": datetime.fromtimestamp(r["created_at"]).strftime("%m-%d %H:%M"),
-            "command": r["command"], "profile": r["profile"], "tokens": f"{r['new_tokens']:,}",
+            "command": r["command"], "profile": r["profile"], "method": r["method"],
+            "tokens": f"{r['new_tokens']:,}",
             "accept": pct(f["acceptance_rate"]), "tau": fmt_value(f["tau"], ".2f"),
             "tok/s": fmt_value(r["tokens_per_second"], ".1f"), "ended": r["ended"],
         }

@@ -11,11 +11,11 @@ import torch
 from specgen.app import skipsets
 from specgen.app.store import RunRecord
 from specgen.core.drafters import check_pair, make_drafter
-from specgen.core.engine import SpeculativeGenerator
+from specgen.core.engine import GenerationResult, SpeculativeGenerator
 from specgen.core.stats import Stats
 from specgen.errors import ConfigError
 from specgen.loading.load import LoadedPair, load_pair
-from specgen.profiles import Profile
+from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, with_overrides
 
 
 @dataclass
@@ -49,6 +49,20 @@ class Session:
             eos_token_ids=self.eos_ids(),
         )
 
+    def encode(self, prompt: str) -> torch.Tensor:
+        """The token ids the profile gives `prompt`: its chat template and system prompt,
+        unless the profile says raw."""
+        g = self.profile.generation
+        return encode_messages(self.tokenizer, messages_for(prompt, g.system_prompt),
+                               g.chat_template)
+
+    def generate(self, prompt: str, seed: int | None = None) -> GenerationResult:
+        """The profile's answer to `prompt` with its sampling settings; `decode` gives its text."""
+        return self.generator.generate(self.encode(prompt), **self.sampling_kwargs(seed))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
     def record(self, command: str, stats: Stats, ended: str, prompt: str | None = None) -> RunRecord:
         """The run-history row for one generation of this session."""
         p, g = self.profile, self.profile.generation
@@ -81,11 +95,23 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
         head=pair.head,
         window=spec.draft_window,
     )
-    generator = SpeculativeGenerator(
-        pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive
+    generator = SpeculativeGenerator(  # load_pair prepared both models for their roles
+        pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens,
+        adaptive=spec.adaptive, prepare=False,
     )
     notices = [skip.notice] if skip is not None and skip.notice else []
     return Session(profile, pair, generator, skip, notices)
+
+
+def load(profile: str = DEFAULT_PROFILE, progress: Callable[[str], None] | None = None,
+         **overrides) -> Session:
+    """A profile loaded as `specgen run` loads it, ready to generate: the models found,
+    verified, converted, checked and prepared for their roles (kernels.prepare), the drafter
+    and the generator built. `overrides` are those of profiles.with_overrides (temperature,
+    max_new_tokens, num_speculative_tokens, method, device, ...), validated before anything
+    loads; `progress(message)` hears what is loading."""
+    return open_session(with_overrides(load_profile(profile), where="specgen.load", **overrides),
+                        progress)
 
 
 def encode_messages(tokenizer, messages: list[dict[str, str]], use_template: bool) -> torch.Tensor:

@@ -1,19 +1,26 @@
-"""The run history: one SQLite row per run, chat turn, bench measurement or served request.
+"""The run history: one SQLite row per run, chat turn or served request (earlier versions
+also recorded bench measurements, command "bench"; `specgen stats` leaves those out unless
+asked).
 
 stdlib sqlite3 in WAL mode with a busy timeout, so several specgen processes can write at
-once. The schema version lives in `PRAGMA user_version`; opening a database migrates it
-forward inside one write transaction. Recording must never cost the user their output:
-`record_run` returns a warning line instead of raising.
+once. The schema version lives in `PRAGMA user_version`; opening a database for writing
+migrates it forward inside one write transaction. Reading (`load_runs`) writes nothing: no
+migration, no journal switch. specgen opens only its own databases: an empty file, or one with its
+`runs` table; any other SQLite file is refused before anything touches it. A new history is
+private to its user (0600, in folders made 0700), as prompts may be stored in it. Recording
+must never cost the user their output: `record_run` returns a warning line instead of raising.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from specgen.errors import SpecgenError
 from specgen.paths import history_db
@@ -65,6 +72,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+# Columns every version of the `runs` table has: how a database is known to be specgen's.
+RUNS_COLUMNS = frozenset(("id", "created_at", "command", "profile", "target", "method",
+                          "new_tokens", "target_passes", "proposed", "accepted"))
 
 JSON_COLUMNS = ("per_position_proposed", "per_position_accepted", "accepted_length_hist", "k_hist")
 
@@ -93,23 +103,92 @@ class RunRecord:
 
 
 def connect(db_path: Path | None = None) -> sqlite3.Connection:
-    """Open (creating if needed) the history and migrate it to SCHEMA_VERSION.
-    Raises SpecgenError for a database written by a newer specgen; sqlite3.Error and
-    OSError for files that cannot be opened, written or read."""
+    """Open the history for writing (creating it, private, if needed) and migrate it to
+    SCHEMA_VERSION. Raises SpecgenError for a path that is no history of this specgen's (a
+    directory, a read-only file, another application's database, a newer schema);
+    sqlite3.Error and OSError for files that cannot be opened, written or read."""
     path = Path(db_path) if db_path is not None else history_db()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_directory(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise SpecgenError(f"The run history {path} is read-only: make it writable "
+                           "(chmod u+w), or point --stats-db / SPECGEN_STATS_DB at another file.")
+    _create_private(path)
     # isolation_level=None: we issue BEGIN/COMMIT ourselves (a lone INSERT is atomic).
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _check_ours(conn, path)  # before any write: never touch another application's file
+        _check_version(conn, path)  # ... nor a newer specgen's
         conn.execute("PRAGMA synchronous = NORMAL")  # WAL stays consistent; saves an fsync
-        _check_version(conn, path)  # before any write: never touch a newer database
         _use_wal(conn)
         _migrate(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection | None:
+    """Open an existing history to read it, writing nothing (no migration, no journal
+    switch); None for an empty one (a fresh file, or one no run has reached yet). A history
+    this process may write is opened as any reader does (SQLite then tidies its -wal and
+    -shm files on close); one it may not (a read-only file or folder), which nobody here can
+    be writing, is read as it is on disk (`immutable`), leaving no files beside it. Raises
+    as `connect` does."""
+    _refuse_directory(path)
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK):
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    else:
+        uri = f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not _check_ours(conn, path):
+            conn.close()
+            return None
+        _check_version(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _refuse_directory(path: Path) -> None:
+    if path.is_dir():
+        raise SpecgenError(f"The run history {path} is a directory: point --stats-db / "
+                           "SPECGEN_STATS_DB at a file (it is created on the first run).")
+
+
+def _create_private(path: Path) -> None:
+    """Make the missing folders (0700) and the file (0600) of a new history; SQLite gives
+    its -wal and -shm files the database file's permissions."""
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it meanwhile
+            pass
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+
+
+def _check_ours(conn: sqlite3.Connection, path: Path) -> bool:
+    """Whether the database holds specgen's runs (False: empty, specgen may create them);
+    SpecgenError for any other database, which is left untouched."""
+    tables = [name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    if not tables and conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+        return False
+    if "runs" in tables:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        if RUNS_COLUMNS <= columns:
+            return True
+    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    raise SpecgenError(
+        f"{path} is not a specgen run history (it holds the tables {shown or 'none'}), so "
+        f"specgen leaves it untouched: point --stats-db / SPECGEN_STATS_DB at another file.")
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -258,10 +337,14 @@ def load_runs(
     profile: str | None = None,
     since: float | None = None,
     last: int | None = None,
+    command: str | None = None,
+    skip: tuple[str, ...] = (),
 ) -> list[dict]:
     """Runs oldest first, JSON columns decoded, `adaptive` as bool. `since` is a Unix time;
-    `last` keeps the N most recent of those matching. A missing file is an empty history.
-    Raises SpecgenError for a database that cannot be read or is from a newer specgen."""
+    `command` keeps that command's runs only, `skip` leaves those commands' out; `last` keeps
+    the N most recent of those matching. A missing file is an empty history. Raises
+    SpecgenError for a database that cannot be read, is another application's, or is from a
+    newer specgen."""
     path = Path(db_path) if db_path is not None else history_db()
     if not path.exists():
         return []
@@ -269,6 +352,12 @@ def load_runs(
     if profile is not None:
         where.append("profile = ?")
         args.append(profile)
+    if command is not None:
+        where.append("command = ?")
+        args.append(command)
+    for name in skip:
+        where.append("command != ?")
+        args.append(name)
     if since is not None:
         where.append("created_at >= ?")
         args.append(since)
@@ -278,7 +367,9 @@ def load_runs(
         sql += " LIMIT ?"
         args.append(last)
     try:
-        conn = connect(path)
+        conn = connect_read_only(path)
+        if conn is None:
+            return []
         try:
             conn.row_factory = sqlite3.Row
             rows = [dict(r) for r in conn.execute(sql, args)]
@@ -310,7 +401,12 @@ def clear_runs(db_path: Path | None = None) -> int:
 
 
 def unreadable(path: Path, e: Exception) -> SpecgenError:
-    return SpecgenError(
-        f"Cannot use the run history {path}: {e}. If the file is damaged, move it away "
-        f"(a new one is created on the next run), or point --stats-db at another file."
-    )
+    """The one line for a history SQLite cannot use: damaged, or out of reach."""
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+        return SpecgenError(
+            f"Cannot use the run history {path}: {e}. The file is damaged or not a database: "
+            f"move it away (a new one is created on the next run), or point --stats-db at "
+            f"another file.")
+    reason = getattr(e, "strerror", None) or str(e)
+    return SpecgenError(f"Cannot use the run history {path}: {reason}. Check that it and its "
+                        f"folder can be read, or point --stats-db at another file.")

@@ -1,6 +1,10 @@
-"""`specgen bench` from parsed options to printed tables: validate the request, load the pair
-(and the bf16 reference, and llama.cpp), run the contestants interleaved, keep the JSON up to
-date prompt by prompt, print the tables. The CLI only parses."""
+"""`specgen bench` from parsed options to printed tables: validate the request (the --out file
+too), load the pair (and the bf16 reference, and llama.cpp), run the contestants interleaved,
+keep the JSON up to date prompt by prompt, print the tables. The CLI only parses.
+
+The measurements stay out of the run history (`specgen stats` is what users ran); --out
+keeps every figure. Ctrl-C or SIGTERM ends the bench with the figures measured so far
+written and printed, then re-raised for the exit code."""
 
 from __future__ import annotations
 
@@ -15,9 +19,10 @@ from rich.markup import escape
 
 from specgen.bench import report as rep
 from specgen.bench import runner as b
+from specgen.bench.prompts import code_categories
 from specgen.choices import MAX_K, METHODS, MIN_K, listing
 from specgen.errors import ConfigError
-from specgen.profiles import Profile, load_profile, with_overrides
+from specgen.profiles import Profile, finite, load_profile, with_overrides
 
 
 @dataclass
@@ -38,11 +43,11 @@ class BenchRequest:
     draft_quantization: str | None = None
     draft_runtime: str | None = None
     raw: bool = False
-    stats_db: Path | None = None
     draft_window: int | None = None
 
     def check(self) -> None:
-        """Refuse bad values before anything loads."""
+        """Refuse bad values before anything loads, and an --out file that cannot be written
+        (found only after the first prompt, it would cost the work done)."""
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}.")
         if self.repeats < 1:
@@ -51,8 +56,30 @@ class BenchRequest:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}.")
         if self.k is not None and not MIN_K <= self.k <= MAX_K:
             raise ConfigError(f"--k must be from {MIN_K} to {MAX_K}, got {self.k}.")
-        if self.draft_confidence is not None and not 0.0 <= self.draft_confidence < 1.0:
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise ConfigError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), "
+                              f"got {self.draft_vocab}.")
+        if self.draft_confidence is not None and not (
+                0.0 <= finite(self.draft_confidence, "--draft-confidence") < 1.0):
             raise ConfigError(f"--draft-confidence must be in [0, 1), got {self.draft_confidence}.")
+        if self.out_file is not None:
+            check_writable(self.out_file, "--out")
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Whether `path` can be written, by opening it for appending (which changes nothing of
+    a file that exists; a file this check made is removed again)."""
+    existed = path.exists()
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory: give a file name.")
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"Cannot write {option} {path}: {e.strerror or e}. Give a file in a "
+                          "folder you can write.") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contestant]]:
@@ -90,10 +117,12 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
     return method, everyone, picked
 
 
-def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
-    """Run the bench; whether it ran to the end (False: interrupted, figures so far kept)."""
+def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
+    """Run the bench to the end. Interrupted (Ctrl-C, SIGTERM), it writes and prints the
+    figures measured so far, then re-raises."""
     request.check()
     prompt_set = b.read_prompts(request.prompts) if request.prompts else b.builtin_prompts()
+    code = code_categories([p.category for p in prompt_set], builtin=request.prompts is None)
     prof = load_profile(request.profile)
     method, everyone, picked = pick(request, prof)
     gguf = _llamacpp_gguf(prof) if any(c.kind == "llamacpp" for c in picked) else None
@@ -148,7 +177,6 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
         runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
                                      max(len(i) for i in inputs) + request.max_new_tokens + 16)
     names = [c.name for c in picked]
-    by_name = {c.name: c for c in picked}
     config = {"profile": prof.name, "target": session.pair.target_name,
               "draft": session.pair.draft_name, "dtype": session.pair.dtype,
               "head": session.pair.head_name, "head_kind": session.pair.head.kind if session.pair.head is not None else None,
@@ -161,6 +189,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
               "draft_vocab": runner.drafter_options[2] or 0,
               "draft_confidence": runner.drafter_options[3],
               "draft_window": spec.draft_window,
+              "code_categories": code,
               "command": "specgen " + " ".join(sys.argv[1:]), "complete": False,
               **({"skip_layers": skipsets.skip_text(skip.skip), "skip_origin": skip.origin,
                   "default_skip_layers": skipsets.skip_text(
@@ -170,44 +199,49 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> bool:
     measurements: list = []
     warnings: list[str] = []
 
-    def write_json() -> dict:
+    def write_json() -> tuple[dict, str | None]:
+        """The document, written to --out; a write that fails is a warning, never the end of
+        the measuring."""
         doc = rep.report(measurements, prompt_set, names, config)
         if request.out_file is not None:
             try:
                 request.out_file.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
             except OSError as e:
-                raise ConfigError(f"Cannot write {request.out_file}: {e.strerror}.") from None
-        return doc
+                return doc, f"Cannot write {request.out_file}: {e.strerror or e}."
+        return doc, None
 
     def progress(m, stats) -> None:
         measurements.append(m)
-        err.print(f"[dim][{len(measurements)}/{total}] prompt {m.prompt + 1} ({m.category}) "
+        err.print(f"[dim][{len(measurements)}/{total}] prompt {m.prompt + 1} ({escape(m.category)}) "
                   f"{m.contestant}: {m.new_tokens} tokens, {m.tokens_per_second:.2f} tok/s[/]",
                   highlight=False)
-        warning = b.record(session, by_name[m.contestant], stats, request.stats_db)
-        if warning and warning not in warnings:
-            warnings.append(warning)
         if len(measurements) % (len(picked) * request.repeats) == 0:
-            write_json()  # a long bench keeps its figures prompt by prompt
+            # A long bench keeps its figures prompt by prompt.
+            if (warning := write_json()[1]) and warning not in warnings:
+                warnings.append(warning)
+                err.print(f"[yellow]warning:[/] {escape(warning)} Measuring goes on; the "
+                          "tables below keep the figures.", highlight=False)
 
     err.print(f"[dim]bench: {len(prompt_set)} prompts x {len(picked)} contestants x "
               f"{request.repeats} repeat(s), {request.max_new_tokens} new tokens, "
               f"{torch.get_num_threads()} threads[/]")
-    complete = False
+    stopped_by: BaseException | None = None
     try:
         b.run_bench(runner, prompt_set, inputs, picked, request.repeats, on_measurement=progress)
-        config["complete"] = complete = True
-    except KeyboardInterrupt:
-        pass  # show and keep what was measured
-    doc = write_json()
+        config["complete"] = True
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: show and keep what was measured
+        stopped_by = e
+    doc, failed = write_json()
     console = Console()
     for table in rep.tables(doc):
         console.print(table)
-    for warning in warnings:
-        err.print(f"[yellow]warning:[/] {warning}")
-    if not complete:
+    if stopped_by is not None:
+        if failed:
+            err.print(f"[yellow]warning:[/] {escape(failed)}", highlight=False)
         err.print("[yellow]interrupted:[/] the figures cover the measurements made so far.")
-    return complete
+        raise stopped_by
+    if failed:
+        raise ConfigError(f"{failed} The figures are in the tables above.")
 
 
 def _llamacpp_gguf(prof: Profile) -> Path:

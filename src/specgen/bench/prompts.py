@@ -8,6 +8,16 @@ from __future__ import annotations
 CODE_CATEGORIES = ("code-completion", "code-explanation")
 CATEGORIES = (*CODE_CATEGORIES, "prose", "json", "grounded", "summarization", "rag")
 
+
+def code_categories(categories: list[str], builtin: bool) -> list[str]:
+    """Which of the prompts' categories the bench sums up as "code": the built-in set's own
+    (CODE_CATEGORIES); in a prompts file, every category whose name contains "code" (any
+    case), so that "code", "python-code" and "Code review" count."""
+    seen = list(dict.fromkeys(categories))
+    if builtin:
+        return [c for c in seen if c in CODE_CATEGORIES]
+    return [c for c in seen if "code" in c.lower()]
+
 _BINARY_SEARCH = '''def binary_search(items, target):
     lo, hi = 0, len(items) - 1
     while lo <= hi:

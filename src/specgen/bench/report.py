@@ -108,12 +108,14 @@ def acceptance_by_position(rows: Sequence[dict]) -> list[float | None]:
     return [a / p if p else None for a, p in zip(accepted, proposed)]
 
 
-def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
+def summarize(rows: Sequence[dict], names: Sequence[str],
+              code: Sequence[str] = CODE_CATEGORIES) -> dict[str, dict]:
     """Per contestant: geometric means of tokens/s, of the speedup over the baseline (per
-    category, over the code categories and over everything) and of the ratio over the peer;
-    the worst single-prompt speedup; how many outputs equal the baseline's; tokens per target
-    pass (tau) per category and acceptance per draft position."""
+    category the prompts have, over the `code` categories and over everything) and of the
+    ratio over the peer; the worst single-prompt speedup; how many outputs equal the
+    baseline's; tokens per target pass (tau) per category and acceptance per draft position."""
     out = {}
+    code = set(code)
     for name in names:
         mine = [r for r in rows if r["contestant"] == name]
         if not mine:
@@ -128,14 +130,14 @@ def summarize(rows: Sequence[dict], names: Sequence[str]) -> dict[str, dict]:
                 c: geomean([r["speedup"] for r in mine if r["category"] == c and r["speedup"]])
                 for c in categories},
             "speedup_code": geomean([r["speedup"] for r in mine
-                                     if r["category"] in CODE_CATEGORIES and r["speedup"]]),
+                                     if r["category"] in code and r["speedup"]]),
             "vs_peer": geomean([r["vs_peer"] for r in mine if r["vs_peer"]]),
             "vs_bf16": geomean([r["vs_bf16"] for r in mine if r["vs_bf16"]]),
             "vs_llamacpp_code": geomean([r["vs_llamacpp"] for r in mine if r["vs_llamacpp"]
-                                         and r["category"] in CODE_CATEGORIES]),
+                                         and r["category"] in code]),
             "decode_speedup": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]]),
             "decode_speedup_code": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]
-                                            and r["category"] in CODE_CATEGORIES]),
+                                            and r["category"] in code]),
             "min_speedup": min(speedups) if speedups else None,
             # Over specgen's own plain decoding of the same target (K = 0), where it ran.
             "vs_plain": geomean([r["vs_plain"] for r in mine if r["vs_plain"]]),
@@ -183,7 +185,7 @@ def report(measurements: Sequence[Measurement], prompts: Sequence[BenchPrompt],
            names: Sequence[str], config: dict) -> dict:
     """The full JSON document of a bench run."""
     rows = per_prompt(measurements, prompts, names)
-    summary = summarize(rows, names)
+    summary = summarize(rows, names, config.get("code_categories", CODE_CATEGORIES))
     return {
         "config": config,
         "machine": machine_info(),
@@ -230,6 +232,9 @@ def tables(doc: dict):
     summary = doc["summary"]
     cats = sorted({c for s in summary.values() for c in s["speedup_by_category"]},
                   key=_category_order)
+    code = [c for c in doc["config"].get("code_categories", CODE_CATEGORIES) if c in cats]
+    # The code categories together; one category alone is its own row already.
+    code_row = [("  all code", lambda s: fmt_ratio(s["speedup_code"]))] if len(code) > 1 else []
     total = Table(title="summary (geometric means over prompts)", title_justify="left")
     total.add_column("")
     for name in summary:
@@ -237,7 +242,7 @@ def tables(doc: dict):
     figures = [
         ("tokens/s", lambda s: _f(s["tokens_per_second"])),
         ("speedup", lambda s: fmt_ratio(s["speedup"])),
-        ("  code", lambda s: fmt_ratio(s["speedup_code"])),
+        *code_row,
         *[(f"  {c}", lambda s, c=c: fmt_ratio(s["speedup_by_category"].get(c))) for c in cats],
         ("  worst prompt", lambda s: fmt_ratio(s["min_speedup"])),
         ("decode speedup", lambda s: fmt_ratio(s["decode_speedup"])),

@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from specgen.app.store import RunRecord, record_run
 from specgen.bench.prompts import PROMPTS
 from specgen.choices import HEAD_KINDS, MODEL_METHODS
 from specgen.core.drafters import make_drafter
@@ -38,6 +37,7 @@ from specgen.core.stats import Stats
 from specgen.decoding import llamacpp
 from specgen.decoding.lean import Skip
 from specgen.errors import ConfigError
+from specgen.profiles import utf8_text
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def builtin_prompts() -> list[BenchPrompt]:
 def read_prompts(path: Path) -> list[BenchPrompt]:
     """A JSONL file, one {"category": ..., "prompt": ...} object a line (blank lines skipped)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = utf8_text(path.read_bytes(), f"The prompts file {path}").splitlines()
     except OSError as e:
         raise ConfigError(f"Cannot read the prompts file {path}: {e.strerror}.") from None
     prompts = []
@@ -248,7 +248,8 @@ class Bench:
             drafter = make_drafter(c.method, None if c.self_drafts else self.draft, vocab,
                                    *self.drafter_options, skip=skip, head=self.head,
                                    window=self.window)
-            self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive)
+            self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive,
+                                                           prepare=False)  # load_pair did
         return self.generators[c.name]
 
     def measure(self, c: Contestant, input_ids: Tensor, max_new_tokens: int | None = None
@@ -361,24 +362,3 @@ def run_bench(bench: Bench, prompts: Sequence[BenchPrompt], inputs: Sequence[Ten
         if on_measurement is not None:
             on_measurement(m, bench.last_stats[name])
     return out
-
-
-def record(session, c: Contestant, stats: Stats, db_path: Path | None = None) -> str | None:
-    """One history row for one measurement (command "bench")."""
-    p = session.profile
-    method = c.method if c.kind == "specgen" and c.k else {
-        "peer": "transformers-assisted", "llamacpp": "llama.cpp"}.get(c.kind, "none")
-    reference = c.kind == "reference"
-    dtype = "bfloat16" if reference else session.pair.dtype
-    quantization = "none" if reference else session.pair.quantization
-    if c.kind == "llamacpp":  # llama.cpp runs the GGUF's own quantized weights
-        dtype = quantization = "gguf"
-    return record_run(RunRecord(
-        command="bench", profile=p.name, target=session.pair.target_name,
-        draft=session.pair.draft_name if c.needs_draft_model else (
-            session.pair.head_name if c.needs_head else None), method=method,
-        device="cpu" if c.kind == "llamacpp" else session.pair.device, dtype=dtype,
-        quantization=quantization,
-        adaptive=c.adaptive, k_max=c.k,
-        temperature=0.0, top_p=1.0, top_k=0, ended="completed", stats=stats.to_dict(),
-    ), db_path)

@@ -1,32 +1,39 @@
 """The `specgen` command line: each command parses its options and delegates to the app
 (app/, bench/, loading/). Errors a user can cause print one line and exit 2; `--debug` shows
-the traceback instead."""
+the traceback instead. Ctrl-C exits 130, SIGTERM 143 and a closed stdout 141 (signals.py)."""
 
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from specgen import __version__
-from specgen.cli import bench, cache, chat, export, heads, profiles, run, serve, stats, tune
-from specgen.cli.options import debug_enabled, err
+from specgen.cli import (bench, cache, chat, export, heads, profiles, run, serve, signals, stats,
+                         tune)
+from specgen.cli.options import debug_enabled, err, warn
 from specgen.errors import SpecgenError
 
 
 class _Group(TyperGroup):
     """Turns a SpecgenError raised by any command into one clear line and exit code 2
-    (the traceback only with --debug or SPECGEN_DEBUG=1), and Ctrl-C into exit code 130."""
+    (the traceback only with --debug or SPECGEN_DEBUG=1); Ctrl-C, SIGTERM and a closed stdout
+    into their exit codes (130, 143, 141: the commands have kept what they made by then)."""
 
     def invoke(self, ctx):  # type: ignore[override]
         try:
-            return super().invoke(ctx)
+            with signals.handled(warn):
+                return super().invoke(ctx)
         except SpecgenError as e:
             if debug_enabled():
                 raise
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Terminated)
+            raise typer.Exit(signals.exit_code(e)) from None
+        except BrokenPipeError as e:  # the reader of stdout is gone: end quietly
+            signals.silence_stdout()
+            raise typer.Exit(signals.exit_code(e)) from None
 
 
 app = typer.Typer(

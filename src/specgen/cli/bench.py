@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from specgen.choices import METHODS, listing
+from specgen.bench.prompts import CODE_CATEGORIES
 from specgen.cli.options import MODELS, err, load_session, shared
 
 HELP = """Measure specgen against plain decoding and transformers' assisted generation.
@@ -24,8 +25,11 @@ by default when the target is quantized, [bold]bf16[/] (plain decoding of the ta
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
 quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
 and the target is a GGUF file, [bold]llamacpp[/] (llama.cpp's plain decoding of that file, on
-the CPU). Prints tokens/s and speedups per prompt and a summary; --out writes every figure as
-JSON.
+the CPU). Prints tokens/s and speedups per prompt and a summary by prompt category; --out
+writes every figure as JSON. The measurements are not recorded in the run history.
+
+The summary's [bold]code[/] row covers the code categories: for the built-in prompts
+CODE; for a --prompts file, every category whose name contains "code" (in any case).
 
 [bold]Examples[/]
 
@@ -36,13 +40,14 @@ JSON.
   specgen bench --prompts my_prompts.jsonl --max-new-tokens 64
 
   specgen bench --target-quantization int8-dyn --draft-quantization int8-dyn
-"""
+""".replace("CODE", " and ".join(CODE_CATEGORIES))
 
 
-@shared("profile", "k", *MODELS, "raw", "stats_db", "debug")
+@shared("profile", "k", *MODELS, "raw", "debug")
 def bench(
     prompts: Optional[Path] = typer.Option(
-        None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: built-in set).'
+        None, "--prompts", help='JSONL file of {"category": ..., "prompt": ...} (default: '
+        'built-in set); categories containing "code" count as code.'
     ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="Tokens per generation."),
     repeats: int = typer.Option(1, "--repeats", "-r", help="Runs of each contestant per prompt (median)."),
@@ -77,5 +82,4 @@ def bench(
         prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, out_file=out_file,
         contestants=contestants, method=method, threads=threads, draft_vocab=draft_vocab,
         draft_confidence=draft_confidence, draft_window=draft_window, **options)
-    if not run(request, load_session, err):
-        raise typer.Exit(130)
+    run(request, load_session, err)  # Ctrl-C and SIGTERM end it through cli/__init__

@@ -8,6 +8,7 @@ from specgen.app.render import TokenPrinter, make_console
 from specgen.paths import chat_history
 from specgen.cli.options import (GENERATION, MODELS, err, load_session, prefetch,
                                  profile_with_options, shared, use_color)
+from specgen.profiles import check_seed
 
 HELP = """Chat with the model pair: a multi-turn conversation streamed as it is verified.
 
@@ -30,9 +31,10 @@ With stdin not a terminal, each line is a turn and only the answers go to stdout
 @shared(*GENERATION, *MODELS, "no_color", "stats_db", "record_prompt", "debug")
 def chat(**options) -> None:
     use_color(options["no_color"])
+    check_seed(options["seed"])
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
-    from specgen.app import chat as chat_app  # loads torch
+    from specgen.app import chat as chat_app  # loads torch: after every check of the input
 
     session = load_session(prof)
     conversation = chat_app.Chat(session, prof.generation.system_prompt, options["seed"])

@@ -17,12 +17,17 @@ from rich.markup import escape
 
 from specgen.choices import MAX_K, METHODS, MIN_K, QUANTIZATIONS, RUNTIMES, listing
 from specgen.errors import ConfigError
-from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, with_overrides
+from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, utf8_text, with_overrides
 
 if TYPE_CHECKING:
     from specgen.app.session import Session
 
 err = Console(stderr=True)
+
+
+def warn(message: str) -> None:
+    """One `warning:` line on stderr (the message's brackets are text, not markup)."""
+    err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def debug_enabled() -> bool:
@@ -136,6 +141,7 @@ def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = Fals
     from specgen.app.session import open_session  # loads torch
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
+    _quiet_gguf_progress()
     with err.status("Loading models…") as status:
         session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
                                with_head=with_head)
@@ -144,21 +150,36 @@ def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = Fals
     return session
 
 
+def _quiet_gguf_progress() -> None:
+    """transformers' GGUF reader draws its own tqdm bar (not behind disable_progress_bar)
+    beside our status line: silence it."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no gguf package: nothing converts
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None and not isinstance(bar, functools.partial):
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     """The prompt from the argument, a file, or stdin ('-' or a pipe)."""
     if file is not None:
         if prompt is not None:
             raise ConfigError("Give the prompt either as an argument or with --file, not both.")
         try:
-            text = file.read_text(encoding="utf-8")
+            text = utf8_text(file.read_bytes(), f"The prompt file {file}")
         except OSError as e:
             raise ConfigError(f"Cannot read the prompt file {file}: {e.strerror}.") from None
     elif prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        text = sys.stdin.read()
+        stdin = getattr(sys.stdin, "buffer", None)  # bytes: the text decoder may let bad bytes by
+        text = utf8_text(stdin.read() if stdin is not None else sys.stdin.read(), "The prompt on stdin")
     elif prompt is None:
         raise ConfigError('No prompt given. Try: specgen run "write quicksort in python"')
     else:
-        text = prompt
+        text = utf8_text(prompt, "The prompt")
     if not text.strip():
         raise ConfigError("The prompt is empty: give some text to continue or answer.")
     return text

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specgen.choices import HEAD_KINDS
@@ -42,7 +43,7 @@ def list_cmd() -> None:
         try:
             p = load_profile(str(path))
         except SpecgenError as e:
-            table.add_row(name, f"[red]invalid: {e}[/]", "", "", "", _where(path))
+            table.add_row(name, f"[red]invalid: {escape(str(e))}[/]", "", "", "", _where(path))
             continue
         draft = p.draft.model if p.draft and p.speculation.method != "prompt-lookup" else "-"
         drafted = "GGUF in llama.cpp" if p.draft and p.draft.runtime == "llama.cpp" else (
@@ -89,4 +90,6 @@ def to_toml(data: dict) -> str:
 def _value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    return json.dumps(v) if isinstance(v, str) else repr(v)
+    if isinstance(v, str):  # a TOML basic string: JSON's escapes, and DEL escaped too
+        return json.dumps(v).replace("\x7f", "\\u007f")
+    return repr(v)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from specgen import kernels
 from specgen.choices import MAX_K, MIN_K
 from specgen.core.adaptive import Book, Plan, Planner
 from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from specgen.decoding.llamacpp import LlamaCppDraft
 
 
+# torch's generators take seeds below 2**64; the draft's is the seed + 1.
+SEED_LIMIT = 2**64 - 1
+
+
 @dataclass
 class GenerationResult:
     token_ids: list[int]
@@ -41,7 +46,15 @@ class GenerationResult:
 class SpeculativeGenerator:
     """Speculative decoding of a transformers causal LM `target` with a smaller `draft`
     (or any Drafter). Batch size 1. Output is exactly the target's: greedy equals the
-    target's greedy decoding, sampling follows the target's (warped) distribution."""
+    target's greedy decoding, sampling follows the target's (warped) distribution.
+
+    `prepare` (the default) readies both models for their roles first, in place, as the CLI
+    does (kernels.prepare): on a CPU, a fp32 or bf16 target then verifies row by row, so
+    greedy output equals the target's own greedy decoding bit for bit, and both models take
+    specgen's faster products. Afterwards the models compute one unpadded sequence per
+    forward exactly as before for any number of rows; a batch of several sequences takes
+    transformers' stock attention. `prepare=False` leaves the models as they are (verify
+    passes then round as transformers' batched kernels do; see docs/exactness.md)."""
 
     def __init__(
         self,
@@ -49,6 +62,7 @@ class SpeculativeGenerator:
         draft: PreTrainedModel | LlamaCppDraft | Drafter,
         num_speculative_tokens: int = 4,
         adaptive: bool = True,
+        prepare: bool = True,
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not MIN_K <= k <= MAX_K:
@@ -56,6 +70,10 @@ class SpeculativeGenerator:
                 f"num_speculative_tokens (K) must be an integer from {MIN_K} to {MAX_K}, got "
                 f"{k!r}. Try 4; 0 turns speculation off."
             )
+        if prepare:  # idempotent: models loaded by specgen are prepared already
+            kernels.prepare(target, "target")
+            if isinstance(draft, PreTrainedModel):
+                kernels.prepare(draft, "draft")
         self.target = target
         if not hasattr(draft, "propose"):  # a draft model (or runtime): it drafts by itself
             check_pair(target, draft)
@@ -275,7 +293,10 @@ class SpeculativeGenerator:
 
     def _generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
         """One generator per device; seeded for reproducible sampling."""
-        seed = torch.seed() if seed is None else seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not 0 <= seed < SEED_LIMIT):
+            raise ConfigError(f"seed must be an integer from 0 to {SEED_LIMIT - 1}, got {seed!r}.")
+        seed = torch.seed() % SEED_LIMIT if seed is None else seed
         draft_device = getattr(self.drafter, "device", self.device)
         gen_t = torch.Generator(self.device).manual_seed(seed)
         gen_d = torch.Generator(draft_device).manual_seed(seed + 1)

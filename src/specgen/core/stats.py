@@ -64,7 +64,7 @@ class Stats:
 
     @property
     def speedup_estimate(self) -> float:
-        """The steps' estimated speedup over plain decoding (figures.step_speedup)."""
+        """The estimated speedup over plain decoding (step_speedup)."""
         return step_speedup(self.new_tokens, self.target_passes, len(self.k_per_step),
                             self.draft_seconds, self.verify_seconds)
 
@@ -89,13 +89,15 @@ class Stats:
 
 def step_speedup(new_tokens: int, target_passes: int, steps: int, draft_seconds: float,
                  verify_seconds: float) -> float:
-    """The steps' estimated speedup over plain decoding of the same tokens, taking one
-    verify pass as the cost of one plain step (slightly optimistic: a pass over K+1 tokens
-    costs a little more); 0.0 without steps. Also of several runs' counts summed. Passes
-    that are no step are the prompts' (none in records made before the prompt's pass gave
-    a token); they and their tokens cost the same in plain decoding, so they are left out."""
+    """The estimated speedup over plain decoding of the same tokens, taking one verify pass as
+    the cost of one plain step (slightly optimistic: a pass over K+1 tokens costs a little
+    more); 0.0 without steps. Also of several runs' counts summed. Passes that are no step
+    (the prompts': each gives one token, as in plain decoding) count as one plain step on
+    both sides, so the estimate never exceeds tau, the tokens per target pass: it reaches
+    tau only where drafting costs nothing."""
     spent = draft_seconds + verify_seconds
     if not spent or not steps:
         return 0.0
-    stepped = new_tokens - (target_passes - steps)
-    return stepped * (verify_seconds / steps) / spent
+    step = verify_seconds / steps
+    prompt_passes = max(0, target_passes - steps)
+    return new_tokens * step / (spent + prompt_passes * step)

@@ -10,7 +10,10 @@ causal prefix with exactly the call that a one-token pass at that position makes
 agree bit for bit. Each row is computed alone: in C where rows.py builds (one call a
 layer), else by PyTorch (one small attention call per row).
 
-Assumes one unpadded sequence per call, which is what specgen runs: no mask is built or read.
+Row by row serves one unpadded sequence per call, which is what specgen runs: its mask is
+the causal prefix itself, so transformers builds none (`row_mask`). A model prepared this way
+that is also called on a batch of several or padded sequences (its owner's own `generate`)
+gets the mask it needs and transformers' stock attention for that call.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' attention-function signature: query [B, H, M, D], key and value
     [B, H_kv, T, D] with the M new positions last; returns [B, M, H, D]."""
+    if attention_mask is not None:  # several or padded sequences: not a pass specgen runs
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
     window = kwargs.get("sliding_window")  # a sliding-window layer sees its last keys only
     if c_rows.attends(query, key, value):
         return c_rows.attention(query, key, value, scaling, window), None
@@ -45,9 +53,23 @@ def row_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(b, m, h, d), None
 
 
+def row_mask(batch_size: int, *args, attention_mask: Tensor | None = None, **kwargs
+             ) -> Tensor | None:
+    """transformers' mask-function signature: no mask for one sequence without padding
+    (`row_attention` attends to each row's causal prefix, or its window), else the mask
+    transformers' SDPA attention would get."""
+    if batch_size == 1 and (attention_mask is None or bool(attention_mask.all())):
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(batch_size, *args, attention_mask=attention_mask, **kwargs)
+
+
 def use_row_attention(model: nn.Module) -> None:
     """Switch a transformers model's attention to `row_attention`."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, row_attention)
+    AttentionMaskInterface.register(NAME, row_mask)
     model.set_attn_implementation(NAME)

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
 from specgen.decoding import llamacpp
-from specgen.errors import ConfigError, ModelError, ResourceError
+from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
 from specgen.kernels import cuda_int4, prepare
 from specgen.loading import cache, streamed
 from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate, locate_gguf, problem_of
@@ -25,7 +25,7 @@ from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
 from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
-                                     load_tokenizer, say)
+                                     load_tokenizer, refused_code, say)
 from specgen.profiles import ModelSpec, Profile
 
 
@@ -163,7 +163,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
-        raise ModelError(f"Cannot load {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(f"Cannot load {source.name}: {e}") from None
     return prepare(model, role, "none").eval()
 
 
@@ -209,7 +209,7 @@ def load_for_training(profile: Profile, progress: Progress | None = None
             source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
             device_map=_device_map(device))
     except (OSError, ValueError) as e:
-        raise ModelError(f"Cannot load {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(f"Cannot load {source.name}: {e}") from None
     return model.eval().requires_grad_(False), tokenizer, source.name
 
 
@@ -239,7 +239,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
     for role, spec in roles:
         if spec.trust_remote_code:
             warnings.warn(f"{role} {spec.model}: trust_remote_code = true runs Python code from "
-                          "the model's repository on this machine.", stacklevel=2)
+                          "the model's repository on this machine.", SpecgenWarning, stacklevel=2)
         if spec.quantization in BNB_SCHEMES:
             bnb_config(spec.quantization, torch.float32)  # fail early if bitsandbytes is missing
 

@@ -178,12 +178,24 @@ def find_head(spec: ModelSpec, profile: str, progress: Progress | None = None,
     return Path(folder)
 
 
+def refused_code(name: str, e: Exception) -> ModelError | None:
+    """transformers' refusal to run a model's own Python code, as the profile key to change
+    (None for any other error)."""
+    if "trust_remote_code" not in str(e):
+        return None
+    return ModelError(
+        f"{name} needs its own Python code to load, which specgen runs only when the profile "
+        "allows it: if you trust that code, set trust_remote_code = true in the profile's "
+        "[target] or [draft] table naming this model.")
+
+
 def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:
     kwargs = {"gguf_file": source.gguf} if source.gguf else {}
     try:
         return AutoConfig.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"Cannot read the configuration of {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(
+            f"Cannot read the configuration of {source.name}: {e}") from None
 
 
 def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -191,4 +203,5 @@ def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTraine
     try:
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"Cannot load the tokenizer of {source.name}: {e}") from None
+        raise refused_code(source.name, e) or ModelError(
+            f"Cannot load the tokenizer of {source.name}: {e}") from None

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS
+from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
 from specgen.errors import ConfigError
 from specgen.loading.memory import rough_params
 from specgen.profiles import ModelSpec, Profile
@@ -130,7 +130,7 @@ def tensor_parallel(profile: Profile, gpu_gb: float) -> tuple[int, int, str]:
     """(tensor parallel size, pipeline parallel size, why): the fewest GPUs (1, 2, 4 or 8
     per stage) that hold the weights in WEIGHT_SHARE of each GPU's memory."""
     specs = [profile.target]
-    if profile.draft is not None and profile.speculation.method in ("draft-model", "hybrid"):
+    if profile.draft is not None and profile.speculation.method in MODEL_METHODS:
         specs.append(profile.draft)
     total = 0.0
     for spec in specs:
@@ -165,7 +165,7 @@ def vllm(profile: Profile, gpu_gb: float = 80.0, port: int = 8000) -> Command:
     cmd = Command("vllm serve", notes=[f"specgen profile {profile.name} for {VLLM_VERSION}."])
     target = _vllm_model(profile.target, "target", cmd.notes)
     draft = None
-    if method in ("draft-model", "hybrid") and spec.num_speculative_tokens:
+    if method in MODEL_METHODS and spec.num_speculative_tokens:
         assert profile.draft is not None  # profiles.py: these methods need a [draft]
         draft = _vllm_model(profile.draft, "draft", cmd.notes)
     cmd.program = f"vllm serve {shlex.quote(target)}"
