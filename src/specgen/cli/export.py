@@ -8,10 +8,10 @@ from specgen.cli.options import PROFILE
 from specgen.profiles import load_profile
 
 app = typer.Typer(
-    help="Print the command line that serves a profile on an engine that scales out: vLLM "
-    "(`vllm serve` with --speculative-config) or llama.cpp (`llama-server`). Comments above "
-    "the command say what the engine does differently; a profile it has no equivalent for "
-    "gets one line saying so. Nothing is loaded or downloaded.",
+    help="Print the command line that serves a profile on vLLM or llama.cpp.\n\n"
+    "`vllm serve` with --speculative-config, or `llama-server` with the draft's flags. Comments "
+    "above the command say what the engine does differently; a profile it has no equivalent "
+    "for gets one line saying so. Nothing is loaded or downloaded.",
     no_args_is_help=True,
 )
 

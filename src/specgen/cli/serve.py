@@ -9,8 +9,9 @@ import typer
 
 from specgen.cli.options import MODELS, err, load_session, prefetch, profile_with_options, shared
 
-HELP = """Serve the profile over HTTP: OpenAI- and Ollama-compatible APIs on exact speculative
-decoding, one request at a time, in arrival order.
+HELP = """Serve the profile over HTTP: OpenAI- and Ollama-compatible APIs.
+
+Exact speculative decoding behind the APIs, one request at a time, in arrival order.
 
 OpenAI: GET /v1/models, POST /v1/completions, POST /v1/chat/completions. Ollama: POST
 /api/generate, POST /api/chat, GET /api/tags, GET /api/version. Also GET /health and GET
