@@ -190,18 +190,19 @@ def refused_code(name: str, e: Exception) -> ModelError | None:
 
 
 def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:
-    kwargs = {"gguf_file": source.gguf} if source.gguf else {}
-    try:
-        return AutoConfig.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
-    except (OSError, ValueError, KeyError) as e:
-        raise refused_code(source.name, e) or ModelError(
-            f"Cannot read the configuration of {source.name}: {e}") from None
+    return _from_pretrained(AutoConfig, source, trust_remote_code, "read the configuration")
 
 
 def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    return _from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
+
+
+def _from_pretrained(auto, source: Source, trust_remote_code: bool, what: str):
+    """`auto.from_pretrained` on the source (its GGUF file, if any), or one ModelError line:
+    "Cannot {what} of {name}", or the profile key to change for remote code."""
     kwargs = {"gguf_file": source.gguf} if source.gguf else {}
     try:
-        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
+        return auto.from_pretrained(source.path, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as e:
         raise refused_code(source.name, e) or ModelError(
-            f"Cannot load the tokenizer of {source.name}: {e}") from None
+            f"Cannot {what} of {source.name}: {e}") from None
