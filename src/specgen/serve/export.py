@@ -126,6 +126,18 @@ def _head(profile: Profile) -> ModelSpec:
 
 # --- vLLM ---------------------------------------------------------------------------------
 
+def _draft_k(spec, cmd: Command, off: str, adaptive: str) -> int:
+    """The profile's K, with the note for K = 0 (speculation off: `off`, the flags left out;
+    the caller stops there) or for adaptive K (`adaptive`, which names {k}: the server drafts
+    at most the profile's largest K)."""
+    k = spec.num_speculative_tokens
+    if k == 0:
+        cmd.notes.append(f"Speculation is off in this profile (K = 0): no {off}.")
+    elif spec.adaptive:
+        cmd.notes.append(adaptive.format(k=k))
+    return k
+
+
 def tensor_parallel(profile: Profile, gpu_gb: float) -> tuple[int, int, str]:
     """(tensor parallel size, pipeline parallel size, why): the fewest GPUs (1, 2, 4 or 8
     per stage) that hold the weights in WEIGHT_SHARE of each GPU's memory."""
@@ -188,13 +200,10 @@ def vllm(profile: Profile, gpu_gb: float = 80.0, port: int = 8000) -> Command:
         kind = "bitsandbytes'" if quant in BNB_SCHEMES else "specgen's own CPU"
         cmd.notes.append(f"target.quantization = {quant} is {kind} scheme with no vLLM "
                          "equivalent: vLLM loads the weights unquantized.")
-    k = spec.num_speculative_tokens
+    k = _draft_k(spec, cmd, "--speculative-config", "vLLM drafts a fixed K: num_speculative_tokens = "
+                 "{k}, the profile's largest K (specgen's adaptive K has no vLLM equivalent).")
     if k == 0:
-        cmd.notes.append("Speculation is off in this profile (K = 0): no --speculative-config.")
         return cmd
-    if spec.adaptive:
-        cmd.notes.append(f"vLLM drafts a fixed K: num_speculative_tokens = {k}, the profile's "
-                         "largest K (specgen's adaptive K has no vLLM equivalent).")
     config: dict = {}
     if spec.draft_confidence > 0:
         cmd.notes.append(f"draft_confidence = {spec.draft_confidence:g} has no vLLM equivalent: "
@@ -248,13 +257,10 @@ def llamacpp(profile: Profile, flavor: str = "current", port: int = 8080) -> Com
     cmd.add("--jinja")  # the model's own chat template
     if legacy:
         cmd.add("-ngl", 99)  # the current builds offload all they can by default
-    k = spec.num_speculative_tokens
+    k = _draft_k(spec, cmd, "draft flags", "llama.cpp drafts at most K = {k} tokens a step (the "
+                 "profile's largest K); specgen's adaptive K has no equivalent.")
     if k == 0:
-        cmd.notes.append("Speculation is off in this profile (K = 0): no draft flags.")
         return cmd
-    if spec.adaptive:
-        cmd.notes.append(f"llama.cpp drafts at most K = {k} tokens a step (the profile's largest "
-                         "K); specgen's adaptive K has no equivalent.")
     types: list[str] = []
     flags = Command("")
     if method in ("prompt-lookup", "hybrid"):
