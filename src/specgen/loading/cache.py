@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgen.errors import ModelError
+from specgen.loading.hashing import sha256_file
 from specgen.paths import cache_dir
 
 FORMAT = 2  # of an entry (its manifest and layout)
 MANIFEST = "specgen.json"
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 SMALL = 1 << 24  # files up to this size are hashed whole on every check
-CHUNK = 1 << 24
 STALE_AFTER = 3600.0  # seconds: a temporary that names no process is left alone this long
 FOLDERS = ("converted", "quantized", "demo", "kernels")
 
@@ -70,14 +70,6 @@ def packed_dir(weights_sha256: str, scheme: str, dtype: str, layers_format: int,
 
 
 # --- hashing ----------------------------------------------------------------------------------
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
-
 
 def sampled_hash(path: Path) -> str:
     """sha256 of the size and SAMPLES blocks spread evenly over the file (the whole file

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.errors import ModelError
+from specgen.loading.hashing import sha256_file
 
-CHUNK = 1 << 24  # 16 MiB reads while hashing and copying
+CHUNK = 1 << 24  # 16 MiB reads while copying
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,6 @@ def part_paths(asset: DemoAsset) -> list[Path] | None:
         raise ModelError(f"The demo model {asset.filename} is only partly installed (missing "
                          f"{', '.join(missing)}). Reinstall with: {INSTALL_HINT}")
     return paths
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def assemble(asset: DemoAsset, folder: Path,
