@@ -313,25 +313,31 @@ def _size(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
 
 
-def entries(root: Path | None = None) -> list[Entry]:
-    """Everything in the cache, with sizes, and which profiles use each entry."""
-    root = root or cache_dir()
-    found = []
-    for folder in FOLDERS:
+def _children(root: Path, folders: tuple[str, ...]) -> Iterator[tuple[str, Path]]:
+    """(folder, child) for everything in each of the cache's `folders` that can be listed,
+    in name order (a folder missing or unreadable lists nothing)."""
+    for folder in folders:
         try:
             children = sorted((root / folder).iterdir())
         except OSError:
             continue
         for child in children:
-            if child.name.startswith("."):
-                kind = "temporary"
-                manifest = None
-            elif folder in ("converted", "quantized"):
-                manifest = read_manifest(child)
-                kind = folder if is_current(manifest) else "older"
-            else:
-                kind, manifest = ("kernel" if folder == "kernels" else "demo"), None
-            found.append(Entry(child, kind, _size(child), manifest))
+            yield folder, child
+
+
+def entries(root: Path | None = None) -> list[Entry]:
+    """Everything in the cache, with sizes, and which profiles use each entry."""
+    found = []
+    for folder, child in _children(root or cache_dir(), FOLDERS):
+        if child.name.startswith("."):
+            kind = "temporary"
+            manifest = None
+        elif folder in ("converted", "quantized"):
+            manifest = read_manifest(child)
+            kind = folder if is_current(manifest) else "older"
+        else:
+            kind, manifest = ("kernel" if folder == "kernels" else "demo"), None
+        found.append(Entry(child, kind, _size(child), manifest))
     _mark_users(found)
     return found
 
@@ -419,21 +425,15 @@ def prune(dry_run: bool = False, root: Path | None = None) -> list[Entry]:
 def profile_entries(profile, root: Path | None = None) -> list[Path]:
     """The converted and quantized entries (current ones) the profile's models may load:
     read from the manifests alone, with no torch and no other profile."""
-    root = root or cache_dir()
     wants = [(k, c) for k, c in _wants(profile) if k != "demo"]
     found = []
-    for folder in ("converted", "quantized"):
-        try:
-            children = sorted((root / folder).iterdir())
-        except OSError:
+    for folder, child in _children(root or cache_dir(), ("converted", "quantized")):
+        if child.name.startswith("."):
             continue
-        for child in children:
-            if child.name.startswith("."):
-                continue
-            manifest = read_manifest(child)
-            if is_current(manifest) and any(
-                    _matches(Entry(child, folder, 0, manifest), k, c) for k, c in wants):
-                found.append(child)
+        manifest = read_manifest(child)
+        if is_current(manifest) and any(
+                _matches(Entry(child, folder, 0, manifest), k, c) for k, c in wants):
+            found.append(child)
     return found
 
 
