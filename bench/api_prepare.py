@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specgen import SpeculativeGenerator
 from specgen.app.session import encode_messages, messages_for
 from specgen.bench.prompts import PROMPTS
+from specgen.bench.report import geomean
 
 
 def load(folder: str):
@@ -46,10 +46,6 @@ def spec(gen: SpeculativeGenerator, ids: torch.Tensor, n: int, eos: list[int]):
     start = time.perf_counter()
     result = gen.generate(ids, max_new_tokens=n, eos_token_ids=eos)
     return result.token_ids, time.perf_counter() - start, result.stats
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def main() -> None:

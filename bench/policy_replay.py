@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
 
 from specgen.core.adaptive import AdaptiveK, record_pass
+from specgen.bench.report import geomean
 
 
 def trace(result: dict, profile_name: str) -> list[dict]:
@@ -134,10 +134,6 @@ def replay(row: dict, costs: Costs, policy: str, k_max: int, n_new: int) -> floa
             adaptive.update(k, accepted, k * draft)
         done += accepted + 1
     return seconds * n_new / done  # a last step may overshoot n_new
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def main() -> None:
