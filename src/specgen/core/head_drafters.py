@@ -52,6 +52,32 @@ def as_linear(weight: Tensor) -> torch.nn.Linear:
     return prepare(layer, "draft")
 
 
+class Drafted:
+    """The tokens one `propose` has drafted, and the q each was drawn from (sampled drafts
+    only). `keep` adds one and says whether to draft on: not past a token whose probability
+    is below the drafter's confidence, nor once the chance that every draft so far is right
+    falls below `stop_below`."""
+
+    def __init__(self, greedy: bool, confidence: float, stop_below: float) -> None:
+        self.greedy, self.confidence, self.stop_below = greedy, confidence, stop_below
+        self.ids: list[Tensor] = []
+        self.qs: list[Tensor] = []
+        self.sure = 1.0
+
+    def keep(self, token: Tensor, q: Tensor | None, p: float | None) -> bool:
+        self.ids.append(token)
+        if not self.greedy:
+            self.qs.append(q)
+        if p is not None:
+            self.sure *= p
+            if p < self.confidence or self.sure < self.stop_below:
+                return False
+        return True
+
+    def result(self, device: torch.device) -> tuple[Tensor, Tensor | None]:
+        return torch.stack(self.ids).to(device), (torch.stack(self.qs) if self.qs else None)
+
+
 class HeadDrafter:
     """What the three kinds share: binding to the target, taking its hidden states, the
     feature store of true features not yet read, rollback and reset."""
@@ -242,7 +268,7 @@ class EagleDrafter(HeadDrafter):
         # 1. Catch up: every kept pair since the last draft, in one forward; its last output
         #    predicts the pending token's feature, whose logits give the first draft.
         out, head_logits = self._step(feats, tokens[first + 1 : last + 1], first, fused=True)
-        ids, qs, sure = [], [], 1.0
+        drafted = Drafted(params.greedy, self.confidence, stop_below)
         for i in range(k):
             logits = self._logits(out, head_logits)
             token, q, p = self._pick(logits, params, generator, stop_below)
@@ -250,17 +276,12 @@ class EagleDrafter(HeadDrafter):
                 token = self.head.target_ids(token)
                 if q is not None:
                     q = q.new_zeros(self.vocab_size).index_copy_(0, self.d2t_index, q)
-            ids.append(token)
-            if not params.greedy:
-                qs.append(q)
-            if p is not None:
-                sure *= p
-                if p < self.confidence or sure < stop_below:
-                    break
+            if not drafted.keep(token, q, p):
+                break
             if i + 1 < k:  # 2. Draft on: the head's own output as the next feature.
                 out, head_logits = self._step(out[None], token[None], last + i, fused=False)
         self.cache.crop(true_length)  # its guesses never stay in the cache
-        return torch.stack(ids).to(tokens.device), (torch.stack(qs) if qs else None)
+        return drafted.result(tokens.device)
 
 
 class MedusaDrafter(HeadDrafter):
@@ -288,7 +309,7 @@ class MedusaDrafter(HeadDrafter):
         if k < 1 or feature is None:
             return tokens.new_empty(0), None
         self._passes += 1
-        ids, qs, sure = [], [], 1.0
+        drafted = Drafted(params.greedy, self.confidence, stop_below)
         for i in range(k):
             head = self.head[i]
             x = feature.to(self.dtype)
@@ -296,14 +317,9 @@ class MedusaDrafter(HeadDrafter):
                 x = block(x)
             logits = self.outputs[i](x)
             token, q, p = self._pick(logits, params, generator, stop_below)
-            ids.append(token)
-            if not params.greedy:
-                qs.append(q)
-            if p is not None:
-                sure *= p
-                if p < self.confidence or sure < stop_below:
-                    break
-        return torch.stack(ids).to(tokens.device), (torch.stack(qs) if qs else None)
+            if not drafted.keep(token, q, p):
+                break
+        return drafted.result(tokens.device)
 
 
 def make_head_drafter(head: Head, target_vocab: int, head_rows: int | None = None,
