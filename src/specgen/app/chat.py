@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console, RenderableType
@@ -88,6 +89,14 @@ def parse_command(line: str) -> tuple[str, str] | None:
         return None
     name, _, arg = line[1:].partition(" ")
     return name.lower(), arg.strip()
+
+
+def _argument(parse: Callable[[str], Any], arg: str, command: str, want: str, example: str) -> Any:
+    """A slash command's argument read by `parse`, or one line saying what it needs."""
+    try:
+        return parse(arg)
+    except ValueError:
+        raise ConfigError(f"{command} needs {want}, got {arg!r}: try {command} {example}.") from None
 
 
 def unescape(message: str) -> str:
@@ -250,11 +259,7 @@ class Chat:
         return Reply(["System prompt set." if arg else "System prompt cleared."])
 
     def _cmd_k(self, arg: str) -> Reply:
-        try:
-            k = int(arg)
-        except ValueError:
-            raise ConfigError(
-                f"/k needs a whole number of draft tokens, got {arg!r}: try /k 4.") from None
+        k = _argument(int, arg, "/k", "a whole number of draft tokens", "4")
         self._override("/k", num_speculative_tokens=k)
         self.session.generator.k_max = k
         mode = "the most per step (adaptive)" if self.session.generator.adaptive else "every step"
@@ -269,11 +274,7 @@ class Chat:
         return Reply([f"Adaptive K {'on' if on else 'off'}."])
 
     def _cmd_temperature(self, arg: str) -> Reply:
-        try:
-            value = float(arg)
-        except ValueError:
-            raise ConfigError(
-                f"/temperature needs a number, got {arg!r}: try /temperature 0.7.") from None
+        value = _argument(float, arg, "/temperature", "a number", "0.7")
         self._override("/temperature", temperature=value)
         return Reply([f"Temperature {value:g}{' (greedy)' if value == 0 else ''}."])
 
