@@ -83,6 +83,13 @@ async def read_json(request: Request) -> dict:
     return parse_body(b"".join(chunks))
 
 
+async def read_ask(request: Request, parse) -> tuple[ServedModel, Ask]:
+    """The served model, and the request's body read by `parse(body, served)` (an API's
+    parser); a RequestError when the body or a field is wrong."""
+    served: ServedModel = request.app.state.served
+    return served, parse(await read_json(request), served)
+
+
 class Events:
     """A job's events, one at a time; None when the client went away (see `watch`)."""
 
@@ -98,6 +105,15 @@ class Events:
         while not self.job.events.empty():
             out.append(self.job.events.get_nowait())
         return out
+
+    async def merged(self):
+        """The events as they come, those delivered together merged (see `merged`); the
+        iteration ends when the client is gone."""
+        while True:
+            for event in merged([await self.next()] + self.ready()):
+                if event is None:
+                    return
+                yield event
 
     def close(self) -> None:
         """The client is done or gone: stop the job if it still waits or runs."""

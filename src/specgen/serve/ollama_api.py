@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from specgen import __version__
-from specgen.serve.common import Api, Events, ServedModel, iso_time, merged, read_json
-from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, model_matches,
-                                    seed_value, temperature_value)
+from specgen.serve.common import Api, Events, ServedModel, iso_time, read_ask, read_json
+from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, message_fields,
+                                    model_matches, seed_value, temperature_value)
 from specgen.serve.worker import Failed, Finished, Piece
 
 ROLES = ("system", "user", "assistant")
@@ -101,14 +101,7 @@ def parse_chat(body: dict, served: ServedModel) -> Ask:
 
 
 def _message(message: object, i: int) -> dict[str, str]:
-    where = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise RequestError(f"{where} must be an object with a role and a content.", param=where)
-    f = Fields(message, f"{where}.")
-    role = f.string("role", required=True)
-    if role not in ROLES:
-        raise RequestError(f"{where}.role = {role!r} is not supported; use system, user or "
-                           "assistant (specgen does not call tools).", param=f"{where}.role")
+    _, f, role = message_fields(message, i, ROLES)
     f.refuse("images", (None, []), "specgen reads text only.")
     f.refuse("tool_calls", (None, []), "specgen does not call tools.")
     return {"role": role, "content": f.string("content") or ""}
@@ -150,21 +143,17 @@ class Ollama(Api):
         return self._final(text, finished)
 
     async def chunks(self, events: Events):
-        while True:
-            batch = [await events.next()] + events.ready()
-            for event in merged(batch):
-                if event is None:  # the client is gone
-                    return
-                if isinstance(event, Piece):
-                    if event.text:
-                        yield ndjson({**self.part(event.text, False),
-                                      "specgen": {"sources": event.sources}})
-                elif isinstance(event, Finished):
-                    yield ndjson(self._final("", event))
-                    return
-                elif isinstance(event, Failed):
-                    yield ndjson({"error": event.message})
-                    return
+        async for event in events.merged():
+            if isinstance(event, Piece):
+                if event.text:
+                    yield ndjson({**self.part(event.text, False),
+                                  "specgen": {"sources": event.sources}})
+            elif isinstance(event, Finished):
+                yield ndjson(self._final("", event))
+                return
+            elif isinstance(event, Failed):
+                yield ndjson({"error": event.message})
+                return
 
 
 # --- handlers -----------------------------------------------------------------------------
@@ -178,10 +167,8 @@ async def chat(request: Request) -> Response:
 
 
 async def _generate(request: Request, chat: bool) -> Response:
-    served: ServedModel = request.app.state.served
     try:
-        body = await read_json(request)
-        ask = parse_chat(body, served) if chat else parse_generate(body, served)
+        served, ask = await read_ask(request, parse_chat if chat else parse_generate)
     except RequestError as e:
         return error_response(e.status, e.message)
     api = Ollama(chat, served.name)

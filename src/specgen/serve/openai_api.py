@@ -13,9 +13,9 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from specgen.serve.common import Api, Events, ServedModel, merged, read_json
-from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, model_matches,
-                                    seed_value, temperature_value, text_ok)
+from specgen.serve.common import Api, Events, ServedModel, read_ask
+from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, message_fields,
+                                    model_matches, seed_value, temperature_value, text_ok)
 from specgen.serve.worker import Failed, Finished, Piece
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -92,14 +92,7 @@ def parse_chat(body: dict, served: ServedModel) -> Ask:
 
 
 def _message(message: object, i: int) -> dict[str, str]:
-    where = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise RequestError(f"{where} must be an object with a role and a content.", param=where)
-    f = Fields(message, f"{where}.")
-    role = f.string("role", required=True)
-    if role not in ROLES:
-        raise RequestError(f"{where}.role = {role!r} is not supported; use system, developer, "
-                           "user or assistant (specgen does not call tools).", param=f"{where}.role")
+    where, _, role = message_fields(message, i, tuple(ROLES))
     content = message.get("content")
     if isinstance(content, list):  # content parts: text only
         texts = []
@@ -189,27 +182,23 @@ class OpenAI(Api):
     async def chunks(self, events: Events):
         if self.chat:
             yield self._chunk(self._choice(None, None, first=True))
-        while True:
-            batch = [await events.next()] + events.ready()
-            for event in merged(batch):
-                if event is None:  # the client is gone
-                    return
-                if isinstance(event, Piece):
-                    if event.text:
-                        yield self._chunk(self._choice(event.text, None),
-                                          specgen={"sources": event.sources})
-                elif isinstance(event, Finished):
-                    yield self._chunk(self._choice(None if self.chat else "", event.reason),
-                                      specgen=event.extension())
-                    if self.include_usage:
-                        yield self._chunk(None, usage=self._usage(event))
-                    yield sse("[DONE]")
-                    return
-                elif isinstance(event, Failed):
-                    yield sse({"error": {"message": event.message, "type": ERROR_TYPES.get(
-                        event.status, "server_error"), "param": event.param, "code": None}})
-                    yield sse("[DONE]")
-                    return
+        async for event in events.merged():
+            if isinstance(event, Piece):
+                if event.text:
+                    yield self._chunk(self._choice(event.text, None),
+                                      specgen={"sources": event.sources})
+            elif isinstance(event, Finished):
+                yield self._chunk(self._choice(None if self.chat else "", event.reason),
+                                  specgen=event.extension())
+                if self.include_usage:
+                    yield self._chunk(None, usage=self._usage(event))
+                yield sse("[DONE]")
+                return
+            elif isinstance(event, Failed):
+                yield sse({"error": {"message": event.message, "type": ERROR_TYPES.get(
+                    event.status, "server_error"), "param": event.param, "code": None}})
+                yield sse("[DONE]")
+                return
 
 
 # --- handlers -----------------------------------------------------------------------------
@@ -244,10 +233,8 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _generate(request: Request, chat: bool) -> Response:
-    served: ServedModel = request.app.state.served
     try:
-        body = await read_json(request)
-        ask = parse_chat(body, served) if chat else parse_completion(body, served)
+        served, ask = await read_ask(request, parse_chat if chat else parse_completion)
     except RequestError as e:
         return error_response(e.status, e.message, e.param, e.code)
     api = OpenAI(chat, served.name, ask.include_usage)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgen.choices import listing
+
 # The largest request body read; a bigger one is refused with 413 before it is parsed.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_STOP = 16  # stop strings per request
@@ -219,6 +221,20 @@ def seed_value(fields: Fields, key: str, negative_is_random: bool = False) -> in
 def temperature_value(fields: Fields, key: str) -> float | None:
     value = fields.number(key, 0.0)
     return 0.0 if value is not None and value < MIN_TEMPERATURE else value
+
+
+def message_fields(message: object, i: int, roles: tuple[str, ...]) -> tuple[str, Fields, str]:
+    """messages[i] of a chat request: its name for messages, its fields, and its role, one of
+    `roles` (both APIs refuse tool messages: specgen calls no tools)."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise RequestError(f"{where} must be an object with a role and a content.", param=where)
+    f = Fields(message, f"{where}.")
+    role = f.string("role", required=True)
+    if role not in roles:
+        raise RequestError(f"{where}.role = {role!r} is not supported; use {listing(roles)} "
+                           "(specgen does not call tools).", param=f"{where}.role")
+    return where, f, role
 
 
 def model_matches(asked: str, served: str) -> bool:
