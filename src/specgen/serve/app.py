@@ -16,6 +16,7 @@ from starlette.routing import Route
 from specgen.serve import ollama_api, openai_api
 from specgen.serve.common import ServedModel
 from specgen.serve.metrics import CONTENT_TYPE
+from specgen.serve.validate import RequestError
 from specgen.serve.worker import Worker
 
 log = logging.getLogger("specgen.serve")
@@ -27,10 +28,11 @@ def _is_ollama(path: str) -> bool:
     return path.startswith("/api/")
 
 
-def error_for(path: str, status: int, message: str, code: str | None = None) -> Response:
+def error_for(path: str, status: int, message: str, code: str | None = None,
+              param: str | None = None) -> Response:
     if _is_ollama(path):
         return ollama_api.error_response(status, message)
-    return openai_api.error_response(status, message, code=code)
+    return openai_api.error_response(status, message, param, code)
 
 
 async def root(request: Request) -> Response:
@@ -58,6 +60,11 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
     return error_for(request.url.path, 405, f"{request.method} is not allowed on {request.url.path}.")
+
+
+async def _request_error(request: Request, exc: RequestError) -> Response:
+    """A body or field an endpoint refused (serve/validate.py)."""
+    return error_for(request.url.path, exc.status, exc.message, exc.code, exc.param)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -125,7 +132,8 @@ class Guard:
 
 def create_app(worker: Worker, served: ServedModel, api_key: str | None = None) -> Starlette:
     app = Starlette(routes=ROUTES, exception_handlers={
-        404: _not_found, 405: _not_allowed, HTTPException: _http_error, Exception: _internal})
+        404: _not_found, 405: _not_allowed, HTTPException: _http_error,
+        RequestError: _request_error, Exception: _internal})
     app.state.worker = worker
     app.state.served = served
     app.add_middleware(Guard, worker=worker, api_key=api_key)

@@ -85,7 +85,8 @@ async def read_json(request: Request) -> dict:
 
 async def read_ask(request: Request, parse) -> tuple[ServedModel, Ask]:
     """The served model, and the request's body read by `parse(body, served)` (an API's
-    parser); a RequestError when the body or a field is wrong."""
+    parser). A RequestError (the body or a field is wrong) goes up to the app, which answers
+    it in the shape of the path's API (app.py)."""
     served: ServedModel = request.app.state.served
     return served, parse(await read_json(request), served)
 

@@ -167,10 +167,7 @@ async def chat(request: Request) -> Response:
 
 
 async def _generate(request: Request, chat: bool) -> Response:
-    try:
-        served, ask = await read_ask(request, parse_chat if chat else parse_generate)
-    except RequestError as e:
-        return error_response(e.status, e.message)
+    served, ask = await read_ask(request, parse_chat if chat else parse_generate)
     api = Ollama(chat, served.name)
     if chat:
         empty = not ask.messages
@@ -209,11 +206,8 @@ async def ps(request: Request) -> Response:
 
 async def show(request: Request) -> Response:
     served: ServedModel = request.app.state.served
-    try:
-        body = await read_json(request)
-        name = Fields(body).string("model") or Fields(body).string("name")
-    except RequestError as e:
-        return error_response(e.status, e.message)
+    body = await read_json(request)
+    name = Fields(body).string("model") or Fields(body).string("name")
     if name is None:
         return error_response(400, "model is required")
     if not model_matches(name, served.name):

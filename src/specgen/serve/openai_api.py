@@ -233,9 +233,6 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _generate(request: Request, chat: bool) -> Response:
-    try:
-        served, ask = await read_ask(request, parse_chat if chat else parse_completion)
-    except RequestError as e:
-        return error_response(e.status, e.message, e.param, e.code)
+    served, ask = await read_ask(request, parse_chat if chat else parse_completion)
     api = OpenAI(chat, served.name, ask.include_usage)
     return await api.generate(request, request.app.state.worker, ask)
