@@ -26,20 +26,31 @@ from specgen.profiles import Profile, finite, load_profile, with_overrides
 
 
 @dataclass
-class BenchRequest:
+class MeasureRequest:
+    """What a measuring command (bench, tune) takes besides its own options: the profile, a
+    prompts file (None: the command's own set), and how the target loads and runs."""
+
     profile: str
     prompts: Path | None = None
+    threads: int | None = None
+    device: str | None = None
+    target_quantization: str | None = None
+    k: int | None = None
+
+    def check_threads(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}.")
+
+
+@dataclass
+class BenchRequest(MeasureRequest):
     max_new_tokens: int = 128
     repeats: int = 1
     out_file: Path | None = None
     contestants: str | None = None  # comma-separated names; None: the defaults
     method: str | None = None
-    k: int | None = None
-    threads: int | None = None
     draft_vocab: int | None = None
     draft_confidence: float | None = None
-    device: str | None = None
-    target_quantization: str | None = None
     draft_quantization: str | None = None
     draft_runtime: str | None = None
     raw: bool = False
@@ -52,8 +63,7 @@ class BenchRequest:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}.")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1, got {self.repeats}.")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {self.threads}.")
+        self.check_threads()
         if self.k is not None and not MIN_K <= self.k <= MAX_K:
             raise ConfigError(f"--k must be from {MIN_K} to {MAX_K}, got {self.k}.")
         if self.draft_vocab is not None and self.draft_vocab < 0:

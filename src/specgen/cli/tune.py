@@ -41,8 +41,10 @@ def tune(
 ) -> None:
     from specgen.tune.command import TuneRequest, run
 
-    result = run(TuneRequest(profile, prompts, minutes, max_new_tokens, threads, device,
-                             target_quantization, k), load_session, err)
+    request = TuneRequest(profile=profile, prompts=prompts, minutes=minutes,
+                          max_new_tokens=max_new_tokens, threads=threads, device=device,
+                          target_quantization=target_quantization, k=k)
+    result = run(request, load_session, err)
     speedup = result.tokens_per_second / result.plain_tokens_per_second
     err.print(f"skip set: [bold]{result.skip_layers}[/] · {result.tokens_per_second:.2f} tok/s, "
               f"{speedup:.2f}x plain decoding ({result.plain_tokens_per_second:.2f} tok/s) · "

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from specgen.bench.command import MeasureRequest
 from specgen.bench.runner import BenchPrompt, read_prompts
 from specgen.errors import ConfigError
 from specgen.profiles import load_profile, with_overrides
@@ -33,15 +34,9 @@ MAX_MINUTES = 24 * 60
 
 
 @dataclass
-class TuneRequest:
-    profile: str
-    prompts: Path | None = None
+class TuneRequest(MeasureRequest):
     minutes: float = 8.0
     max_new_tokens: int = 48
-    threads: int | None = None
-    device: str | None = None
-    target_quantization: str | None = None
-    k: int | None = None
 
     def check(self) -> None:
         if not 0 < self.minutes <= MAX_MINUTES:
@@ -50,8 +45,7 @@ class TuneRequest:
         if self.max_new_tokens < 8:
             raise ConfigError(f"--max-new-tokens must be at least 8 (a few speculative steps), "
                               f"got {self.max_new_tokens}.")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {self.threads}.")
+        self.check_threads()
 
 
 @dataclass
