@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from specgen import SpeculativeGenerator
 from specgen.core.drafters import ModelDrafter
 from specgen.core.sampling import SamplingParams, probs_from_logits
-from tiny import distill, sharpen, tiny_model
+from .tiny import distill, sharpen, tiny_model
 
 VOCAB = 16
 SAMPLES = 5000
