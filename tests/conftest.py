@@ -43,51 +43,38 @@ def tiny_profile(tmp_path_factory):
     return _tiny.write_tiny_profile(tmp_path_factory.mktemp("tiny"))
 
 
-# --- tiny models: factories (plain functions, so that fixtures of any scope can use them) -----
+# --- helpers handed out as they are --------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def tiny_model():
-    """`tiny_model(family="llama", *, vocab=64, hidden=32, layers=2, seed=0, eos=None, **config)`:
-    a new random fp32 causal LM, small enough to run thousands of steps in seconds."""
-    return _tiny.tiny_model
+def _hand_out(helper, name: str):
+    """A session fixture `name` whose value is `helper` itself (a factory function, or a module
+    of them): fixtures of every scope may take it, and `pytest --fixtures` shows its docstring."""
+    def fixture():
+        return helper
 
-
-@pytest.fixture(scope="session")
-def tiny_pair():
-    """`tiny_pair(family="llama", vocab=64, seed=0)`: (target, distilled draft), cached per
-    process: do not modify them (deepcopy first)."""
-    return _tiny.tiny_pair
+    fixture.__doc__ = helper.__doc__
+    return pytest.fixture(scope="session", name=name)(fixture)
 
 
-@pytest.fixture(scope="session")
-def sharpen():
-    """`sharpen(model, scale)`: scale a model's output head in place (less flat distributions)."""
-    return _tiny.sharpen
+# Factories of tiny models, tokenizers and files. tiny_pair's models are cached per process
+# (lru_cache), shared by every test: a test must not modify them (it copies them first).
+tiny_model = _hand_out(_tiny.tiny_model, "tiny_model")
+tiny_pair = _hand_out(_tiny.tiny_pair, "tiny_pair")
+sharpen = _hand_out(_tiny.sharpen, "sharpen")
+save_tiny = _hand_out(_tiny.save_tiny, "save_tiny")
+tiny_gguf = _hand_out(_tiny.write_tiny_gguf, "tiny_gguf")
+tiny_tokenizer = _hand_out(_tiny.tiny_tokenizer, "tiny_tokenizer")
+word_tokenizer = _hand_out(_tiny.word_tokenizer, "word_tokenizer")
 
+# The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
+# .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.
+distribution = _hand_out(_distribution, "distribution")
 
-@pytest.fixture(scope="session")
-def save_tiny():
-    """`save_tiny(model, path) -> path`: the model saved as a local model directory."""
-    return _tiny.save_tiny
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf():
-    """`tiny_gguf(path, vocab=64, hidden=32, layers=2, ..., seed=0, merges=()) -> path`: a real
-    F32 llama GGUF file with a byte-level tokenizer (llama.cpp itself wants one merge)."""
-    return _tiny.write_tiny_gguf
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    """`tiny_tokenizer()`: a byte-level tokenizer (259 ids, EOS <|im_end|> = 258, a chat template)."""
-    return _tiny.tiny_tokenizer
-
-
-@pytest.fixture(scope="session")
-def word_tokenizer():
-    """`word_tokenizer(vocab=64, eos="t1", shuffle=False)`: a word-level tokenizer t0, t1, ..."""
-    return _tiny.word_tokenizer
+# Draft heads: fitted_head's (target, head) pairs are cached per process: do not modify them.
+fitted_head = _hand_out(_heads.fitted, "fitted_head")
+eagle3_head = _hand_out(_heads.eagle3_head, "eagle3_head")
+reference_state = _hand_out(_heads.reference_state, "reference_state")
+reference_config = _hand_out(_heads.reference_config, "reference_config")
+save_reference = _hand_out(_heads.save_reference, "save_reference")
 
 
 @pytest.fixture
@@ -96,47 +83,3 @@ def fake_llama(monkeypatch):
     imports as its stand-in (machines without llama-cpp-python)."""
     monkeypatch.setitem(sys.modules, "llama_cpp", _tiny.fake_llama_cpp())
     return _tiny.FakeLlama
-
-
-# --- the distribution tests -------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def distribution():
-    """The distribution tests' helpers: VOCAB, PROMPT, SAMPLES, ALPHA; tiny_pair(family) (a
-    target and a clearly different draft, cached: do not modify them), target_joint (the exact
-    joint by enumeration), chi_square_pvalue, draw (seeded speculative generations), StopAt."""
-    return _distribution
-
-
-# --- draft heads ------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def fitted_head():
-    """`fitted_head(kind, family="llama", vocab=64, draft_vocab=None, layers=8, ...)`: (target,
-    head) fitted to it, cached per process: do not modify them."""
-    return _heads.fitted
-
-
-@pytest.fixture(scope="session")
-def eagle3_head():
-    """`eagle3_head(target, draft_vocab=None, seed=0)`: an unfitted EAGLE-3 head for `target`."""
-    return _heads.eagle3_head
-
-
-@pytest.fixture(scope="session")
-def reference_state():
-    """`reference_state(head)`: the head's tensors under the reference checkpoint's key names."""
-    return _heads.reference_state
-
-
-@pytest.fixture(scope="session")
-def reference_config():
-    """`reference_config(head, target)`: the config.json the reference implementation writes."""
-    return _heads.reference_config
-
-
-@pytest.fixture(scope="session")
-def save_reference():
-    """`save_reference(head, target, folder, file, state=None, config=None) -> folder`: the head
-    as the reference implementation publishes it."""
-    return _heads.save_reference

@@ -97,6 +97,7 @@ def reference_state(head) -> dict[str, torch.Tensor]:
 
 
 def reference_config(head, target) -> dict:
+    """The config.json the reference implementation publishes beside `head`'s weights."""
     c, t = head.config, target.config
     if head.kind == "medusa":  # as published: the head count understated, no shapes
         return {"medusa_num_heads": 2, "medusa_num_layers": c.medusa_layers,

@@ -36,6 +36,7 @@ def sharpen(model, scale: float) -> None:
 
 
 def save_tiny(model, path: Path) -> Path:
+    """Save `model` as a local model directory at `path` (returned)."""
     model.save_pretrained(path)
     return path
 
