@@ -11,7 +11,13 @@ import torch
 torch.set_num_threads(1)
 
 
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
+
+# The helpers live in a package of their own that test modules never import: they reach the
+# tests through the fixtures below (tests/test_layout.py checks it).
+from support import distribution as _distribution, heads as _heads, tiny as _tiny  # noqa: E402
 
 
 @pytest.fixture
@@ -33,7 +39,47 @@ def fresh_kernels(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
-    """A profile file naming a tiny local Llama pair (tiny.write_tiny_pair), one per module."""
-    from tiny import write_tiny_profile
+    """A profile file naming a tiny local Llama pair (support.tiny.write_tiny_pair), one per module."""
+    return _tiny.write_tiny_profile(tmp_path_factory.mktemp("tiny"))
 
-    return write_tiny_profile(tmp_path_factory.mktemp("tiny"))
+
+# --- helpers handed out as they are --------------------------------------------------------
+
+def _hand_out(helper, name: str):
+    """A session fixture `name` whose value is `helper` itself (a factory function, or a module
+    of them): fixtures of every scope may take it, and `pytest --fixtures` shows its docstring."""
+    def fixture():
+        return helper
+
+    fixture.__doc__ = helper.__doc__
+    return pytest.fixture(scope="session", name=name)(fixture)
+
+
+# Factories of tiny models, tokenizers and files. tiny_pair's models are cached per process
+# (lru_cache), shared by every test: a test must not modify them (it copies them first).
+tiny_model = _hand_out(_tiny.tiny_model, "tiny_model")
+tiny_pair = _hand_out(_tiny.tiny_pair, "tiny_pair")
+sharpen = _hand_out(_tiny.sharpen, "sharpen")
+save_tiny = _hand_out(_tiny.save_tiny, "save_tiny")
+tiny_gguf = _hand_out(_tiny.write_tiny_gguf, "tiny_gguf")
+tiny_tokenizer = _hand_out(_tiny.tiny_tokenizer, "tiny_tokenizer")
+word_tokenizer = _hand_out(_tiny.word_tokenizer, "word_tokenizer")
+
+# The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
+# .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.
+distribution = _hand_out(_distribution, "distribution")
+
+# Draft heads: fitted_head's (target, head) pairs are cached per process: do not modify them.
+fitted_head = _hand_out(_heads.fitted, "fitted_head")
+eagle3_head = _hand_out(_heads.eagle3_head, "eagle3_head")
+reference_state = _hand_out(_heads.reference_state, "reference_state")
+reference_config = _hand_out(_heads.reference_config, "reference_config")
+save_reference = _hand_out(_heads.save_reference, "save_reference")
+
+
+@pytest.fixture
+def fake_llama(monkeypatch):
+    """FakeLlama, llama_cpp.Llama over a tiny transformers model; for the test, `llama_cpp`
+    imports as its stand-in (machines without llama-cpp-python)."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", _tiny.fake_llama_cpp())
+    return _tiny.FakeLlama

@@ -14,12 +14,11 @@ from specgen import SpeculativeGenerator
 from specgen.decoding.lean import LeanDecoder, attends_by_rows
 from specgen.errors import ConfigError
 from specgen.kernels import linear
-from tiny import tiny_pair
 
 needs_kernels = pytest.mark.skipif(linear.library() is None, reason="no C compiler or no AVX2")
 
 
-def fresh_bf16_pair():
+def fresh_bf16_pair(tiny_pair):
     """A bf16 pair of our own: the shared tiny pair is not to be changed in place."""
     return tuple(deepcopy(m).to(torch.bfloat16) for m in tiny_pair("qwen2"))
 
@@ -39,8 +38,8 @@ def test_the_public_names():
 
 @needs_kernels
 @pytest.mark.parametrize("k", [2, 5])
-def test_a_generator_prepares_plain_bf16_models_and_stays_exact(k):
-    target, draft = fresh_bf16_pair()
+def test_a_generator_prepares_plain_bf16_models_and_stays_exact(k, tiny_pair):
+    target, draft = fresh_bf16_pair(tiny_pair)
     gen = SpeculativeGenerator(target, draft, k, adaptive=False)
     assert attends_by_rows(target) and isinstance(gen._decoder, LeanDecoder)
     assert all(type(m) is not torch.nn.Linear for m in target.modules())
@@ -51,8 +50,8 @@ def test_a_generator_prepares_plain_bf16_models_and_stays_exact(k):
         assert result.stats.accepted > 0
 
 
-def test_prepare_false_leaves_the_models_as_they_are():
-    target, draft = fresh_bf16_pair()
+def test_prepare_false_leaves_the_models_as_they_are(tiny_pair):
+    target, draft = fresh_bf16_pair(tiny_pair)
     SpeculativeGenerator(target, draft, 4, prepare=False)
     assert not attends_by_rows(target)
     assert all(type(m) is torch.nn.Linear for m in target.modules()
@@ -60,8 +59,8 @@ def test_prepare_false_leaves_the_models_as_they_are():
 
 
 @needs_kernels
-def test_a_prepared_model_still_serves_padded_batches():
-    target, _ = fresh_bf16_pair()
+def test_a_prepared_model_still_serves_padded_batches(tiny_pair):
+    target, _ = fresh_bf16_pair(tiny_pair)
     plain = deepcopy(target)
     specgen.prepare(target, "target")
     ids = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])

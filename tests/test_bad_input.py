@@ -231,11 +231,10 @@ def test_seeds_out_of_range_are_refused_before_loading(tiny_profile, no_models, 
     assert check_seed(2**63 - 1) == 2**63 - 1 and check_seed(None) is None
 
 
-def test_the_engine_refuses_seeds_torch_cannot_take():
+def test_the_engine_refuses_seeds_torch_cannot_take(tiny_pair):
     import torch
 
     from specgen import SpeculativeGenerator
-    from tiny import tiny_pair
 
     target, draft = tiny_pair()
     gen = SpeculativeGenerator(target, draft, 2)

@@ -240,9 +240,7 @@ def test_llamacpp_generate_is_greedy_fresh_and_stops_at_eos_or_the_limit():
     assert llamacpp.generate(llm, [1], 2, eos_ids=[2])[0] == [5, 6]
 
 
-def test_llamacpp_measurements_and_ratios():
-    from tiny import tiny_pair
-
+def test_llamacpp_measurements_and_ratios(tiny_pair):
     target, draft = tiny_pair()
     prompts = [b.BenchPrompt("code-completion", "x"), b.BenchPrompt("prose", "y")]
     inputs = [torch.tensor([3, 4, 5]), torch.tensor([6, 7])]
@@ -280,11 +278,10 @@ def test_asking_for_llamacpp_without_it_or_without_a_gguf_is_one_clear_error(tin
     assert "Traceback" not in result.output
 
 
-def test_the_llamacpp_contestant_runs_on_the_targets_gguf(tmp_path, prompts_file, monkeypatch):
+def test_the_llamacpp_contestant_runs_on_the_targets_gguf(tmp_path, prompts_file, monkeypatch, tiny_gguf):
     from specgen.decoding import llamacpp
-    from tiny import write_tiny_gguf
 
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    gguf = tiny_gguf(tmp_path / "tiny.gguf")
     profile = tmp_path / "g.toml"
     profile.write_text(f'[target]\nmodel = "{gguf}"\ndtype = "float32"\ndevice = "cpu"\n'
                        f'[draft]\nmodel = "{gguf}"\ndtype = "float32"\ndevice = "cpu"\n'

@@ -25,7 +25,6 @@ from specgen.kernels.quantize import QuantLinear
 from specgen.loading import cache, demo, packed
 from specgen.loading.load import load_pair
 from specgen.profiles import load_profile
-from tiny import save_tiny, tiny_model, write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,8 +37,8 @@ def isolated(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf", hidden=64, ff=128)
+def gguf_file(tmp_path_factory, tiny_gguf) -> Path:
+    return tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf", hidden=64, ff=128)
 
 
 def mapped_from(t: torch.Tensor, name: str) -> bool:
@@ -79,7 +78,7 @@ def no_unquantized_model(monkeypatch):
 # --- packed models ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)
-def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, scheme):
+def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, scheme, tiny_model):
     model = quantize.apply(tiny_model("qwen2", hidden=64), scheme)
     model.config.save_pretrained(tmp_path)
     packed.save(model, tmp_path)
@@ -100,11 +99,10 @@ def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, sc
 
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
 def test_quantized_profile_loads_from_its_cache_without_the_unquantized_weights(
-        tmp_path, monkeypatch, scheme):
+        tmp_path, monkeypatch, scheme, tiny_model, save_tiny, word_tokenizer):
     folder = tmp_path / "model"
     save_tiny(tiny_model("qwen2", vocab=64, hidden=64, eos=1), folder)
-    from test_loading import tiny_tokenizer
-    tiny_tokenizer().save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
     path = write_profile(tmp_path, f'model = "{folder}"\nquantization = "{scheme}"')
     first = load_pair(load_profile(str(path)))
     (entry,) = (tmp_path / "cache" / "quantized").iterdir()
@@ -120,12 +118,11 @@ def test_quantized_profile_loads_from_its_cache_without_the_unquantized_weights(
         assert torch.equal(first.target(ids).logits, second.target(ids).logits)
 
 
-def test_an_entry_is_keyed_by_content_so_every_copy_shares_it(tmp_path):
+def test_an_entry_is_keyed_by_content_so_every_copy_shares_it(tmp_path, tiny_model, save_tiny, word_tokenizer):
     model = tiny_model("qwen2", vocab=64, hidden=64, eos=1)
-    from test_loading import tiny_tokenizer
     for where in ("a", "b"):
         save_tiny(model, tmp_path / where)
-        tiny_tokenizer().save_pretrained(tmp_path / where)
+        word_tokenizer().save_pretrained(tmp_path / where)
         load_pair(load_profile(str(write_profile(
             tmp_path, f'model = "{tmp_path / where}"\nquantization = "int8-wo"', f"{where}.toml"))))
     assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 1
@@ -381,10 +378,11 @@ def test_sigterm_mid_conversion_leaves_nothing_and_stale_temporaries_go(tmp_path
     assert not names[0].startswith(".")
 
 
-def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(tmp_path, gguf_file, monkeypatch):
+def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(
+        tmp_path, gguf_file, monkeypatch, tiny_gguf):
     from specgen.loading import load as models
 
-    other = write_tiny_gguf(tmp_path / "other.gguf", hidden=64, ff=128, seed=1)
+    other = tiny_gguf(tmp_path / "other.gguf", hidden=64, ff=128, seed=1)
     path = tmp_path / "pair.toml"
     path.write_text(f'[target]\nmodel = "{gguf_file}"\ndtype = "float32"\n'
                     f'[draft]\nmodel = "{other}"\ndtype = "float32"\n')
@@ -409,17 +407,17 @@ def test_prefetch_reads_ahead_the_entries_the_profile_loads(tmp_path, gguf_file)
 
 
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)
-def test_a_packed_load_runs_exactly_as_quantizing_the_loaded_model(tmp_path, scheme):
+def test_a_packed_load_runs_exactly_as_quantizing_the_loaded_model(
+        tmp_path, scheme, tiny_model, save_tiny, word_tokenizer):
     """The packed path gives the bits of the path it replaces: transformers' own load of the
     model, quantized and prepared in memory."""
     from transformers import AutoModelForCausalLM
 
     from specgen.kernels import prepare
-    from test_loading import tiny_tokenizer
 
     folder = tmp_path / "model"
     save_tiny(tiny_model("qwen2", vocab=64, hidden=64, eos=1), folder)
-    tiny_tokenizer().save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
     reference = prepare(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), "target",
                         scheme).eval()
     path = write_profile(tmp_path, f'model = "{folder}"\nquantization = "{scheme}"')

@@ -14,7 +14,6 @@ from specgen.core.sampling import residual, rejection_accept, rejection_verify, 
 from specgen.decoding import HFDecoder, make_decoder
 from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder
 from specgen.decoding.lean import Skip
-from tiny import sharpen, tiny_model, tiny_pair
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -37,7 +36,7 @@ def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_eager_passes_are_bit_identical_to_transformers(family):
+def test_eager_passes_are_bit_identical_to_transformers(family, tiny_model):
     model = tiny_model(family, vocab=64, hidden=64, layers=2)
     ids = torch.randint(0, 64, (340,), generator=torch.Generator().manual_seed(1))
     decoder = CudaDecoder(model)
@@ -53,7 +52,7 @@ def test_eager_passes_are_bit_identical_to_transformers(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_the_captured_form_matches_within_rounding(family):
+def test_the_captured_form_matches_within_rounding(family, tiny_model):
     """Passes of up to GRAPH_WIDTH tokens as a graph computes them (attention over the whole
     capacity, masked, the query heads of a key/value head stacked) give transformers' logits
     to rounding, at every position, width and cache size."""
@@ -65,7 +64,7 @@ def test_the_captured_form_matches_within_rounding(family):
 
 
 @torch.inference_mode()
-def test_reserving_room_moves_the_cache_without_changing_results():
+def test_reserving_room_moves_the_cache_without_changing_results(tiny_model):
     model = tiny_model("llama", vocab=64, hidden=64, layers=2)
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3))
     plain, reserved = CudaDecoder(model), CudaDecoder(model)
@@ -80,7 +79,7 @@ def test_reserving_room_moves_the_cache_without_changing_results():
 
 
 @torch.inference_mode()
-def test_skipped_sub_layers_add_nothing_and_leave_the_rest_alone():
+def test_skipped_sub_layers_add_nothing_and_leave_the_rest_alone(tiny_model):
     """A pass with layer 1's MLP skipped equals the model with that MLP's output zeroed; a
     pass skipping everything is the final norm of the embeddings."""
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
@@ -104,7 +103,7 @@ def cuda_generator(target, draft, k: int, adaptive: bool, **decoder) -> Speculat
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("k, adaptive", [(1, False), (3, False), (8, False), (6, True)])
-def test_greedy_speculation_through_the_cuda_decoder_equals_generate(family, k, adaptive):
+def test_greedy_speculation_through_the_cuda_decoder_equals_generate(family, k, adaptive, tiny_pair):
     target, draft = tiny_pair(family)
     prompt = torch.tensor([[3, 17, 5, 9, 22]])
     expected = target.generate(prompt, do_sample=False, max_new_tokens=40)[0, 5:].tolist()
@@ -114,7 +113,7 @@ def test_greedy_speculation_through_the_cuda_decoder_equals_generate(family, k, 
     assert result.stats.accepted > 0  # the pair's drafts were really verified
 
 
-def test_make_decoder_picks_the_cuda_decoder_on_one_gpu_unless_told_not_to(monkeypatch):
+def test_make_decoder_picks_the_cuda_decoder_on_one_gpu_unless_told_not_to(monkeypatch, tiny_model):
     import specgen.decoding
 
     model = tiny_model("llama")
@@ -161,7 +160,7 @@ def test_device_side_acceptance_draws_what_the_host_side_algorithm_drew():
 
 @cuda
 @torch.inference_mode()
-def test_graph_replay_gives_the_eager_captured_forms_bits():
+def test_graph_replay_gives_the_eager_captured_forms_bits(tiny_model):
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2).cuda()
     ids = torch.randint(0, 64, (340,), generator=torch.Generator().manual_seed(5)).cuda()
     graphed = CudaDecoder(model)
@@ -174,12 +173,12 @@ def test_graph_replay_gives_the_eager_captured_forms_bits():
 
 
 @cuda
-def test_make_decoder_picks_the_cuda_decoder_on_a_gpu():
+def test_make_decoder_picks_the_cuda_decoder_on_a_gpu(tiny_model):
     assert isinstance(make_decoder(tiny_model("llama").cuda(), exact=True), CudaDecoder)
 
 
 @cuda
-def test_fp32_greedy_speculation_on_the_gpu_equals_generate():
+def test_fp32_greedy_speculation_on_the_gpu_equals_generate(tiny_model, sharpen):
     target, draft = (tiny_model("llama", vocab=64, hidden=64, layers=3, seed=0),
                      tiny_model("llama", vocab=64, hidden=32, layers=1, seed=1))
     sharpen(target, 4.0)
@@ -192,7 +191,7 @@ def test_fp32_greedy_speculation_on_the_gpu_equals_generate():
 
 
 @cuda
-def test_a_speculative_step_syncs_with_the_host_once():
+def test_a_speculative_step_syncs_with_the_host_once(tiny_model):
     """Greedy, fixed K, a draft that never ends its own drafts: each step's only sync is the
     read of its outcome (CUDA's sync debug mode counts them)."""
     import warnings
@@ -225,7 +224,7 @@ def on_the_cuda_decoder(monkeypatch):
 
 
 @pytest.mark.parametrize("k, adaptive", [(1, False), (4, False), (6, True)])
-def test_self_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k, adaptive):
+def test_self_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k, adaptive, tiny_pair):
     from specgen.core.drafters import SelfDrafter
 
     on_the_cuda_decoder(monkeypatch)
@@ -240,12 +239,11 @@ def test_self_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k, 
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_a_head_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, kind):
+def test_a_head_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, kind, fitted_head):
     from specgen.core.drafters import make_drafter
-    from tiny_heads import fitted
 
     on_the_cuda_decoder(monkeypatch)
-    target, head = fitted(kind)
+    target, head = fitted_head(kind)
     prompt = torch.tensor([[3, 17, 5, 9, 22]])
     expected = target.generate(prompt, do_sample=False, max_new_tokens=40)[0, 5:].tolist()
     gen = SpeculativeGenerator(target, make_drafter(kind, None, target.config.vocab_size, head=head), 4,

@@ -18,7 +18,6 @@ from specgen.kernels.cuda_int4 import GROUP, Int4Linear
 from specgen.loading import streamed
 from specgen.loading.memory import estimate_bytes
 from specgen.profiles import load_profile
-from tiny import tiny_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -74,7 +73,7 @@ def test_each_row_of_a_pass_gets_the_bits_of_a_one_row_pass():
     assert all(torch.equal(q(x[i : i + 1]), together[i : i + 1]) for i in range(9))
 
 
-def test_targets_keep_the_head_and_layers_the_kernel_cannot_take():
+def test_targets_keep_the_head_and_layers_the_kernel_cannot_take(tiny_model):
     model = tiny_model("qwen2", vocab=64, hidden=128, layers=1)
     names = set(cuda_int4.targets(model))
     assert "lm_head" not in names and "model.layers.0.self_attn.q_proj" in names
@@ -82,7 +81,7 @@ def test_targets_keep_the_head_and_layers_the_kernel_cannot_take():
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, tiny_model):
     """Tiny bf16 models saved as safetensors: Qwen2 (q/k/v biases) and a Llama with tied
     embeddings."""
     root = tmp_path_factory.mktemp("int4")
@@ -111,7 +110,7 @@ def test_streamed_load_equals_loading_then_quantizing(saved, family):
         assert torch.equal(streamed_model(ids).logits, whole(ids).logits)
 
 
-def test_greedy_speculation_on_an_int4_target_equals_its_generate(saved):
+def test_greedy_speculation_on_an_int4_target_equals_its_generate(saved, tiny_model):
     """Through the CUDA decoder's code (eager, on the CPU): the int4 kernel gives each row of
     a verify pass its one-token bits, so speculation reproduces the int4 target's own greedy
     output."""
@@ -162,7 +161,7 @@ def test_the_kernel_is_refused_off_cuda():
         cuda_int4.check_device(torch.device("cpu"), torch.bfloat16)
 
 
-def test_memory_estimate_counts_four_bits_a_weight():
+def test_memory_estimate_counts_four_bits_a_weight(tiny_model):
     config = tiny_model("llama", vocab=64, hidden=128).config
     assert estimate_bytes(config, torch.bfloat16, "int4-gpu") < 0.5 * estimate_bytes(
         config, torch.bfloat16, "none")

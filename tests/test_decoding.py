@@ -9,7 +9,6 @@ from specgen.kernels import prepare
 from specgen.decoding import HFDecoder, LeanDecoder, lean_supported, make_decoder
 from specgen.decoding.lean import Projections
 from specgen.kernels.quantize import QuantLinear, apply
-from tiny import tiny_model
 
 
 def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -28,7 +27,7 @@ def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("quantization", [None, "int8-dyn"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_lean_decoder_matches_transformers(family, quantization):
+def test_lean_decoder_matches_transformers(family, quantization, tiny_model):
     """Also with an int8-dyn draft, whose q/k/v and gate/up layers the lean decoder joins
     into one fbgemm call each (Qwen2's q/k/v have biases; Llama's have none)."""
     model = tiny_model(family, vocab=64, hidden=32, layers=2)
@@ -62,7 +61,7 @@ def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
 def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantization, ops,
-                                                              without_kernel):
+                                                              without_kernel, tiny_model):
     """A verifier attends row by row (quantized, or fp32/bf16 with specgen's linear kernel);
     the lean decoder then serves the target, and its logits must be transformers' own to the
     last bit, or speculation would not reproduce the target's greedy output. Both with
@@ -85,7 +84,7 @@ def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantizati
         assert got.shape == reference.shape and torch.equal(got, reference)
 
 
-def test_targets_without_row_attention_keep_transformers_forward():
+def test_targets_without_row_attention_keep_transformers_forward(tiny_model):
     """Elsewhere the lean decoder's attention is not transformers' to the bit: a float
     target keeps transformers' forward, while a draft of the same model goes lean."""
     model = tiny_model("qwen2")
@@ -108,6 +107,6 @@ def test_joined_int8_dyn_layers_give_each_layers_own_output():
     assert not Projections(layers).joined
 
 
-def test_sliding_window_models_keep_transformers_forward():
+def test_sliding_window_models_keep_transformers_forward(tiny_model):
     model = tiny_model("qwen2", use_sliding_window=True, sliding_window=4)
     assert not lean_supported(model) and isinstance(make_decoder(model), HFDecoder)

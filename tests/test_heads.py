@@ -8,14 +8,12 @@ from copy import deepcopy
 import pytest
 import torch
 
-from distribution import ALPHA, PROMPT, chi_square_pvalue, draw, target_joint
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.core.head_drafters import EagleDrafter, MedusaDrafter
 from specgen.core.sampling import SamplingParams
 from specgen.decoding import HFDecoder, LeanDecoder
 from specgen.errors import ConfigError
-from tiny_heads import fitted
 
 N = 40
 KINDS = [("eagle", None), ("eagle3", 48), ("medusa", None)]
@@ -32,15 +30,15 @@ def prompt(seed=0, vocab=64, length=9):
 
 
 def generator(kind, target, head, k, adaptive=False, prepare=False, **kw):
-    """`prepare` False: the cached `fitted` targets must not be prepared in place."""
+    """`prepare` False: the cached `fitted_head` targets must not be prepared in place."""
     drafter = make_drafter(kind, None, target.config.vocab_size, head=head, **kw)
     return SpeculativeGenerator(target, drafter, k, adaptive=adaptive, prepare=prepare)
 
 
 @pytest.mark.parametrize("kind, draft_vocab", KINDS)
 @pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_equals_target_greedy(kind, draft_vocab, k):
-    target, head = fitted(kind, draft_vocab=draft_vocab)
+def test_greedy_equals_target_greedy(kind, draft_vocab, k, fitted_head):
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
     accepted = 0
     for seed in range(3):
         ids = prompt(seed)
@@ -79,10 +77,10 @@ def scratch_drafts(kind, target, head, tokens, k):
 
 
 @pytest.mark.parametrize("kind, draft_vocab", KINDS)
-def test_drafts_equal_the_head_recomputed_from_scratch(kind, draft_vocab):
+def test_drafts_equal_the_head_recomputed_from_scratch(kind, draft_vocab, fitted_head):
     """After every step (accepts, rejections, bonus tokens), the cached drafter proposes what
     the head proposes when run over the whole context from scratch."""
-    target, head = fitted(kind, draft_vocab=draft_vocab)
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
     gen = generator(kind, target, head, 4)
     drafter, checked = gen.drafter, []
     propose = drafter.propose
@@ -100,12 +98,12 @@ def test_drafts_equal_the_head_recomputed_from_scratch(kind, draft_vocab):
 
 
 @pytest.mark.parametrize("kind, draft_vocab", KINDS)
-def test_the_lean_decoder_captures_what_transformers_does(kind, draft_vocab):
+def test_the_lean_decoder_captures_what_transformers_does(kind, draft_vocab, fitted_head):
     """A target on the lean decoder (prepared as a verifier) gives its head the same states:
     the same drafts, the same output."""
     from specgen.kernels import prepare
 
-    target, head = fitted(kind, draft_vocab=draft_vocab)
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
     lean = prepare(deepcopy(target), "target")
     runs = {}
     for name, model in (("hf", target), ("lean", lean)):
@@ -117,27 +115,27 @@ def test_the_lean_decoder_captures_what_transformers_does(kind, draft_vocab):
     assert runs["lean"] == runs["hf"]
 
 
-def test_a_decoder_keeps_nothing_unless_a_head_asks():
-    target, head = fitted("eagle")
+def test_a_decoder_keeps_nothing_unless_a_head_asks(fitted_head):
+    target, head = fitted_head("eagle")
     gen = SpeculativeGenerator(target, make_drafter("prompt-lookup", None, 64), 4, prepare=False)
     gen.generate(prompt(0), max_new_tokens=8)
     assert gen._decoder.capture_layers is None and gen._decoder.captured == []
-    gen = generator("eagle3", *fitted("eagle3", draft_vocab=48), 4)
+    gen = generator("eagle3", *fitted_head("eagle3", draft_vocab=48), 4)
     assert gen._decoder.capture_layers == (2, 4, 5)
     gen.generate(prompt(0), max_new_tokens=8)
     assert gen._decoder.captured == []  # every pass was taken by the drafter
 
 
-def test_medusa_drafts_at_most_one_token_per_head():
-    target, head = fitted("medusa")
+def test_medusa_drafts_at_most_one_token_per_head(fitted_head):
+    target, head = fitted_head("medusa")
     gen = generator("medusa", target, head, 8)
     result = gen.generate(prompt(2), max_new_tokens=N)
     assert max(result.stats.k_per_step) <= len(head) == 4
 
 
-def test_chat_reuse_and_reset_keep_heads_exact():
+def test_chat_reuse_and_reset_keep_heads_exact(fitted_head):
     """A prompt extending the last one reuses the caches (the head's too); reset forgets."""
-    target, head = fitted("eagle")
+    target, head = fitted_head("eagle")
     gen = generator("eagle", target, head, 4)
     first = gen.generate(prompt(3), max_new_tokens=12).token_ids
     longer = torch.cat([prompt(3), torch.tensor([first]), prompt(4)], 1)
@@ -146,20 +144,20 @@ def test_chat_reuse_and_reset_keep_heads_exact():
     assert gen.generate(prompt(6), max_new_tokens=N).token_ids == reference(target, prompt(6))
 
 
-def test_a_head_method_needs_a_head_of_its_kind():
-    target, head = fitted("eagle")
+def test_a_head_method_needs_a_head_of_its_kind(fitted_head):
+    target, head = fitted_head("eagle")
     with pytest.raises(ConfigError, match="kind = \"medusa\""):
         make_drafter("medusa", None, 64, head=head)
     with pytest.raises(ConfigError, match="has none"):
         make_drafter("eagle", None, 64)
     assert isinstance(make_drafter("eagle", None, 64, head=head), EagleDrafter)
-    assert isinstance(make_drafter("medusa", None, 64, head=fitted("medusa")[1]), MedusaDrafter)
+    assert isinstance(make_drafter("medusa", None, 64, head=fitted_head("medusa")[1]), MedusaDrafter)
 
 
-def test_drafting_over_the_first_rows_only():
+def test_drafting_over_the_first_rows_only(fitted_head):
     """`head_rows` cuts an EAGLE head's output layer (the target's) to its first ids: drafts
     stay below it and the output stays the target's."""
-    target, head = fitted("eagle")
+    target, head = fitted_head("eagle")
     gen = generator("eagle", target, head, 4, head_rows=40)
     seen = []
     propose = gen.drafter.propose
@@ -177,24 +175,24 @@ SAMPLED = [  # (kind, draft vocabulary, K, new tokens, warping)
 ]
 
 
-def peaked(kind, draft_vocab=None):
+def peaked(fitted_head, kind, draft_vocab=None):
     """A vocabulary of 16 and a peaked target, shallow but for EAGLE-3 (7 layers)."""
-    return fitted(kind, vocab=16, draft_vocab=draft_vocab, layers=7 if kind == "eagle3" else 2,
-                  hidden=32, scale=10.0)
+    return fitted_head(kind, vocab=16, draft_vocab=draft_vocab, layers=7 if kind == "eagle3" else 2,
+                       hidden=32, scale=10.0)
 
 
 @pytest.mark.parametrize("kind, draft_vocab, k, n, params", SAMPLED)
-def test_sampled_output_has_the_target_distribution(kind, draft_vocab, k, n, params):
-    target, head = peaked(kind, draft_vocab)
-    joint = target_joint(target, PROMPT, n, params)
+def test_sampled_output_has_the_target_distribution(kind, draft_vocab, k, n, params, distribution, fitted_head):
+    target, head = peaked(fitted_head, kind, draft_vocab)
+    joint = distribution.target_joint(target, distribution.PROMPT, n, params)
     gen = generator(kind, target, head, k)
-    samples, sources = draw(gen, n, params, samples=3000)
+    samples, sources = distribution.draw(gen, n, params, samples=3000)
     assert min(sources["accepted"], sources["resampled"]) > 60  # both branches exercised
-    pvalue = chi_square_pvalue(samples, joint)
-    assert pvalue > ALPHA, f"{kind}: speculative samples differ from the target (p = {pvalue:.2e})"
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"{kind}: speculative samples differ from the target (p = {pvalue:.2e})"
 
 
-def test_a_broken_sampler_is_caught_with_a_head(monkeypatch):
+def test_a_broken_sampler_is_caught_with_a_head(monkeypatch, distribution, fitted_head):
     """The control: a sampler that keeps every draft emits the head's own distribution, and
     the same test must reject it (or the test could not tell a head from the target)."""
     import specgen.core.engine
@@ -204,19 +202,20 @@ def test_a_broken_sampler_is_caught_with_a_head(monkeypatch):
         return draft_ids.shape[0], sample(p[draft_ids.shape[0]], generator)
 
     monkeypatch.setattr(specgen.core.engine, "rejection_accept", accept_all)
-    target, head = peaked("eagle")
+    target, head = peaked(fitted_head, "eagle")
     params = SamplingParams(1.0)
-    samples, _ = draw(generator("eagle", target, head, 2), 3, params, samples=2000)
-    assert chi_square_pvalue(samples, target_joint(target, PROMPT, 3, params)) < ALPHA
+    samples, _ = distribution.draw(generator("eagle", target, head, 2), 3, params, samples=2000)
+    joint = distribution.target_joint(target, distribution.PROMPT, 3, params)
+    assert distribution.chi_square_pvalue(samples, joint) < distribution.ALPHA
 
 
-def test_first_rows_of_a_quantized_output_layer():
+def test_first_rows_of_a_quantized_output_layer(fitted_head):
     """An int8-dyn target's output layer is read back row by row for an EAGLE head that drafts
     over the first ids; greedy output stays the quantized target's own."""
     from specgen.core.head_drafters import output_rows
     from specgen.kernels import prepare
 
-    target, head = fitted("eagle")
+    target, head = fitted_head("eagle")
     quantized = prepare(deepcopy(target), "target", "int8-dyn")
     rows = output_rows(quantized.get_output_embeddings(), 40, torch.float32, torch.device("cpu"))
     exact = target.get_output_embeddings().weight[:40]
@@ -226,10 +225,10 @@ def test_first_rows_of_a_quantized_output_layer():
     assert result.token_ids == reference(quantized, prompt(4)) and result.stats.accepted > 0
 
 
-def test_a_pass_the_head_never_saw_restarts_it_and_the_output_stays_exact():
+def test_a_pass_the_head_never_saw_restarts_it_and_the_output_stays_exact(fitted_head):
     """If the head misses a pass's states (a gap in what it read), it starts afresh from the
     next pass instead of pairing features with the wrong positions."""
-    target, head = fitted("eagle")
+    target, head = fitted_head("eagle")
     gen = generator("eagle", target, head, 3)
     decoder, drafter = gen._decoder, gen.drafter
     rollback, dropped = drafter.rollback, []

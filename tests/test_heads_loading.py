@@ -18,8 +18,6 @@ from specgen.heads.layout import guess_kind, load_head
 from specgen.heads.modules import Eagle3Head, HeadConfig
 from specgen.heads.train import new_head
 from specgen.profiles import load_profile
-from tiny import tiny_model
-from tiny_heads import eagle3_head, fitted, reference_state, save_reference
 
 LAYOUTS = [("eagle", "pytorch_model.bin"), ("eagle", "model.safetensors"),
            ("eagle3", "pytorch_model.bin"), ("eagle3", "model.safetensors"),
@@ -32,8 +30,9 @@ def reference(target, ids, n=24):
 
 
 @pytest.mark.parametrize("kind, file", LAYOUTS)
-def test_a_reference_checkpoint_loads_and_drafts_exactly(tmp_path, kind, file):
-    target, head = fitted(kind, draft_vocab=48 if kind == "eagle3" else None)
+def test_a_reference_checkpoint_loads_and_drafts_exactly(
+        tmp_path, kind, file, fitted_head, reference_state, save_reference):
+    target, head = fitted_head(kind, draft_vocab=48 if kind == "eagle3" else None)
     state = reference_state(head)
     if kind == "eagle" and file.endswith(".bin"):  # EAGLE-1's .bin carries an embedding copy
         state["embed_tokens.weight"] = torch.randn(64, 64)
@@ -50,18 +49,19 @@ def test_a_reference_checkpoint_loads_and_drafts_exactly(tmp_path, kind, file):
     assert result.token_ids == reference(target, ids) and result.stats.accepted > 0
 
 
-def test_eagle_fc_bias_follows_the_weights(tmp_path):
-    target, head = fitted("eagle")
+def test_eagle_fc_bias_follows_the_weights(tmp_path, fitted_head, reference_state, save_reference):
+    target, head = fitted_head("eagle")
     state = reference_state(head)
     del state["fc.bias"]  # as EAGLE-LLaMA3-Instruct-8B ("bias": false)
     folder = save_reference(head, target, tmp_path / "h", "pytorch_model.bin", state=state)
     assert load_head(folder, "eagle", target.config).fc.bias is None
 
 
-def test_an_eagle3_head_narrower_than_its_target_brings_its_own_embedding(tmp_path):
+def test_an_eagle3_head_narrower_than_its_target_brings_its_own_embedding(
+        tmp_path, fitted_head, reference_state, save_reference):
     """EAGLE-3 heads with target_hidden_size (the 70B's) are narrower than the target and
     carry embed_tokens of their own width."""
-    target = fitted("eagle3", draft_vocab=48)[0]
+    target = fitted_head("eagle3", draft_vocab=48)[0]
     c = target.config
     head = Eagle3Head(HeadConfig(kind="eagle3", hidden=32, vocab=64, heads=4, kv_heads=2,
                                  head_dim=8, intermediate=64, draft_vocab=64, target_hidden=64,
@@ -82,24 +82,18 @@ def test_an_eagle3_head_narrower_than_its_target_brings_its_own_embedding(tmp_pa
     assert gen.generate(ids, max_new_tokens=24).token_ids == reference(target, ids)
 
 
-def test_eagle3_reads_aux_layer_ids_from_its_config(tmp_path):
-    target, head = fitted("eagle3", draft_vocab=48)
-    config = {**json.loads(json.dumps(_config(head, target))),
+def test_eagle3_reads_aux_layer_ids_from_its_config(tmp_path, fitted_head, reference_config, save_reference):
+    target, head = fitted_head("eagle3", draft_vocab=48)
+    config = {**json.loads(json.dumps(reference_config(head, target))),
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}}
     folder = save_reference(head, target, tmp_path / "h", "model.safetensors", config=config)
     assert load_head(folder, "eagle3", target.config).config.aux_layers == (1, 3, 6)
 
 
-def _config(head, target):
-    from tiny_heads import reference_config
-
-    return reference_config(head, target)
-
-
 # --- refusals: one line each -----------------------------------------------------------------
 
 
-def refusal(tmp_path, kind, file, make, target_config, **save) -> str:
+def refusal(save_reference, tmp_path, kind, file, make, target_config, **save) -> str:
     target, head = make()
     folder = save_reference(head, target, tmp_path / "head", file, **save)
     with pytest.raises(ModelError) as e:
@@ -109,17 +103,18 @@ def refusal(tmp_path, kind, file, make, target_config, **save) -> str:
     return message
 
 
-def test_a_wrong_layout_names_the_kind_it_is(tmp_path):
-    target = fitted("eagle")[0]
-    msg = refusal(tmp_path, "eagle3", "model.safetensors", lambda: fitted("eagle"), target.config)
+def test_a_wrong_layout_names_the_kind_it_is(tmp_path, fitted_head, save_reference):
+    target = fitted_head("eagle")[0]
+    msg = refusal(save_reference, tmp_path, "eagle3", "model.safetensors", lambda: fitted_head("eagle"),
+                  target.config)
     assert 'not a EAGLE-3 head' in msg and 'kind = "eagle"' in msg
-    msg = refusal(tmp_path / "b", "medusa", "model.safetensors", lambda: fitted("eagle"),
+    msg = refusal(save_reference, tmp_path / "b", "medusa", "model.safetensors", lambda: fitted_head("eagle"),
                   target.config)
     assert "no Medusa head weights" in msg and 'kind = "eagle"' in msg
 
 
-def test_a_file_of_no_known_layout_is_refused(tmp_path):
-    target = fitted("eagle")[0]
+def test_a_file_of_no_known_layout_is_refused(tmp_path, fitted_head):
+    target = fitted_head("eagle")[0]
     folder = tmp_path / "h"
     folder.mkdir()
     torch.save({"transformer.fusion_fc.weight": torch.zeros(2, 2)}, folder / "pytorch_model.bin")
@@ -131,30 +126,32 @@ def test_a_file_of_no_known_layout_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
-def test_a_head_for_another_hidden_size_is_refused(tmp_path, kind):
+def test_a_head_for_another_hidden_size_is_refused(
+        tmp_path, kind, tiny_model, fitted_head, eagle3_head, save_reference):
     other = tiny_model("llama", vocab=64, hidden=32, layers=8, seed=5)
     head = eagle3_head(other, 48) if kind == "eagle3" else new_head(kind, other, intermediate=64)
-    target = fitted("eagle")[0]  # hidden 64
+    target = fitted_head("eagle")[0]  # hidden 64
     file = "medusa_lm_head.pt" if kind == "medusa" else "pytorch_model.bin"
-    msg = refusal(tmp_path, kind, file, lambda: (other, head), target.config)
+    msg = refusal(save_reference, tmp_path, kind, file, lambda: (other, head), target.config)
     assert "hidden size 32" in msg and "this target's is 64" in msg
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
-def test_a_head_for_another_vocabulary_is_refused(tmp_path, kind):
+def test_a_head_for_another_vocabulary_is_refused(
+        tmp_path, kind, tiny_model, fitted_head, eagle3_head, save_reference):
     other = tiny_model("llama", vocab=256, hidden=64, layers=8, seed=5)
     head = eagle3_head(other, 200) if kind == "eagle3" else new_head(kind, other, intermediate=64)
-    target = fitted("eagle")[0]  # vocabulary 64
+    target = fitted_head("eagle")[0]  # vocabulary 64
     file = "medusa_lm_head.pt" if kind == "medusa" else "model.safetensors"
-    msg = refusal(tmp_path, kind, file, lambda: (other, head), target.config)
+    msg = refusal(save_reference, tmp_path, kind, file, lambda: (other, head), target.config)
     assert "vocabulary of 256 tokens" in msg or "outside 0..63" in msg, msg
 
 
-def test_a_missing_d2t_is_refused(tmp_path):
-    target, head = fitted("eagle3", draft_vocab=48)
+def test_a_missing_d2t_is_refused(tmp_path, fitted_head, eagle3_head, reference_state, save_reference):
+    target, head = fitted_head("eagle3", draft_vocab=48)
     state = reference_state(head)
     del state["d2t"]
-    msg = refusal(tmp_path, "eagle3", "pytorch_model.bin", lambda: (target, head), target.config,
+    msg = refusal(save_reference, tmp_path, "eagle3", "pytorch_model.bin", lambda: (target, head), target.config,
                   state=state)
     assert "no d2t map" in msg and "48 of 64" in msg
     # With the whole vocabulary, draft ids are target ids: no map is needed.
@@ -165,9 +162,9 @@ def test_a_missing_d2t_is_refused(tmp_path):
     assert torch.equal(load_head(folder, "eagle3", target.config).d2t, torch.zeros(64, dtype=torch.long))
 
 
-def test_eagle3_needs_three_distinct_layers(tmp_path):
+def test_eagle3_needs_three_distinct_layers(tmp_path, tiny_model, fitted_head, save_reference):
     shallow = tiny_model("llama", vocab=64, hidden=64, layers=6, seed=5)
-    target, head = fitted("eagle3", draft_vocab=48)
+    target, head = fitted_head("eagle3", draft_vocab=48)
     folder = save_reference(head, target, tmp_path / "h", "model.safetensors")
     with pytest.raises(ModelError, match="7 layers or more"):
         load_head(folder, "eagle3", shallow.config)
@@ -213,7 +210,7 @@ def test_profile_head_fields_are_validated(tmp_path):
 
 
 @pytest.fixture
-def head_profile(tiny_profile, tmp_path, monkeypatch):
+def head_profile(tiny_profile, tmp_path, monkeypatch, save_reference):
     """A tiny profile drafting with an EAGLE head saved as a trained head's name."""
     monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
     monkeypatch.setenv("SPECGEN_HEADS_DIR", str(tmp_path / "heads"))

@@ -162,11 +162,10 @@ def test_a_groups_speedup_never_exceeds_its_tokens_per_target_pass(records):
             assert s["speedup_estimate"] <= s["tau"] * (1 + 1e-9), s
 
 
-def test_the_engines_own_estimate_never_exceeds_tau():
+def test_the_engines_own_estimate_never_exceeds_tau(tiny_pair):
     import torch
 
     from specgen import SpeculativeGenerator
-    from tiny import tiny_pair
 
     target, draft = tiny_pair()
     gen = SpeculativeGenerator(target, draft, 4)

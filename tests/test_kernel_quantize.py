@@ -6,7 +6,6 @@ from specgen.kernels import build, int4, quantize
 from specgen.choices import CPU_SCHEMES
 from specgen.errors import ConfigError, ResourceError
 from specgen.kernels.quantize import QuantLinear, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
-from tiny import tiny_model
 
 
 def reference(linear: nn.Linear, scheme: str) -> torch.Tensor:
@@ -83,7 +82,7 @@ def test_int4_falls_back_to_int8_where_the_kernel_cannot_pack():
 
 
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)
-def test_apply_replaces_every_linear_and_the_model_still_generates(scheme):
+def test_apply_replaces_every_linear_and_the_model_still_generates(scheme, tiny_model):
     model = tiny_model("qwen2", vocab=64, hidden=64)
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -100,7 +99,7 @@ def test_apply_replaces_every_linear_and_the_model_still_generates(scheme):
     assert out.shape == (1, 12)
 
 
-def test_unknown_scheme_is_a_config_error():
+def test_unknown_scheme_is_a_config_error(tiny_model):
     with pytest.raises(ConfigError, match="int8-wo, int4-wo"):
         quantize.apply(tiny_model(), "int3")
 
@@ -117,7 +116,7 @@ def test_each_row_is_computed_the_same_whatever_the_batch(scheme):
         assert torch.equal(layer(x[i:i + 1]), full[i:i + 1])
 
 
-def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations():
+def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations(tiny_model):
     # Only a verifier's layers need the anchor row (batch invariance); a draft's skip its ops.
     torch.manual_seed(0)
     draft = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", verifier=False)
@@ -171,7 +170,7 @@ def test_int4_dyn_falls_back_to_int8_dyn_where_the_input_is_not_blocks_of_32():
     assert QuantLinear.from_linear(nn.Linear(96, 32), "int4-dyn").kind == "int4-dyn"
 
 
-def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_path, fresh_kernels):
+def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_path, fresh_kernels, tiny_model):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
@@ -191,7 +190,7 @@ def test_int4_dyn_without_a_compiler_or_avx2_says_what_to_do(monkeypatch, tmp_pa
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_results(family, monkeypatch):
+def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_results(family, monkeypatch, tiny_model):
     # q/k/v and gate/up read one input: joined, a decoder layer makes 4 kernel calls, not 7,
     # and every logit is bit-identical to the layers called one by one.
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -216,7 +215,7 @@ def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_result
             assert torch.equal(weight, b.weight) and torch.equal(scales, b.scales), name
 
 
-def test_a_joined_layer_called_on_another_input_computes_that_input():
+def test_a_joined_layer_called_on_another_input_computes_that_input(tiny_model):
     torch.manual_seed(0)
     model = quantize.apply(tiny_model("qwen2", hidden=64), "int4-dyn")
     attn = model.model.layers[0].self_attn

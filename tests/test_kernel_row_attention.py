@@ -8,7 +8,6 @@ from transformers.cache_utils import DynamicCache
 
 from specgen.kernels import linear, prepare, quantize, rows
 from specgen.kernels.row_attention import NAME, use_row_attention
-from tiny import tiny_model
 
 
 def many_vs_one(model, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +22,7 @@ def many_vs_one(model, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, tor
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(tiny_model):
     torch.manual_seed(0)
     return tiny_model("qwen2", vocab=64, hidden=64, layers=3)
 
@@ -67,7 +66,7 @@ def test_row_attention_computes_causal_attention(model):
     assert_same_as_stock_attention(model, 24, seed=2)
 
 
-def test_a_sliding_window_is_respected():
+def test_a_sliding_window_is_respected(tiny_model):
     torch.manual_seed(0)
     windowed = tiny_model("qwen2", vocab=64, hidden=64, layers=2, use_sliding_window=True,
                           sliding_window=4, max_window_layers=0)

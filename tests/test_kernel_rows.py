@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from specgen.kernels import row_attention, rows
-from tiny import tiny_model
 
 
 def qkv(m: int, t: int, d: int, capacity: int, seed: int = 0):
@@ -44,7 +43,7 @@ def test_each_row_has_the_bits_of_a_one_row_call(d):
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_row_norms_compute_what_transformers_norms_do(family):
+def test_row_norms_compute_what_transformers_norms_do(family, tiny_model):
     model = tiny_model(family, hidden=64)
     with torch.no_grad():  # not the initial ones: a weight that is all 1 would hide its use
         for name, p in model.named_parameters():
@@ -62,13 +61,13 @@ def test_row_norms_compute_what_transformers_norms_do(family):
     assert torch.equal(torch.cat(one), in_c.model.norm(x))  # row by row
 
 
-def test_without_the_library_pytorchs_norms_stay(without_kernel):
+def test_without_the_library_pytorchs_norms_stay(without_kernel, tiny_model):
     without_kernel("rows")  # as on a machine where rows.c cannot be built
     model = tiny_model("qwen2", hidden=64)
     assert rows.use_row_norms(model) == 0
     assert type(model.model.norm).__name__ == "Qwen2RMSNorm"
 
 
-def test_bf16_models_keep_their_norms():
+def test_bf16_models_keep_their_norms(tiny_model):
     model = tiny_model("qwen2", hidden=64).to(torch.bfloat16)
     assert rows.use_row_norms(model) == 0

@@ -111,3 +111,47 @@ def test_the_checks_can_fail(tmp_path):
     assert find_cycle(graph) == ["specgen.core.engine", "specgen.loading.load", "specgen.core.engine"]
     assert upward(graph) == ["specgen.core.engine -> specgen.loading.load",
                              "specgen.loading.load -> specgen.core.engine"]
+
+
+# --- the tests' own helpers -----------------------------------------------------------------
+
+TESTS = Path(__file__).parent
+
+
+def local_modules(folder: Path) -> set[str]:
+    """The modules and packages directly in `folder`: what its files can import by bare name."""
+    return {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+
+
+def local_imports(path: Path, local: set[str]) -> list[str]:
+    """`path`'s imports of `local` modules, or relative ones, also inside functions."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else ["."]
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno} {n}" for n in names if n == "." or n.split(".")[0] in local]
+    return found
+
+
+def test_tests_reach_their_helpers_through_fixtures():
+    """A test module imports neither the helpers (tests/support: conftest.py hands them out as
+    fixtures) nor conftest nor another test module."""
+    local = local_modules(TESTS)
+    assert {"support", "conftest"} <= local
+    wrong = [hit for path in sorted(TESTS.glob("test_*.py")) for hit in local_imports(path, local)]
+    assert not wrong, "helpers imported directly (take conftest's fixture instead): " + ", ".join(wrong)
+
+
+def test_the_helper_check_can_fail(tmp_path):
+    (tmp_path / "support").mkdir()
+    (tmp_path / "support" / "__init__.py").write_text("")
+    (tmp_path / "test_b.py").write_text("")
+    (tmp_path / "test_a.py").write_text(
+        "import torch\nimport test_b\n\ndef test_x():\n    from support.tiny import tiny_model\n")
+    assert local_modules(tmp_path) == {"support", "test_a", "test_b"}
+    assert local_imports(tmp_path / "test_a.py", local_modules(tmp_path)) == [
+        "test_a.py:2 test_b", "test_a.py:5 support.tiny"]

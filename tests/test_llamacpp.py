@@ -23,18 +23,15 @@ from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import ConfigError, ModelError
 from specgen.decoding.llamacpp import LlamaCppDraft
 from specgen.core.sampling import SamplingParams
-from distribution import ALPHA, PROMPT, SAMPLES, VOCAB, chi_square_pvalue, draw, target_joint
-from distribution import tiny_pair as distribution_pair
-from tiny import FakeLlama, fake_llama_cpp, tiny_model, tiny_pair
 
 
 @pytest.fixture(autouse=True)
-def fake_module(monkeypatch):
-    monkeypatch.setitem(sys.modules, "llama_cpp", fake_llama_cpp())
+def fake_module(fake_llama):
+    """Every test here imports llama_cpp as the stand-in that FakeLlama goes with."""
 
 
-def llama_draft(model) -> LlamaCppDraft:
-    return LlamaCppDraft(FakeLlama(model))
+def llama_draft(fake_llama, model) -> LlamaCppDraft:
+    return LlamaCppDraft(fake_llama(model))
 
 
 def prompt(seed: int = 0) -> torch.Tensor:
@@ -42,13 +39,13 @@ def prompt(seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_greedy_output_and_every_step_equal_the_transformers_drafts(adaptive):
+def test_greedy_output_and_every_step_equal_the_transformers_drafts(adaptive, tiny_pair, fake_llama):
     target, draft = tiny_pair()
     for seed in range(3):
         ids = prompt(seed)
         plain = target.generate(ids, do_sample=False, max_new_tokens=40, min_new_tokens=40)
         via_torch = SpeculativeGenerator(target, ModelDrafter(draft, 64), 6, adaptive=adaptive)
-        via_llama = SpeculativeGenerator(target, ModelDrafter(llama_draft(draft), 64), 6, adaptive=adaptive)
+        via_llama = SpeculativeGenerator(target, ModelDrafter(llama_draft(fake_llama, draft), 64), 6, adaptive=adaptive)
         a = via_torch.generate(ids, max_new_tokens=40)
         b = via_llama.generate(ids, max_new_tokens=40)
         assert b.token_ids == a.token_ids == plain[0, 9:].tolist()
@@ -59,9 +56,9 @@ def test_greedy_output_and_every_step_equal_the_transformers_drafts(adaptive):
             assert b.stats.draft_passes == a.stats.draft_passes
 
 
-def test_rejected_drafts_are_dropped_and_only_missing_tokens_are_read():
+def test_rejected_drafts_are_dropped_and_only_missing_tokens_are_read(tiny_pair, fake_llama):
     target, draft = tiny_pair()
-    lm = llama_draft(draft)
+    lm = llama_draft(fake_llama, draft)
     drafter = ModelDrafter(lm, 64)
     context = prompt()[0]
     ids, _ = drafter.propose(context, 4, SamplingParams(), None)
@@ -73,37 +70,38 @@ def test_rejected_drafts_are_dropped_and_only_missing_tokens_are_read():
     drafter.propose(kept, 1, SamplingParams(), None)
     assert lm.llm.evals[-1] == 1 and lm.length == 11  # only the target's token was missing
     # The rejected entries were dropped before that read: the same logits as a fresh draft's.
-    fresh = ModelDrafter(llama_draft(draft), 64)
+    fresh = ModelDrafter(llama_draft(fake_llama, draft), 64)
     fresh.propose(kept, 1, SamplingParams(), None)
     assert np.allclose(fresh.lm.llm.buffer, lm.llm.buffer, atol=1e-5)
 
 
-def test_sampled_output_keeps_the_target_distribution():
-    target, draft = distribution_pair("llama")
+def test_sampled_output_keeps_the_target_distribution(distribution, fake_llama):
+    target, draft = distribution.tiny_pair("llama")
     params = SamplingParams(1.0)
-    joint = target_joint(target, PROMPT, 4, params)
-    gen = SpeculativeGenerator(target, ModelDrafter(llama_draft(draft), VOCAB), 3, adaptive=False)
-    samples, sources = draw(gen, 4, params)
-    assert sources["accepted"] > SAMPLES // 50 and sources["resampled"] > SAMPLES // 50
-    pvalue = chi_square_pvalue(samples, joint)
-    assert pvalue > ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
+    joint = distribution.target_joint(target, distribution.PROMPT, 4, params)
+    drafter = ModelDrafter(llama_draft(fake_llama, draft), distribution.VOCAB)
+    gen = SpeculativeGenerator(target, drafter, 3, adaptive=False)
+    samples, sources = distribution.draw(gen, 4, params)
+    assert sources["accepted"] > distribution.SAMPLES // 50 and sources["resampled"] > distribution.SAMPLES // 50
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"speculative samples differ from the target (p = {pvalue:.2e})"
 
 
-def test_a_draft_of_another_tokenizer_is_refused():
+def test_a_draft_of_another_tokenizer_is_refused(tiny_model, tiny_pair, fake_llama):
     target, _ = tiny_pair()
     small = tiny_model(vocab=32, seed=3)
     with pytest.raises(ModelError, match="does not match the target's"):
-        check_pair(target, llama_draft(small))
-    other_eos = LlamaCppDraft(FakeLlama(tiny_pair()[1], eos=7))
+        check_pair(target, llama_draft(fake_llama, small))
+    other_eos = LlamaCppDraft(fake_llama(tiny_pair()[1], eos=7))
     eos_target = tiny_model(vocab=64, seed=4, eos=3)
     with pytest.raises(ModelError, match="end-of-sequence token"):
         check_pair(eos_target, other_eos)
-    SpeculativeGenerator(target, llama_draft(tiny_pair()[1]), 4)  # a matching one is taken as is
+    SpeculativeGenerator(target, llama_draft(fake_llama, tiny_pair()[1]), 4)  # a matching one is taken as is
 
 
-def test_the_bench_gives_specgen_the_llama_draft_and_the_peer_its_transformers_copy():
+def test_the_bench_gives_specgen_the_llama_draft_and_the_peer_its_transformers_copy(tiny_pair, fake_llama):
     target, draft = tiny_pair()
-    lm = llama_draft(draft)
+    lm = llama_draft(fake_llama, draft)
     everyone = contestants("draft-model", 4)
     runner = Bench(target, lm, 12, eos_ids=[], peer_draft=draft)
     tokens, _ = runner.measure(everyone["adaptive"], prompt()[0])
@@ -116,16 +114,15 @@ def test_the_bench_gives_specgen_the_llama_draft_and_the_peer_its_transformers_c
     assert isinstance(make_drafter("hybrid", lm, 64).model_drafter.lm, LlamaCppDraft)
 
 
-def test_chat_answers_with_a_llama_cpp_draft_within_its_context(tmp_path, monkeypatch):
+def test_chat_answers_with_a_llama_cpp_draft_within_its_context(tmp_path, monkeypatch, fake_llama, tiny_profile):
     from specgen.app.chat import Chat
     from specgen.profiles import load_profile
     from specgen.app.session import open_session
-    from tiny import write_tiny_profile
 
     monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
-    session = open_session(load_profile(str(write_tiny_profile(tmp_path))))
+    session = open_session(load_profile(str(tiny_profile)))
     target = session.pair.target
-    session.pair.draft = lm = LlamaCppDraft(FakeLlama(session.pair.draft, eos=258, n_ctx=300))
+    session.pair.draft = lm = LlamaCppDraft(fake_llama(session.pair.draft, eos=258, n_ctx=300))
     session.generator = SpeculativeGenerator(target, lm, 4)
     chat = Chat(session)
     assert chat.context_limit == 300  # the smaller of the target's 4096 and the draft's
@@ -138,10 +135,8 @@ def test_chat_answers_with_a_llama_cpp_draft_within_its_context(tmp_path, monkey
 
 # --- from a profile -------------------------------------------------------------------------------
 
-def gguf_profile(tmp_path, draft_lines: str):
-    from tiny import write_tiny_gguf
-
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+def gguf_profile(tiny_gguf, tmp_path, draft_lines: str):
+    gguf = tiny_gguf(tmp_path / "tiny.gguf")
     profile = tmp_path / "g.toml"
     profile.write_text(f'[target]\nmodel = "{gguf}"\ndtype = "float32"\ndevice = "cpu"\n'
                        f'[draft]\nmodel = "{gguf}"\n{draft_lines}'
@@ -155,19 +150,19 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated):
+def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, fake_llama, tiny_gguf):
     from specgen.loading import load as models
     from specgen.loading.convert import locate
     from specgen.profiles import ModelSpec
 
-    gguf, profile = gguf_profile(tmp_path, 'runtime = "llama.cpp"\n')
+    gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
     loaded = []
 
     def load(path, threads, n_ctx):  # llama.cpp on the GGUF: here the same weights in torch
         loaded.append((path, threads, n_ctx))
         source = locate(ModelSpec(model=str(path)), "draft", torch.float32)
         spec = ModelSpec(model=str(path), dtype="float32")
-        return FakeLlama(models.load_model(source, spec, "cpu", torch.float32), eos=2)
+        return fake_llama(models.load_model(source, spec, "cpu", torch.float32), eos=2)
 
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     monkeypatch.setattr(llamacpp, "load", load)
@@ -178,8 +173,8 @@ def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated):
     assert out["stats"]["draft_passes"] > 0
 
 
-def test_a_llama_cpp_draft_without_llama_cpp_python_is_one_clear_error(tmp_path, monkeypatch, isolated):
-    _, profile = gguf_profile(tmp_path, "")
+def test_a_llama_cpp_draft_without_llama_cpp_python_is_one_clear_error(tmp_path, monkeypatch, isolated, tiny_gguf):
+    _, profile = gguf_profile(tiny_gguf, tmp_path, "")
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     result = CliRunner().invoke(app, ["run", "-p", str(profile), "--draft-runtime", "llama.cpp", "abc"])
     assert result.exit_code == 2
@@ -187,8 +182,8 @@ def test_a_llama_cpp_draft_without_llama_cpp_python_is_one_clear_error(tmp_path,
     assert "Traceback" not in result.output
 
 
-def test_bench_refuses_draft_vocab_with_a_llama_cpp_draft(tmp_path, isolated):
-    _, profile = gguf_profile(tmp_path, 'runtime = "llama.cpp"\n')
+def test_bench_refuses_draft_vocab_with_a_llama_cpp_draft(tmp_path, isolated, tiny_gguf):
+    _, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
     result = CliRunner().invoke(app, ["bench", "-p", str(profile), "--draft-vocab", "32"])
     assert result.exit_code == 2 and "Drop --draft-vocab" in result.stderr
 
@@ -203,16 +198,15 @@ def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path, monkeypatch):
         llamacpp.load_draft(tmp_path / "odd.gguf", 2)
 
 
-def test_the_real_llama_cpp_drafts_for_the_target_exactly(tmp_path, monkeypatch):
+def test_the_real_llama_cpp_drafts_for_the_target_exactly(tmp_path, monkeypatch, tiny_gguf):
     """Where llama-cpp-python is installed: its draft of the same tiny GGUF, greedy."""
     monkeypatch.delitem(sys.modules, "llama_cpp")
     pytest.importorskip("llama_cpp")
     from specgen.loading import load as models
     from specgen.loading.convert import locate
     from specgen.profiles import ModelSpec
-    from tiny import write_tiny_gguf
 
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", merges=("a a",))
+    gguf = tiny_gguf(tmp_path / "tiny.gguf", merges=("a a",))
     spec = ModelSpec(model=str(gguf), dtype="float32")
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
     target = models.load_model(locate(spec, "target", torch.float32), spec, "cpu", torch.float32)

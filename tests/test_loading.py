@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
 
 from specgen.choices import DYNAMIC_SCHEMES
 from specgen.errors import ConfigError, ModelError, ResourceError
@@ -18,26 +17,20 @@ from specgen.loading.devices import resolve_device, resolve_dtype
 from specgen.loading.load import check_tokenizers, load_pair
 from specgen.loading.memory import estimate_bytes
 from specgen.profiles import load_profile
-from tiny import save_tiny, tiny_model, write_tiny_gguf
 
 VOCAB = 64
 
 
-def tiny_tokenizer(vocab: int = VOCAB, eos: str = "t1", shuffle: bool = False) -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+@pytest.fixture(scope="module")
+def save_pair_dir(tiny_model, save_tiny, word_tokenizer):
+    """`save_pair_dir(path, seed=0, layers=2, hidden=32, **tokenizer)`: a tiny Llama and a word
+    tokenizer (`word_tokenizer`'s options) saved as a local model directory."""
+    def save(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32, **tok) -> Path:
+        save_tiny(tiny_model("llama", vocab=VOCAB, hidden=hidden, layers=layers, seed=seed, eos=1), path)
+        word_tokenizer(VOCAB, **tok).save_pretrained(path)
+        return path
 
-    names = [f"t{i}" for i in range(vocab)]
-    if shuffle:
-        names[5], names[6] = names[6], names[5]
-    tk = Tokenizer(tok_models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="t0"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eos, bos_token="t2", unk_token="t0")
-
-
-def save_pair_dir(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32, **tok) -> Path:
-    save_tiny(tiny_model("llama", vocab=VOCAB, hidden=hidden, layers=layers, seed=seed, eos=1), path)
-    tiny_tokenizer(**tok).save_pretrained(path)
-    return path
+    return save
 
 
 @pytest.fixture(autouse=True)
@@ -48,14 +41,14 @@ def isolated(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
+def pair_dirs(tmp_path_factory, save_pair_dir) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pair")
     return save_pair_dir(root / "target", seed=0, layers=3), save_pair_dir(root / "draft", seed=1)
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf")
+def gguf_file(tmp_path_factory, tiny_gguf) -> Path:
+    return tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf")
 
 
 # bitsandbytes 0.50.2's CPU kernels for AVX512-BF16 CPUs need in-features a multiple of its
@@ -64,7 +57,7 @@ BNB_HIDDEN = 64
 
 
 @pytest.fixture(scope="module")
-def bnb_pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
+def bnb_pair_dirs(tmp_path_factory, save_pair_dir) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bnb-pair")
     return (save_pair_dir(root / "target", seed=0, hidden=BNB_HIDDEN),
             save_pair_dir(root / "draft", seed=1))
@@ -183,18 +176,18 @@ def test_trust_remote_code_warns(tmp_path, pair_dirs):
 
 # --- tokenizer compatibility ----------------------------------------------------------------------------
 
-def test_tokenizers_sharing_a_range_are_compatible():
-    check_tokenizers(tiny_tokenizer(64), tiny_tokenizer(70))  # extra tokens at the end are fine
+def test_tokenizers_sharing_a_range_are_compatible(word_tokenizer):
+    check_tokenizers(word_tokenizer(64), word_tokenizer(70))  # extra tokens at the end are fine
 
 
-def test_tokenizer_mismatch_is_refused(tmp_path, pair_dirs):
+def test_tokenizer_mismatch_is_refused(tmp_path, pair_dirs, save_pair_dir):
     bad = save_pair_dir(tmp_path / "bad", shuffle=True)
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"', f'model = "{bad}"')
     with pytest.raises(ModelError, match="token id 5 is 't5' for the target and 't6' for the draft"):
         load(path)
 
 
-def test_special_token_mismatch_is_refused(tmp_path, pair_dirs):
+def test_special_token_mismatch_is_refused(tmp_path, pair_dirs, save_pair_dir):
     bad = save_pair_dir(tmp_path / "bad", eos="t3")
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"', f'model = "{bad}"')
     with pytest.raises(ModelError, match="special token eos_token: 't3' vs 't1'"):
@@ -203,7 +196,7 @@ def test_special_token_mismatch_is_refused(tmp_path, pair_dirs):
 
 # --- memory ------------------------------------------------------------------------------------------
 
-def test_estimate_follows_dtype_and_quantization():
+def test_estimate_follows_dtype_and_quantization(tiny_model):
     config = tiny_model("llama", vocab=VOCAB).config
     params = sum(p.numel() for p in tiny_model("llama", vocab=VOCAB).parameters())
     fp32 = estimate_bytes(config, torch.float32, "none")
@@ -428,9 +421,9 @@ def test_hub_model_loads_from_the_hub_cache(tmp_path, pair_dirs, monkeypatch):
     assert pair.target_name == "org/tiny"
 
 
-def test_gguf_then_bitsandbytes(tmp_path):
+def test_gguf_then_bitsandbytes(tmp_path, tiny_gguf):
     """GGUF weights load dequantised, so they can be re-quantized (here nf4 on CPU)."""
-    gguf_file = write_tiny_gguf(tmp_path / "tiny-f32.gguf", hidden=BNB_HIDDEN, ff=2 * BNB_HIDDEN)
+    gguf_file = tiny_gguf(tmp_path / "tiny-f32.gguf", hidden=BNB_HIDDEN, ff=2 * BNB_HIDDEN)
     pair = load(profile(tmp_path, f'model = "{gguf_file}"\nquantization = "nf4"'))
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
     assert torch.isfinite(pair.target(torch.tensor([[3, 4, 5]])).logits).all()

@@ -22,9 +22,6 @@ from specgen.decoding import HFDecoder, LeanDecoder, make_decoder
 from specgen.decoding.lean import Skip
 from specgen.errors import ConfigError
 from specgen.kernels import linear, prepare
-from distribution import (ALPHA, PROMPT, SAMPLES, chi_square_pvalue, draw, target_joint)
-from distribution import tiny_pair as distribution_pair
-from tiny import tiny_model, tiny_pair
 
 N = 40
 needs_linear = pytest.mark.skipif(linear.library() is None, reason="no C compiler or no AVX2 here")
@@ -39,7 +36,7 @@ def reference(target, ids, n=N):
     return out[0, ids.shape[1]:].tolist()
 
 
-def exact_target(family: str, scheme: str = "float32"):
+def exact_target(tiny_pair, family: str, scheme: str = "float32"):
     """The tiny pair's target, prepared as specgen loads a target: it verifies row by row,
     so the lean decoder (which the self drafter drafts through) serves it."""
     target = deepcopy(tiny_pair(family)[0])
@@ -57,8 +54,8 @@ MLP_1 = Skip(frozenset(), frozenset({1}))  # the tiny target has 3 layers
 
 @needs_linear
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_equals_target_greedy_for_every_k(family):
-    target = exact_target(family)
+def test_greedy_equals_target_greedy_for_every_k(family, tiny_pair):
+    target = exact_target(tiny_pair, family)
     proposed = accepted = 0
     for k in range(1, 9):
         for adaptive in (False, True):
@@ -73,10 +70,10 @@ def test_greedy_equals_target_greedy_for_every_k(family):
 
 
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn", "bfloat16"])
-def test_greedy_equals_target_greedy_in_every_cpu_scheme(scheme):
+def test_greedy_equals_target_greedy_in_every_cpu_scheme(scheme, tiny_pair):
     if scheme in ("int4-dyn", "bfloat16") and linear.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
-    target = exact_target("qwen2", scheme)
+    target = exact_target(tiny_pair, "qwen2", scheme)
     for k, adaptive in ((1, False), (4, False), (8, True)):
         gen = SpeculativeGenerator(target, SelfDrafter(default_skip(3)), k, adaptive)
         ids = prompt(seed=k)
@@ -86,8 +83,8 @@ def test_greedy_equals_target_greedy_in_every_cpu_scheme(scheme):
 
 
 @needs_linear
-def test_skipping_attention_and_whole_layers_stays_exact():
-    target = exact_target("llama")
+def test_skipping_attention_and_whole_layers_stays_exact(tiny_pair):
+    target = exact_target(tiny_pair, "llama")
     for skip in (Skip(frozenset({1}), frozenset()), Skip(frozenset({0, 2}), frozenset({2})),
                  Skip(frozenset({1}), frozenset({1}))):
         gen = SpeculativeGenerator(target, SelfDrafter(skip), 4, adaptive=True)
@@ -100,17 +97,17 @@ def test_skipping_attention_and_whole_layers_stays_exact():
     ("llama", 3, 3, SamplingParams(1.0)),
     ("qwen2", 2, 4, SamplingParams(0.8, top_k=4)),
 ])
-def test_sampled_output_has_the_target_distribution(family, k, n, params):
-    target = deepcopy(distribution_pair(family)[0])
+def test_sampled_output_has_the_target_distribution(family, k, n, params, distribution):
+    target = deepcopy(distribution.tiny_pair(family)[0])
     prepare(target, "target")
-    joint = target_joint(target, PROMPT, n, params)
+    joint = distribution.target_joint(target, distribution.PROMPT, n, params)
     gen = SpeculativeGenerator(target, SelfDrafter(Skip(frozenset({1}), frozenset({1}))), k,
                                adaptive=False)
-    samples, sources = draw(gen, n, params)
+    samples, sources = distribution.draw(gen, n, params)
     # The skipped target both agrees and disagrees with the full one.
-    assert min(sources["accepted"], sources["resampled"], sources["bonus"]) > SAMPLES // 50
-    pvalue = chi_square_pvalue(samples, joint)
-    assert pvalue > ALPHA, f"self-speculative samples differ from the target (p = {pvalue:.2e})"
+    assert min(sources["accepted"], sources["resampled"], sources["bonus"]) > distribution.SAMPLES // 50
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"self-speculative samples differ from the target (p = {pvalue:.2e})"
 
 
 # --- the shared cache -------------------------------------------------------------------------
@@ -151,11 +148,11 @@ class Leaking(SelfDrafter):
 
 @needs_linear
 @pytest.mark.parametrize("skip", [MLP_1, Skip(frozenset({1}), frozenset({0}))])
-def test_the_drafts_cache_entries_never_reach_the_verify_pass(skip):
+def test_the_drafts_cache_entries_never_reach_the_verify_pass(skip, tiny_pair):
     """After generating, the target's cache holds exactly the entries plain decoding of the
     same tokens gives, bit for bit; and drafts whose entries are poisoned with NaN once the
     draft ends still give the target's own greedy output."""
-    target = exact_target("qwen2")
+    target = exact_target(tiny_pair, "qwen2")
     ids = prompt(seed=3)
     gen = SpeculativeGenerator(target, SelfDrafter(skip), 4, adaptive=False)
     result = gen.generate(ids, max_new_tokens=N)
@@ -171,18 +168,18 @@ def test_the_drafts_cache_entries_never_reach_the_verify_pass(skip):
 
 
 @needs_linear
-def test_a_leaking_drafter_is_caught():
+def test_a_leaking_drafter_is_caught(tiny_pair):
     """The negative control of the test above: entries of a skipped pass left in the cache
     change the output."""
-    target = exact_target("qwen2")
+    target = exact_target(tiny_pair, "qwen2")
     ids = prompt(seed=3)
     gen = SpeculativeGenerator(target, Leaking(MLP_1), 4, adaptive=False)
     assert gen.generate(ids, max_new_tokens=N).token_ids != reference(target, ids)
 
 
 @needs_linear
-def test_the_drafter_holds_no_weights_or_cache_of_its_own():
-    target = exact_target("llama")
+def test_the_drafter_holds_no_weights_or_cache_of_its_own(tiny_pair):
+    target = exact_target(tiny_pair, "llama")
     drafter = SelfDrafter(MLP_1)
     gen = SpeculativeGenerator(target, drafter, 4)
     assert drafter.lm.decoder is gen._decoder
@@ -193,13 +190,13 @@ def test_the_drafter_holds_no_weights_or_cache_of_its_own():
 
 
 @pytest.mark.parametrize("scheme", ["float32", "int4-dyn"])
-def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme):
+def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme, tiny_pair):
     """draft_vocab applies to the self drafter too: its output layer is the target's first
     rows (a view of a float head, or of an int4-dyn head's packed rows), so drafting reads
     less; only acceptance can change."""
     if linear.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
-    target = exact_target("qwen2", scheme)
+    target = exact_target(tiny_pair, "qwen2", scheme)
     proposed = []
 
     class Recording(SelfDrafter):
@@ -227,10 +224,10 @@ def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme):
 
 
 @needs_linear
-def test_a_conversation_reusing_the_cache_stays_exact():
+def test_a_conversation_reusing_the_cache_stays_exact(tiny_pair):
     """A second prompt extending the first reuses the target's cache, which the self drafter
     shares: only the new tokens are read, and the output is still the target's."""
-    target = exact_target("llama")
+    target = exact_target(tiny_pair, "llama")
     gen = SpeculativeGenerator(target, SelfDrafter(MLP_1), 3, adaptive=True)
     first = prompt(seed=1)[0]
     out = gen.generate(first, max_new_tokens=20).token_ids
@@ -243,8 +240,8 @@ def test_a_conversation_reusing_the_cache_stays_exact():
 # --- hybrid: lookup first, then self ----------------------------------------------------------
 
 @needs_linear
-def test_hybrid_without_a_draft_model_is_lookup_then_self_and_exact():
-    target = exact_target("llama")
+def test_hybrid_without_a_draft_model_is_lookup_then_self_and_exact(tiny_pair):
+    target = exact_target(tiny_pair, "llama")
     drafter = make_drafter("hybrid", None, 64, skip=MLP_1)
     assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model_drafter, SelfDrafter)
     gen = SpeculativeGenerator(target, drafter, 4, adaptive=True)
@@ -266,7 +263,7 @@ def test_an_unsupported_architecture_is_refused():
         SpeculativeGenerator(gpt2, SelfDrafter(), 4)
 
 
-def test_a_target_on_transformers_forward_is_refused():
+def test_a_target_on_transformers_forward_is_refused(tiny_model):
     target = tiny_model("qwen2")  # not prepared: no row attention, so no lean decoder
     assert isinstance(make_decoder(target, exact=True), HFDecoder)
     with pytest.raises(ConfigError, match="lean decoder"):
@@ -354,10 +351,8 @@ def test_bad_skip_sets_in_a_profile_are_one_clear_error(tiny_profile, tmp_path, 
     assert result.stderr.strip().startswith("error:") and len(result.stderr.strip().splitlines()) <= 3
 
 
-def test_an_unsupported_architecture_in_a_profile_is_one_clear_error(tmp_path):
+def test_an_unsupported_architecture_in_a_profile_is_one_clear_error(tmp_path, tiny_tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from tiny import tiny_tokenizer
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=32, n_layer=2, n_head=4,
                                        eos_token_id=258, bos_token_id=None))

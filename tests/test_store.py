@@ -17,7 +17,6 @@ from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import SpecgenError
 from specgen.app.store import RunRecord, load_runs, record_run
 from specgen.paths import history_db
-from tiny import sharpen, tiny_model
 
 
 def make_record(profile: str = "p", stats: dict | None = None, **fields) -> RunRecord:
@@ -31,7 +30,7 @@ def make_record(profile: str = "p", stats: dict | None = None, **fields) -> RunR
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair(tiny_model, sharpen):
     """A target and a draft close enough to it that some drafts are accepted, some not."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: extra threads only contend on a shared machine

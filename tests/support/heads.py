@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from specgen.heads.modules import Eagle3Head, HeadConfig
 from specgen.heads.train import eagle_loss, medusa_loss, new_head, soft_cross_entropy
 
+from .tiny import sharpen, tiny_model
+
 LAYERS = 8  # EAGLE-3 fuses three distinct layers (2, L // 2, L - 3): L >= 7
 
 
@@ -72,8 +74,6 @@ def fit(head, target, steps: int = 60, seed: int = 0, lr: float = 3e-3):
 def fitted(kind: str, family: str = "llama", vocab: int = 64, draft_vocab: int | None = None,
            layers: int = LAYERS, hidden: int = 64, scale: float = 4.0):
     """(target, head), cached per process: do not modify them."""
-    from tiny import sharpen, tiny_model
-
     target = tiny_model(family, vocab=vocab, hidden=hidden, layers=layers, seed=3)
     sharpen(target, scale)
     target.requires_grad_(False)
@@ -97,6 +97,7 @@ def reference_state(head) -> dict[str, torch.Tensor]:
 
 
 def reference_config(head, target) -> dict:
+    """The config.json the reference implementation publishes beside `head`'s weights."""
     c, t = head.config, target.config
     if head.kind == "medusa":  # as published: the head count understated, no shapes
         return {"medusa_num_heads": 2, "medusa_num_layers": c.medusa_layers,

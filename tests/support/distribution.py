@@ -1,6 +1,8 @@
-"""Helpers of the distribution tests: a tiny pair whose draft differs clearly from its target,
-the target's exact joint distribution of the first tokens by enumeration, a chi-square test
-against it, and seeded speculative draws."""
+"""Helpers of the distribution tests (the `distribution` fixture): a tiny pair whose draft
+differs clearly from its target (tiny_pair, over VOCAB tokens), the target's exact joint
+distribution of the first tokens by enumeration (target_joint), a chi-square test against it
+(chi_square_pvalue, at level ALPHA), seeded speculative draws (draw: SAMPLES runs from PROMPT),
+and a draft that ends its drafts at one threshold (StopAt)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from scipy.stats import chisquare
 from specgen import SpeculativeGenerator
 from specgen.core.drafters import ModelDrafter
 from specgen.core.sampling import SamplingParams, probs_from_logits
-from tiny import distill, sharpen, tiny_model
+from .tiny import distill, sharpen, tiny_model
 
 VOCAB = 16
 SAMPLES = 5000

@@ -36,6 +36,7 @@ def sharpen(model, scale: float) -> None:
 
 
 def save_tiny(model, path: Path) -> Path:
+    """Save `model` as a local model directory at `path` (returned)."""
     model.save_pretrained(path)
     return path
 
@@ -92,6 +93,20 @@ def tiny_tokenizer():
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def word_tokenizer(vocab: int = 64, eos: str = "t1", shuffle: bool = False):
+    """A word-level tokenizer of `vocab` words t0, t1, ... (t0 unknown, t2 BOS, `eos` the EOS);
+    `shuffle` swaps the ids of t5 and t6 (a vocabulary that differs from the plain one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = [f"t{i}" for i in range(vocab)]
+    if shuffle:
+        names[5], names[6] = names[6], names[5]
+    tk = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eos, bos_token="t2", unk_token="t0")
 
 
 TINY_VOCAB = 259
