@@ -22,8 +22,8 @@ from specgen.loading.convert import convert_gguf, converted_dir, is_complete, lo
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, fetch_weights, load_config, load_tokenizer,
-                                     say)
+from specgen.loading.sources import (Progress, Source, fetch_weights, is_gguf, load_config,
+                                     load_tokenizer, say)
 from specgen.paths import cache_dir
 from specgen.profiles import ModelSpec, Profile
 
@@ -88,9 +88,10 @@ def bnb_config(quantization: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _weights_key(source: Source, dtype: torch.dtype) -> str:
-    """The sha256 of a GGUF source, else the weight files' paths, sizes and times."""
-    ident = source.sha256
+def _weights_key(source: Source, dtype: torch.dtype, declared: str | None = None) -> str:
+    """The sha256 of a GGUF source (or `declared`, the profile's sha256 of the GGUF whose
+    converted copy `source` may already be), else the weight files' paths, sizes and times."""
+    ident = source.sha256 or declared
     if ident is None:
         files = sorted(source.path.glob("*.safetensors")) or sorted(source.path.glob("*.bin"))
         ident = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
@@ -197,7 +198,10 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {smaller_profiles(free, profile.name)}") from None
 
-    key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
+    # Before loading converts a GGUF. A GGUF target is known by its sha256, also when `locate`
+    # found its converted copy, whose file times change each time the copy is made again.
+    key = _weights_key(sources["target"], dtypes["target"],
+                       profile.target.sha256 if is_gguf(profile.target) else None)
     models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
               else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
               for role, spec in roles}
