@@ -348,6 +348,21 @@ def test_gguf_with_declared_sha256_loads_from_cache_without_the_file(tmp_path, g
     assert load(path).target.config.vocab_size == VOCAB
 
 
+def test_gguf_target_key_is_its_sha256_whether_or_not_its_copy_is_cached(tmp_path, gguf_file):
+    # Tuned skip sets are kept by this key: it must not change between the run that converts
+    # the GGUF and later ones that find the converted copy, nor when the copy is made again.
+    import os
+
+    sha = demo.sha256_file(gguf_file)
+    path = profile(tmp_path, f'model = "{gguf_file}"\nsha256 = "{sha}"')
+    converting = load(path)
+    cached = load(path)
+    assert converting.target_key == cached.target_key
+    for f in (tmp_path / "cache" / "converted").rglob("*"):
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert load(path).target_key == converting.target_key
+
+
 def test_gguf_sha256_mismatch_is_refused(tmp_path, gguf_file):
     path = profile(tmp_path, f'model = "{gguf_file}"\nsha256 = "{"0" * 64}"')
     with pytest.raises(ModelError, match="Refusing .*tiny-f32.gguf: its sha256 is [0-9a-f]{64}, "
