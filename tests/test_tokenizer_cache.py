@@ -111,3 +111,14 @@ def test_a_copy_goes_with_the_model_it_was_made_from():
     copy = next(e for e in cache.entries() if e.kind == "tokenizer")
     assert not copy.used_by  # no profile uses its model
     assert {e.path for e in cache.prune()} == {folder, copy.path}
+
+
+def test_a_damaged_copy_is_made_again():
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    slow = load_tokenizer(Source("tiny", folder))
+    copy = tokenizer_cache.entry_dir(tokenizer_cache.key(folder))
+    (copy / "tokenizer.json").write_text("{}")
+    assert tokenizer_cache.load(folder) is None
+    same(slow, load_tokenizer(Source("tiny", folder)))  # the slow way, and the copy made again
+    assert cache.check(copy) is None
+    same(slow, tokenizer_cache.load(folder))

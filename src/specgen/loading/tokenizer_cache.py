@@ -94,8 +94,11 @@ def load(folder: Path):
     entry = entry_dir(name)
     manifest = cache.read_manifest(entry)
     if not cache.is_current(manifest) or not manifest.get("same") or cache.check(entry) is not None:
+        return None  # a damaged copy is made again by the slow load's `store`
+    try:
+        tok = _load_generic(entry)
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    tok = _load_generic(entry)
     tok.name_or_path = str(folder)
     tok.init_kwargs["name_or_path"] = str(folder)
     return tok
@@ -106,7 +109,7 @@ def store(folder: Path, tok) -> bool:
     same, else a refusal; returns whether the copy was kept. Never raises: without a copy
     the tokenizer loads the slow way."""
     name = key(folder)
-    if name is None or cache.read_manifest(entry_dir(name)) is not None:
+    if name is None or (cache.read_manifest(entry_dir(name)) is not None and cache.check(entry_dir(name)) is None):
         return False
     try:
         with cache.building(entry_dir(name)) as tmp:
