@@ -10,6 +10,7 @@ Under `paths.cache_dir()`:
 | `quantized/` | a model with its linear layers packed for a CPU scheme, every tensor in one safetensors file | the source weights' sha256, the scheme, the dtype, the format (and the kernel build, for int4-wo) |
 | `demo/` | the demo GGUF files assembled from their packages | their sha256 |
 | `kernels/` | compiled C kernels | their sources' hash |
+| `tokenizers/` | a model's tokenizer saved for the fast load (loading/tokenizer_cache.py) | its files' bytes, the transformers and tokenizers versions |
 
 An entry's name comes from what determines its bytes, never from paths or times, so every
 install on the machine shares it. Its manifest, `specgen.json`, is written last, into a
@@ -44,7 +45,7 @@ MANIFEST = "specgen.json"
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 SMALL = 1 << 24  # files up to this size are hashed whole on every check
 STALE_AFTER = 3600.0  # seconds: a temporary that names no process is left alone this long
-FOLDERS = ("converted", "quantized", "demo", "kernels")
+FOLDERS = ("converted", "quantized", "demo", "kernels", "tokenizers")
 
 
 class DamagedCache(ModelError):
@@ -292,7 +293,7 @@ def finish(folder: Path, **manifest) -> dict:
 @dataclass
 class Entry:
     path: Path
-    kind: str  # converted, quantized, demo, kernel, older (made by an older release), temporary
+    kind: str  # converted, quantized, demo, kernel, tokenizer, older (made by an older release), temporary
     size: int
     manifest: dict | None = None
     used_by: list[str] = field(default_factory=list)
@@ -304,6 +305,9 @@ class Entry:
             return f"{m.get('source', '?')} as {m.get('dtype', '?')}"
         if self.kind == "quantized":
             return f"{m.get('source', '?')} in {m.get('scheme', '?')} ({m.get('dtype', '?')})"
+        if self.kind == "tokenizer":
+            return f"the tokenizer of {Path(m.get('source', '?')).name}" + ("" if m.get("same") else
+                                                                           " (refused: loads as it is)")
         return "-"
 
 
@@ -332,9 +336,9 @@ def entries(root: Path | None = None) -> list[Entry]:
         if child.name.startswith("."):
             kind = "temporary"
             manifest = None
-        elif folder in ("converted", "quantized"):
+        elif folder in ("converted", "quantized", "tokenizers"):
             manifest = read_manifest(child)
-            kind = folder if is_current(manifest) else "older"
+            kind = ("tokenizer" if folder == "tokenizers" else folder) if is_current(manifest) else "older"
         else:
             kind, manifest = ("kernel" if folder == "kernels" else "demo"), None
         found.append(Entry(child, kind, _size(child), manifest))
@@ -401,9 +405,17 @@ def _mark_users(found: list[Entry]) -> None:
             for entry in found:
                 if _matches(entry, kind, crit) and name not in entry.used_by:
                     entry.used_by.append(name)
+    by_path = {entry.path.resolve(): entry for entry in found}
     for entry in found:
         if entry.kind == "kernel":
             entry.used_by.append("(kernels)")
+        elif entry.kind == "tokenizer":  # used while the model it was made from is
+            source = (entry.manifest or {}).get("source", "")
+            model = by_path.get(Path(source).resolve()) if source else None
+            if model is not None:
+                entry.used_by.extend(model.used_by)
+            elif source and not Path(source).is_relative_to(cache_dir()) and Path(source).exists():
+                entry.used_by.append("(a hub model)")
 
 
 def prune(dry_run: bool = False, root: Path | None = None) -> list[Entry]:
@@ -468,6 +480,6 @@ def prefetch(profile) -> threading.Thread | None:
 
 
 def verify(root: Path | None = None) -> list[tuple[Entry, str | None]]:
-    """Every converted and quantized entry rehashed in full: (entry, problem or None)."""
+    """Every converted, quantized and tokenizer entry rehashed in full: (entry, problem or None)."""
     return [(e, check(e.path, full=True)) for e in entries(root)
-            if e.kind in ("converted", "quantized", "older")]
+            if e.kind in ("converted", "quantized", "tokenizer", "older")]

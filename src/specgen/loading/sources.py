@@ -12,7 +12,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from specgen.errors import ModelError
-from specgen.loading import demo
+from specgen.loading import demo, tokenizer_cache
 from specgen.paths import cache_dir, heads_dir
 from specgen.profiles import ModelSpec
 
@@ -194,7 +194,18 @@ def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedCo
 
 
 def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    return _from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
+    """The model's tokenizer: from its fast copy when one was kept (tokenizer_cache.py: the
+    same tokenizer, loaded in a fraction of the time), else as transformers loads it, keeping
+    a fast copy for the next run. A GGUF's, or one with the model's own code, loads as it is."""
+    copies = not source.gguf and not trust_remote_code and tokenizer_cache.eligible(source.path)
+    if copies:
+        tok = tokenizer_cache.load(source.path)
+        if tok is not None:
+            return tok
+    tok = _from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
+    if copies:
+        tokenizer_cache.store(source.path, tok)
+    return tok
 
 
 def _from_pretrained(auto, source: Source, trust_remote_code: bool, what: str):

@@ -1,0 +1,186 @@
+"""A model's tokenizer, loaded the fast way on every run after the first.
+
+transformers loads a tokenizer whose class has its own `__init__` (Qwen2's, Llama's, ...)
+by parsing the whole tokenizer.json in Python and rebuilding the backend from its vocab and
+merges, with the class's own normalizer and pre-tokenizer; that takes seconds for a
+150k-token vocabulary. The first load here goes that way; then the tokenizer it built is
+saved (its backend exactly as built, its special and added tokens, its chat template) and
+loaded back the generic way (the backend read by the `tokenizers` library in one call), and
+the two are compared: the class adds no behaviour but its `__init__`, the backends serialize
+the same, every other attribute is equal, and probe texts encode, decode and render the chat
+template the same. Only then is the copy kept; a refusal is kept too, so later runs load the
+slow way without comparing again. Later runs load the copy.
+
+Under `paths.cache_dir()/tokenizers/`, an entry is keyed by the bytes of the tokenizer files
+it was made from and the transformers and tokenizers versions, so any change to either
+makes a new entry. Only models in specgen's cache or the hub's have copies made: a local
+folder is the user's to change, and it loads as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from specgen.loading import cache
+from specgen.paths import cache_dir
+
+FORMAT = 1
+FOLDER = "tokenizers"
+# Files AutoTokenizer reads to build a tokenizer (chat templates: any file named chat_template*,
+# and the additional_chat_templates folder).
+FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+         "vocab.json", "merges.txt", "tokenizer.model")
+# What a tokenizer class may define and still behave as the generic backend: its constructor,
+# and the class attributes loading reads (model_input_names is compared on the instances).
+PLAIN_CLASS_NAMES = {"__init__", "__module__", "__qualname__", "__doc__", "__annotations__",
+                     "__firstlineno__", "__static_attributes__", "__dict__", "__weakref__",
+                     "vocab_files_names", "model", "model_input_names", "slow_tokenizer_class"}
+# Instance attributes that differ by construction and no method of the generic class reads:
+# the backend (compared serialized), a class's private copies of its vocab and merges, the
+# kwargs the tokenizer was made with (compared without the paths), the folder it came from.
+SET_APART = {"_tokenizer", "_vocab", "_merges", "init_kwargs", "name_or_path"}
+PATH_KWARGS = {"name_or_path", "is_local", "local_files_only", "vocab", "merges", "vocab_file",
+               "merges_file", "tokenizer_file", "added_tokens_decoder"}
+PROBES = ["write quicksort in python", "  two  spaces\tand\ttabs\n\nnew lines\r\n",
+          "e\u0301 \u00e9 \ufb01 \u2163 \u00bd", "\u4f60\u597d\uff0c\u4e16\u754c \U0001f600 \u05e9\u05dc\u05d5\u05dd",
+          "def f(x):\n    return x ** 2  # comment", "<|endoftext|> <|im_start|>user<|im_end|> <s></s>"]
+
+
+def eligible(path: Path) -> bool:
+    """Whether a model folder is one whose tokenizer gets a fast copy: specgen's cache entries
+    and the hub's snapshots."""
+    from huggingface_hub import constants
+
+    path = path.resolve()
+    return any(path.is_relative_to(Path(root).resolve())
+               for root in (cache_dir(), constants.HF_HUB_CACHE))
+
+
+def key(folder: Path) -> str | None:
+    """The entry name for the tokenizer in `folder` (None when it has no tokenizer.json)."""
+    import tokenizers
+    import transformers
+
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    h = hashlib.sha256(f"v{FORMAT}|{transformers.__version__}|{tokenizers.__version__}".encode())
+    names = sorted({*(n for n in FILES if (folder / n).is_file()),
+                    *(p.name for p in folder.glob("chat_template*") if p.is_file()),
+                    *(f"additional_chat_templates/{p.name}"
+                      for p in (folder / "additional_chat_templates").glob("*") if p.is_file())})
+    for name in names:
+        data = (folder / name).read_bytes()
+        h.update(f"\n{name}:{len(data)}\n".encode())
+        h.update(data)
+    try:  # without a tokenizer_class, the model type in config.json picks the class
+        config = json.loads((folder / "config.json").read_text())
+        h.update(f"\nconfig:{config.get('model_type')}:{config.get('tokenizer_class')}".encode())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return h.hexdigest()[:32]
+
+
+def entry_dir(name: str) -> Path:
+    return cache_dir() / FOLDER / name
+
+
+def load(folder: Path):
+    """The fast copy of the tokenizer in `folder`, or None (no copy yet, or it was refused)."""
+    name = key(folder)
+    if name is None:
+        return None
+    entry = entry_dir(name)
+    manifest = cache.read_manifest(entry)
+    if not cache.is_current(manifest) or not manifest.get("same") or cache.check(entry) is not None:
+        return None  # a damaged copy is made again by the slow load's `store`
+    try:
+        tok = _load_generic(entry)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    tok.name_or_path = str(folder)
+    tok.init_kwargs["name_or_path"] = str(folder)
+    return tok
+
+
+def store(folder: Path, tok) -> bool:
+    """Keep a fast copy of `tok` (loaded from `folder` the usual way) when it loads back the
+    same, else a refusal; returns whether the copy was kept. Never raises: without a copy
+    the tokenizer loads the slow way."""
+    name = key(folder)
+    if name is None or (cache.read_manifest(entry_dir(name)) is not None and cache.check(entry_dir(name)) is None):
+        return False
+    try:
+        with cache.building(entry_dir(name)) as tmp:
+            problem = _save(tok, tmp)
+            if problem is not None:
+                for child in tmp.iterdir():
+                    cache.remove(child)
+            cache.finish(tmp, kind="tokenizer", same=problem is None, problem=problem,
+                         source=str(folder))
+        return problem is None
+    except (OSError, ValueError, TypeError, RuntimeError):
+        return False
+
+
+def _load_generic(folder: Path):
+    from transformers import TokenizersBackend
+
+    return TokenizersBackend.from_pretrained(folder, local_files_only=True)
+
+
+def _save(tok, folder: Path) -> str | None:
+    """Save `tok` into `folder` for the generic load; None when that load gives the same
+    tokenizer, else what differs."""
+    from transformers import TokenizersBackend
+
+    if not isinstance(tok, TokenizersBackend):
+        return f"{type(tok).__name__} is not backed by the tokenizers library"
+    for klass in type(tok).__mro__[:type(tok).__mro__.index(TokenizersBackend)]:
+        extra = sorted(set(vars(klass)) - PLAIN_CLASS_NAMES)
+        if extra:
+            return f"{klass.__name__} defines {', '.join(extra)}"
+    tok.save_pretrained(folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    # With the added tokens in the config, the load does not parse tokenizer.json in Python.
+    config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in tok.added_tokens_decoder.items()}
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    fast = _load_generic(folder)
+    return difference(tok, fast)
+
+
+def difference(slow, fast) -> str | None:
+    """What differs between two tokenizers that should be the same (None when nothing)."""
+    if slow._tokenizer.to_str() != fast._tokenizer.to_str():
+        return "the backends differ"
+    a, b = vars(slow), vars(fast)
+    for attr in sorted((set(a) | set(b)) - SET_APART):
+        if repr(a.get(attr)) != repr(b.get(attr)):
+            return f"{attr} differs"
+    ka = {k: repr(v) for k, v in slow.init_kwargs.items() if k not in PATH_KWARGS}
+    kb = {k: repr(v) for k, v in fast.init_kwargs.items() if k not in PATH_KWARGS}
+    if ka != kb:
+        return "the init kwargs differ"
+    if slow.model_input_names != fast.model_input_names or slow.chat_template != fast.chat_template:
+        return "the model inputs or the chat template differ"
+    for text in PROBES:
+        ids = slow.encode(text, add_special_tokens=True)
+        if ids != fast.encode(text, add_special_tokens=True):
+            return "an encoding differs"
+        for skip in (False, True):
+            if slow.decode(ids, skip_special_tokens=skip) != fast.decode(ids, skip_special_tokens=skip):
+                return "a decoding differs"
+    if slow.chat_template is not None:
+        messages = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
+                    {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
+        try:
+            want = slow.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception:  # a template that refuses these roles: compare on a user turn alone
+            messages = messages[1:2]
+            want = slow.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) != want:
+            return "the chat template renders differently"
+    return None
+

@@ -1,0 +1,124 @@
+"""The fast copy of a tokenizer (loading/tokenizer_cache.py): loaded without transformers'
+slow path, and the same tokenizer as that path builds, token for token."""
+
+import json
+
+import pytest
+
+from specgen.loading import cache, tokenizer_cache
+from specgen.loading.sources import Source, load_tokenizer
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEXTS = ["write quicksort in python", "e\u0301 = \u00e9, \ufb01", "in the tin\n\n  x",
+         "\u4f60\u597d \U0001f600", "<|im_start|>user<|im_end|><|endoftext|>"]
+
+
+@pytest.fixture(autouse=True)
+def temp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def tiny_qwen_tokenizer(folder):
+    """A tiny Qwen2 tokenizer saved as a converted GGUF's is: Qwen2Tokenizer rebuilds its
+    backend on load with an NFC normalizer that the saved tokenizer.json lacks, so the file
+    read as it is would be another tokenizer."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = [("i", "n"), ("\u0120", "t"), ("\u0120t", "in")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                         extra_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(folder)
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["normalizer"] = None
+    path.write_text(json.dumps(data))
+    return folder
+
+
+def same(a, b):
+    assert (a.eos_token, a.pad_token, a.bos_token, a.unk_token) == (b.eos_token, b.pad_token, b.bos_token,
+                                                                    b.unk_token)
+    assert (a.eos_token_id, a.pad_token_id, len(a)) == (b.eos_token_id, b.pad_token_id, len(b))
+    assert a.all_special_tokens == b.all_special_tokens and a.get_vocab() == b.get_vocab()
+    assert {i: str(t) for i, t in a.added_tokens_decoder.items()} == {
+        i: str(t) for i, t in b.added_tokens_decoder.items()}
+    for text in TEXTS:
+        ids = a.encode(text)
+        assert b.encode(text) == ids
+        assert b.decode(ids) == a.decode(ids)
+        assert b.decode(ids, skip_special_tokens=True) == a.decode(ids, skip_special_tokens=True)
+    messages = [{"role": "user", "content": t} for t in TEXTS]
+    for tokenize in (False, True):
+        want = a.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
+        assert b.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize) == want
+
+
+def test_the_second_load_is_the_fast_copy_of_the_same_tokenizer(monkeypatch):
+    from transformers import AutoTokenizer, Qwen2Tokenizer, TokenizersBackend
+
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    source = Source("tiny", folder)
+    slow = load_tokenizer(source)  # as transformers loads it; the copy is kept
+    assert type(slow) is Qwen2Tokenizer
+    assert TokenizersBackend.from_pretrained(folder).encode(TEXTS[1]) != slow.encode(TEXTS[1])
+
+    def no_slow_load(*args, **kwargs):
+        raise AssertionError("the second load went the slow way")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", no_slow_load)
+    fast = load_tokenizer(source)
+    assert type(fast) is TokenizersBackend and fast.name_or_path == str(folder)
+    same(slow, fast)
+    kinds = {e.kind for e in cache.entries()}
+    assert "tokenizer" in kinds
+
+    (folder / "chat_template.jinja").write_text(TEMPLATE.replace("assistant", "bot"))
+    assert tokenizer_cache.load(folder) is None  # other files: another entry, not made yet
+
+
+def test_a_class_that_adds_behaviour_keeps_the_slow_load():
+    from transformers import AutoTokenizer, Qwen2Tokenizer
+
+    class Shouting(Qwen2Tokenizer):
+        def decode(self, *args, **kwargs):
+            return super().decode(*args, **kwargs).upper()
+
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    tok = Shouting.from_pretrained(folder)
+    assert not tokenizer_cache.store(folder, tok)
+    assert tokenizer_cache.load(folder) is None
+    refused = [e for e in cache.entries() if e.kind == "tokenizer"]
+    assert len(refused) == 1 and "refused" in refused[0].what
+    assert type(load_tokenizer(Source("tiny", folder))) is type(AutoTokenizer.from_pretrained(folder))
+
+
+def test_a_local_folder_gets_no_copy(tmp_path):
+    folder = tiny_qwen_tokenizer(tmp_path / "mine")
+    load_tokenizer(Source("mine", folder))
+    assert not (cache.cache_dir() / tokenizer_cache.FOLDER).exists()
+
+
+def test_a_copy_goes_with_the_model_it_was_made_from():
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    cache.finish(folder, kind="converted", sha256="ab" * 32, dtype="float32", source="x.gguf", model="x")
+    load_tokenizer(Source("tiny", folder))
+    copy = next(e for e in cache.entries() if e.kind == "tokenizer")
+    assert not copy.used_by  # no profile uses its model
+    assert {e.path for e in cache.prune()} == {folder, copy.path}
+
+
+def test_a_damaged_copy_is_made_again():
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    slow = load_tokenizer(Source("tiny", folder))
+    copy = tokenizer_cache.entry_dir(tokenizer_cache.key(folder))
+    (copy / "tokenizer.json").write_text("{}")
+    assert tokenizer_cache.load(folder) is None
+    same(slow, load_tokenizer(Source("tiny", folder)))  # the slow way, and the copy made again
+    assert cache.check(copy) is None
+    same(slow, tokenizer_cache.load(folder))
