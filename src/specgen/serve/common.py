@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -133,24 +135,25 @@ async def watch(request: Request, events: Events) -> None:
     events.gone()
 
 
-class Api:
+class Api(ABC):
     """How one API frames a generation: its error body, its streaming format, and its
     finished answer. Subclasses fill in the shapes; `generate` is the flow both share."""
 
     media_type = "application/json"
     busy_status = 503  # a full queue
 
+    @abstractmethod
     def error(self, status: int, message: str, param: str | None = None,
               code: str | None = None, retry_after: int | None = None) -> Response:
-        raise NotImplementedError
+        """The API's error response."""
 
+    @abstractmethod
     def whole(self, text: str, finished: Finished) -> dict:
-        raise NotImplementedError
+        """The API's body for a finished, non-streamed answer."""
 
-    async def chunks(self, events: Events):
+    @abstractmethod
+    def chunks(self, events: Events) -> AsyncIterator[bytes]:
         """The streamed body: encoded chunks, ending with the API's own end marker."""
-        raise NotImplementedError
-        yield b""  # pragma: no cover
 
     def failed(self, failure: Failed) -> Response:
         retry = 5 if failure.status == 503 else None
