@@ -64,6 +64,7 @@ save_tiny = _hand_out(_tiny.save_tiny, "save_tiny")
 tiny_gguf = _hand_out(_tiny.write_tiny_gguf, "tiny_gguf")
 tiny_tokenizer = _hand_out(_tiny.tiny_tokenizer, "tiny_tokenizer")
 word_tokenizer = _hand_out(_tiny.word_tokenizer, "word_tokenizer")
+chat_greedy = _hand_out(_tiny.chat_greedy, "chat_greedy")
 
 # The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
 # .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.
@@ -75,6 +76,14 @@ eagle3_head = _hand_out(_heads.eagle3_head, "eagle3_head")
 reference_state = _hand_out(_heads.reference_state, "reference_state")
 reference_config = _hand_out(_heads.reference_config, "reference_config")
 save_reference = _hand_out(_heads.save_reference, "save_reference")
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """A cache and profile folder of the test's own, and no CUDA (loading tests)."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECGEN_PROFILE_DIR", str(tmp_path / "user-profiles"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from specgen.cli import app
@@ -53,15 +51,9 @@ def test_json_schema_and_text_is_joined_tokens(tiny_profile):
     assert answer["profile"] == "tiny" and answer["target"].endswith("target")
 
 
-def test_greedy_output_equals_the_targets_own_greedy_output(tiny_profile):
+def test_greedy_output_equals_the_targets_own_greedy_output(tiny_profile, chat_greedy):
     answer = run_json(tiny_profile, "--max-new-tokens", "40", "--k", "4", "def quicksort(xs):")
-    target_dir = tiny_profile.parent / "target"
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    text = tok.apply_chat_template([{"role": "user", "content": "def quicksort(xs):"}],
-                                   add_generation_prompt=True, tokenize=False)
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
-    expected = model.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1]:].tolist()
+    expected = chat_greedy(tiny_profile.parent / "target", "def quicksort(xs):", 40)
     assert [t["id"] for t in answer["tokens"]] == expected
 
 

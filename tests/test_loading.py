@@ -34,10 +34,8 @@ def save_pair_dir(tiny_model, save_tiny, word_tokenizer):
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("SPECGEN_PROFILE_DIR", str(tmp_path / "user-profiles"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+def isolated(isolated_cache):
+    """Every test here on its own cache and profile folder."""
 
 
 @pytest.fixture(scope="module")

@@ -367,22 +367,15 @@ def test_an_unsupported_architecture_in_a_profile_is_one_clear_error(tmp_path, t
 
 
 @needs_linear
-def test_run_with_self_is_the_targets_greedy_output_and_says_the_default_once(tiny_profile, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def test_run_with_self_is_the_targets_greedy_output_and_says_the_default_once(tiny_profile, tmp_path,
+                                                                             chat_greedy):
     profile = self_profile(tiny_profile, tmp_path)
     first = cli("run", "-p", str(profile), "--format", "json", "-n", "30", "def quicksort(xs):")
     assert first.exit_code == 0, first.output
     assert "default skip set (m0,m2" in first.stderr and "specgen tune" in first.stderr
     answer = json.loads(first.stdout)
     assert answer["draft"] is None and answer["stats"]["draft_passes"] > 0
-    target_dir = tiny_profile.parent / "target"
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    text = tok.apply_chat_template([{"role": "user", "content": "def quicksort(xs):"}],
-                                   add_generation_prompt=True, tokenize=False)
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
-    expected = model.generate(ids, do_sample=False, max_new_tokens=30)[0, ids.shape[1]:].tolist()
+    expected = chat_greedy(tiny_profile.parent / "target", "def quicksort(xs):", 30)
     assert [t["id"] for t in answer["tokens"]] == expected
     again = cli("run", "-p", str(profile), "--format", "json", "-n", "4", "hi")
     assert again.exit_code == 0 and "default skip set" not in again.stderr

@@ -256,3 +256,17 @@ def write_tiny_gguf(path: Path, vocab: int = 64, hidden: int = 32, layers: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def chat_greedy(model_dir, prompt: str, n: int) -> list[int]:
+    """The saved model's own greedy continuation (transformers' `generate`) of `prompt` as
+    one user turn of its chat template: what `specgen run` must print, token for token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                   add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    return model.generate(ids, do_sample=False, max_new_tokens=n)[0, ids.shape[1]:].tolist()
