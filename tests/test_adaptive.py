@@ -57,6 +57,34 @@ def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance(
     assert policy.choose(100) == 0
 
 
+def test_one_slow_pass_moves_its_estimate_by_a_fifth_at_most():
+    costs = {0: 0.1}
+    record_pass(costs, 0, 5.0)  # the machine busy for a moment: counted as twice the estimate
+    assert costs[0] == pytest.approx(0.12)
+    for _ in range(20):
+        record_pass(costs, 0, 0.5)  # a lasting change is still followed
+    assert costs[0] == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_narrower_pass_never_costs_more_than_a_wider_one():
+    costs = {0: 1.0, 2: 1.4}
+    record_pass(costs, 4, 0.3)
+    assert costs == {0: 0.3, 2: 0.3, 4: 0.3}
+
+
+def test_a_plain_step_measured_slow_once_does_not_keep_a_useless_draft_on():
+    """The plain step's cost is measured only by plain steps: were a slow first one to stay
+    in its estimate, a draft that never guesses right would look faster for good."""
+    policy = AdaptiveK(6, self_stopping=True)
+    step(policy, 0, 0, 0.0, 1.0)  # the first plain step, slow (warming up, the machine busy)
+    ks = []
+    for _ in range(12):
+        ks.append(policy.choose(100))
+        step(policy, ks[-1], 0, 0.01 * ks[-1], 0.2 if ks[-1] else 0.19)  # every draft fails
+    assert ks[:TRIAL_STEPS] == [6] * TRIAL_STEPS and ks[TRIAL_STEPS] == 0
+    assert ks.count(0) >= len(ks) - TRIAL_STEPS - 2  # then plain, but for a probe
+
+
 def test_high_acceptance_and_a_flat_verify_cost_choose_long_drafts():
     policy = AdaptiveK(6)
     feed(policy, 6, 6, draft_s=0.02, verify_s=0.18)  # every draft accepted, draft cheap

@@ -122,9 +122,23 @@ def moving_average(old: float | None, new: float) -> float:
     return new if old is None else 0.8 * old + 0.2 * new
 
 
+SPIKE = 2.0  # a pass measured at more than this times its estimate counts as this much
+
+
 def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
-    """Fold one measured target pass over k+1 tokens into `costs`."""
-    costs[k] = moving_average(costs.get(k), seconds)
+    """Fold one measured target pass over k+1 tokens into `costs`. Two invariants keep one
+    slow pass (the machine busy for a moment, a first call warming up) from deciding many
+    steps: a measurement counts for at most SPIKE times the estimate, so one spike moves it
+    by a fifth at most while a lasting change is still followed within a few passes; and a
+    pass over fewer tokens costs no more than one over more, so a narrower width's estimate
+    above this one is lowered to it. Without the second, a plain step's cost inflated once
+    would stay so for as long as speculation looks better than it: plain steps, the only
+    ones that measure it, would not be taken again."""
+    old = costs.get(k)
+    costs[k] = moving_average(old, seconds if old is None else min(seconds, SPIKE * old))
+    for width in costs:
+        if width < k and costs[width] > costs[k]:
+            costs[width] = costs[k]
 
 
 class Policy(Protocol):
