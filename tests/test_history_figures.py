@@ -263,3 +263,15 @@ def test_bench_help_says_which_categories_count_as_code():
     result = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert 'contains "code"' in result.stdout and "code-completion" in result.stdout
+
+
+def test_help_paragraphs_flow_to_the_terminal_and_keep_their_bracketed_words():
+    """A help paragraph wrapped in the source must not break where the source did, and
+    words in brackets (profile sections) are text, not Rich markup that would vanish."""
+    wide = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "250"})
+    assert "interleaved prompt by prompt, greedy:" in wide.stdout
+    assert "  specgen bench --prompts my_prompts.jsonl" in wide.stdout  # examples as written
+    tune = CliRunner().invoke(app, ["tune", "--help"], env={"COLUMNS": "250"})
+    assert "[speculation] skip_layers" in tune.stdout
+    train = CliRunner().invoke(app, ["heads", "train", "--help"], env={"COLUMNS": "250"})
+    assert "[draft] head" in train.stdout

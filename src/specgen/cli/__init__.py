@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 from specgen import __version__
 from specgen.cli import (bench, cache, chat, export, heads, profiles, run, serve, signals, stats,
                          tune)
-from specgen.cli.options import debug_enabled, err, warn
+from specgen.cli.options import debug_enabled, err, reflow, warn
 from specgen.errors import SpecgenError
 
 
@@ -45,12 +45,12 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-app.command(help=run.HELP, no_args_is_help=False)(run.run)
-app.command(help=chat.HELP)(chat.chat)
-app.command(help=bench.HELP)(bench.bench)
-app.command(help=serve.HELP)(serve.serve)
+app.command(help=reflow(run.HELP), no_args_is_help=False)(run.run)
+app.command(help=reflow(chat.HELP))(chat.chat)
+app.command(help=reflow(bench.HELP))(bench.bench)
+app.command(help=reflow(serve.HELP))(serve.serve)
 app.add_typer(export.app, name="export")
-app.command(help=tune.HELP)(tune.tune)
+app.command(help=reflow(tune.HELP))(tune.tune)
 app.add_typer(stats.app, name="stats")
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(cache.app, name="cache")

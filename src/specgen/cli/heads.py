@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from specgen.choices import TRAINABLE_HEADS, listing
-from specgen.cli.options import DEBUG, PROFILE, err
+from specgen.cli.options import DEBUG, PROFILE, err, reflow
 
 app = typer.Typer(help="Draft heads on the target (EAGLE, Medusa): train one for a profile.",
                   no_args_is_help=True)
@@ -19,7 +19,7 @@ Teacher-forces the target over a corpus (by default the Python installation's ow
 any folder of text files with --corpus) and fits a head ({listing(TRAINABLE_HEADS)}) to the
 target's own next-token distributions. Checkpoints as it goes: Ctrl-C keeps what was learned,
 and running the same command again resumes, up to --minutes in all. The result is a head a
-profile loads ([draft] head = the folder, or the name of a head trained into the default
+profile loads (\\[draft] head = the folder, or the name of a head trained into the default
 folder; docs/heads.md).
 
 [bold]Examples[/]
@@ -30,7 +30,7 @@ folder; docs/heads.md).
 """
 
 
-@app.command("train", help=TRAIN_HELP)
+@app.command("train", help=reflow(TRAIN_HELP))
 def train(
     profile: str = PROFILE,
     kind: Optional[str] = typer.Option(

@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 
 
+def reflow(help_text: str) -> str:
+    """A command's help as Rich should see it: Typer's rich markup mode keeps every line
+    break, so a paragraph wrapped for the source breaks raggedly in a terminal of another
+    width. Each paragraph's lines are joined; a paragraph with an indented line (examples)
+    is kept as written."""
+    paragraphs = help_text.strip("\n").split("\n\n")
+    return "\n\n".join(
+        p if any(line.startswith(" ") for line in p.splitlines())
+        else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs)
+
+
 def warn(message: str) -> None:
     """One `warning:` line on stderr (the message's brackets are text, not markup)."""
     err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)

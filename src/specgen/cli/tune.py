@@ -17,7 +17,7 @@ speed. This command ranks the target's sub-layers, then measures real speculativ
 (greedy, adaptive K) with candidate skip sets on a small built-in prompt set (plus
 --prompts), against plain decoding, for --minutes. The fastest set is stored in specgen's
 cache for this target (its weights, quantization and device kind), and `method = "self"`
-uses it from then on; a profile's [speculation] skip_layers still comes first.
+uses it from then on; a profile's \\[speculation] skip_layers still comes first.
 
 [bold]Examples[/]
 
