@@ -37,7 +37,8 @@ it nothing, so on a long prompt lookup drafts first and the draft model joins wh
 steps or poor guesses leave it something to save. What reading costs per token, and what a
 draft pass costs, are measured on this machine (`Book`, kept across answers); until then
 the target's own prompt pass stands in for the reading (a draft reads no slower than its
-target). A probe of a switched-off guesser pays its reading: that is part of asking.
+target); a guesser's first read, with its warm-up, is not measured. A probe of a
+switched-off guesser pays its reading: that is part of asking.
 """
 
 from __future__ import annotations
@@ -370,6 +371,7 @@ class Book:
     read_cost: dict[str, float] = field(default_factory=dict)
     prefill_cost: float | None = None
     draft_cost: dict[str, float] = field(default_factory=dict)  # seconds per draft pass
+    warm: set[str] = field(default_factory=set)  # guessers that have read once
 
     def catch_up(self, guesser: str, unread: int) -> float:
         """Seconds `guesser` would spend reading `unread` tokens before its first guess; 0
@@ -380,7 +382,12 @@ class Book:
         return 0.0 if per_token is None else unread * per_token
 
     def read(self, guesser: str, tokens: int, seconds: float) -> None:
-        if tokens >= READ_SAMPLE:
+        """A catch-up of `tokens` took `seconds`. A guesser's first read is not its cost: it
+        includes its first call's warm-up, and a price set too high would never be
+        corrected, since a guesser whose reading is not repaid does not read again."""
+        if guesser not in self.warm:
+            self.warm.add(guesser)
+        elif tokens >= READ_SAMPLE:
             self.read_cost[guesser] = moving_average(self.read_cost.get(guesser), seconds / tokens)
 
     def prefilled(self, tokens: int, seconds: float) -> None:
