@@ -370,7 +370,7 @@ def test_a_draft_whose_catch_up_cannot_be_repaid_within_what_is_left_is_not_star
     """A 700-token prompt the draft would read at 2 ms a token (1.4 s), plain steps of 0.2 s,
     a draft yielding about 2.5 tokens per step: it saves about 0.12 s a token, so it starts
     only once the answer has run about 12 tokens, and never with fewer than that left."""
-    book = Book(prefill_cost=0.002, draft_cost={"model": 0.01})
+    book = Book(prefill_cost=0.002, read_cost={"model": 0.002}, draft_cost={"model": 0.01})
     reader = Reader(700)
 
     def first_draft(left: int) -> int | None:
@@ -412,6 +412,21 @@ def test_the_reading_is_measured_apart_from_drafting_and_kept_across_answers():
     assert nxt.catch_up("model", Reader(500), None) == pytest.approx(0.5)
     nxt._policy("model", reader)
     assert nxt.policies["model"].prior_draft_cost == pytest.approx(0.02)
+
+
+def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pass():
+    """Priced as the target's own prompt pass, a draft a third its target's size would be
+    priced at three times its reading: where it pays, it would never read."""
+    book = Book(prefill_cost=0.003, draft_cost={"model": 0.015})
+    assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.1)
+    assert book.catch_up("model", 100) == pytest.approx(0.3)  # no plain pass measured yet
+    assert book.catch_up("model", 100, plain_pass=0.01) == pytest.approx(0.3)  # never above
+    assert book.catch_up("self", 100, plain_pass=0.045) == pytest.approx(0.3)  # no pass known
+    book.read_cost["model"] = 0.002
+    assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.2)  # measured wins
+    planner = Planner(4, book=Book(prefill_cost=0.003, draft_cost={"model": 0.015}))
+    planner.observe(PLAIN, 0, 0, 0.0, 0.045)
+    assert planner.catch_up("model", Reader(100), None) == pytest.approx(0.1)
 
 
 def test_a_fixed_k_planner_pays_no_heed_to_reading():

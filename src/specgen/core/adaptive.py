@@ -36,8 +36,9 @@ Steps that already made tokens faster than it would (prompt lookup copying a pas
 it nothing, so on a long prompt lookup drafts first and the draft model joins where plain
 steps or poor guesses leave it something to save. What reading costs per token, and what a
 draft pass costs, are measured on this machine (`Book`, kept across answers); until then
-the target's own prompt pass stands in for the reading (a draft reads no slower than its
-target); a guesser's first read, with its warm-up, is not measured. A probe of a
+the target's own prompt pass stands in for the reading, scaled by what a draft pass costs
+against a plain one (a draft reads no slower than its target); a guesser's first read,
+with its warm-up, is not measured. A probe of a
 switched-off guesser pays its reading: that is part of asking.
 """
 
@@ -373,12 +374,20 @@ class Book:
     draft_cost: dict[str, float] = field(default_factory=dict)  # seconds per draft pass
     warm: set[str] = field(default_factory=set)  # guessers that have read once
 
-    def catch_up(self, guesser: str, unread: int) -> float:
+    def catch_up(self, guesser: str, unread: int, plain_pass: float | None = None) -> float:
         """Seconds `guesser` would spend reading `unread` tokens before its first guess; 0
-        for a read no longer than a pass's, or while nothing is measured."""
+        for a read no longer than a pass's, or while nothing is measured. Until its reading
+        is measured, the target's prompt pass stands in, scaled by what the guesser's draft
+        pass costs against the target's `plain_pass` (at most 1: a draft reads no slower
+        than its target): a draft whose pass is a third of its target's reads in about a
+        third of the time, and priced as the target it would not read where it pays."""
         if unread < CATCH_UP_TOKENS:
             return 0.0
-        per_token = self.read_cost.get(guesser, self.prefill_cost)
+        per_token = self.read_cost.get(guesser)
+        if per_token is None and self.prefill_cost is not None:
+            draft = self.draft_cost.get(guesser)
+            share = min(1.0, draft / plain_pass) if draft is not None and plain_pass else 1.0
+            per_token = self.prefill_cost * share
         return 0.0 if per_token is None else unread * per_token
 
     def read(self, guesser: str, tokens: int, seconds: float) -> None:
@@ -426,7 +435,9 @@ class Planner:
         """Seconds `drafter` would read before guessing for `guesser` (drafters that read
         nothing of their own need not say: `unread`)."""
         unread = getattr(drafter, "unread", None)
-        return self.book.catch_up(guesser, unread(tokens)) if unread is not None else 0.0
+        if unread is None:
+            return 0.0
+        return self.book.catch_up(guesser, unread(tokens), self.verify_cost.get(0))
 
     def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
         """The next step's plan, drafting at most `limit` tokens, `made` tokens into the
