@@ -38,8 +38,8 @@ steps or poor guesses leave it something to save. What reading costs per token, 
 draft pass costs, are measured on this machine (`Book`, kept across answers); until then
 the target's own prompt pass stands in for the reading, scaled by what a draft pass costs
 against a plain one (a draft reads no slower than its target); a guesser's first read,
-with its warm-up, is not measured. A probe of a
-switched-off guesser pays its reading: that is part of asking.
+with its warm-up, is not measured. A probe of a switched-off guesser pays its reading: that
+is part of asking.
 """
 
 from __future__ import annotations
