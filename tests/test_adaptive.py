@@ -7,8 +7,8 @@ import pytest
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
     FIRST_K, FIRST_STOP, PLAIN, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
-    RISK, Planner, choose_guesser, expected_left, expected_tokens, horizon,
-    marginal_verify_cost, record_pass, saving, verify_curve,
+    Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
+    saving, verify_curve,
 )
 
 
@@ -348,74 +348,6 @@ def test_a_guesser_with_reading_to_do_drafts_only_where_that_is_repaid():
     assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 1.0) == (None, 0)
     assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 3.0)[0] == "model"
     assert choose_guesser(policies, ("model",), 100, {"model": 2.0}) == (None, 0)  # no estimate
-
-
-def test_how_long_an_answer_goes_on_is_read_from_the_answers_that_ran_as_far():
-    assert expected_left([64] * 5, made=2, left=62) == 62
-    assert expected_left([10, 20, 30, 40], made=5, left=100) == 15  # three in four went on for 15+
-    assert expected_left([10, 20, 30, 40], made=5, left=12) == 12  # never past what is wanted
-    assert expected_left([2, 64, 64], made=2, left=62) is None  # two ran this far: nothing known
-    assert expected_left([2, 2, 2, 64, 64, 64], made=1, left=63) == 1  # many end at once
-    assert expected_left([], made=1, left=63) is None
-
-
-def test_a_reading_within_the_risk_is_not_held_back():
-    keen = AdaptiveK(6)
-    feed(keen, 4, 4, draft_s=0.01, verify_s=0.18)
-    step(keen, 0, 0, 0.0, 0.17)
-    policies = {"model": keen}
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 1.0) == (None, 0)
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 1.0,
-                          risk=2.0)[0] == "model"
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 1.0,
-                          risk=1.9) == (None, 0)
-
-
-def first_model_step(book: Book, unread: int, plain: float = 0.06, left: int = 64) -> int | None:
-    """`made` at the first step a draft model with `unread` tokens to read drafts in, after
-    a 0.25 s prompt pass and plain steps of `plain` seconds."""
-    planner = Planner(4, book=book)
-    planner.prefilled(unread, 0.25)
-    reader, made = Reader(unread), 1
-    while made < left:
-        plan = planner.plan(reader, None, left - made - 1, made)
-        if plan.drafter is not None:
-            planner.finished(made)
-            return made
-        planner.observe(plan, 0, 0, 0.0, plain)
-        made += 1
-    planner.finished(made)
-    return None
-
-
-def test_a_short_reading_is_paid_at_once_where_earlier_answers_ran_long():
-    """A 70-token prompt the draft reads at 1.2 ms a token (0.084 s); plain steps of 0.06 s.
-    Without a word of how long answers run, the draft waits until the answer so far would
-    have repaid its reading (the ski-rental rule), some steps in. After three answers of 64
-    tokens, the reading is under RISK of the answer's expected time: the draft starts at
-    the first step after the plain one that measures what it has to beat."""
-    def book() -> Book:
-        return Book(read_cost={"model": 0.0012}, draft_cost={"model": 0.015})
-
-    fresh = book()
-    wait = first_model_step(fresh, 70)
-    assert wait is not None and wait > 2
-    ran = book()
-    ran.answers.extend([64, 64, 64])
-    assert first_model_step(ran, 70) == 2
-    short = book()  # earlier answers ended at once: nothing to win, the wait as before
-    short.answers.extend([4, 4, 4])
-    assert first_model_step(short, 70) == wait
-
-
-def test_a_long_reading_still_waits_to_be_repaid():
-    """A 1,000-token prompt (1.2 s of reading, more than RISK of any answer here): the ski-
-    rental wait, whatever earlier answers say."""
-    ran = Book(read_cost={"model": 0.0012}, draft_cost={"model": 0.015})
-    ran.answers.extend([64, 64, 64])
-    fresh = Book(read_cost={"model": 0.0012}, draft_cost={"model": 0.015})
-    assert 1.2 > RISK * (0.25 + 64 * 0.06)
-    assert first_model_step(ran, 1000) == first_model_step(fresh, 1000)
 
 
 class Reader:

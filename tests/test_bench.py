@@ -260,17 +260,6 @@ def test_llamacpp_measurements_and_ratios(tiny_pair):
     assert "vs llama.cpp, code" in console.file.getvalue()
 
 
-def test_the_warm_up_is_no_answer_the_planner_learns_lengths_from(tiny_pair):
-    """A contestant's generator keeps how long its answers ran (the planner's horizon): the
-    bench's short warm-up is its own choice of length, not one of them."""
-    target, draft = tiny_pair()
-    prompts = [b.BenchPrompt("code-completion", "x"), b.BenchPrompt("prose", "y")]
-    inputs = [torch.tensor([3, 4, 5]), torch.tensor([6, 7])]
-    runner = b.Bench(target, draft, 6, eos_ids=[])
-    b.run_bench(runner, prompts, inputs, [b.contestants()["adaptive"]], warmup_tokens=2)
-    assert list(runner.generators["adaptive"].book.answers) == [6, 6]
-
-
 def test_llamacpp_joins_the_defaults_only_when_installed_for_a_gguf_target():
     everyone = b.contestants()
     assert "llamacpp" not in b.default_names(everyone, quantized=True, with_llama=False)

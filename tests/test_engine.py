@@ -311,18 +311,3 @@ def test_the_generator_measures_reading_and_keeps_it_across_answers(tiny_pair):
     gen.reset()
     gen.generate(prompt, max_new_tokens=8)
     assert gen.book is book and gen.book.read_cost["model"] > 0  # read the prompt again
-
-
-def test_the_generator_keeps_how_long_its_answers_ran(tiny_pair):
-    """Finished answers' lengths go to the book (the next answers' horizon); one whose
-    consumer stopped it part way is not an answer's length."""
-    target, draft = tiny_pair()
-    gen = SpeculativeGenerator(target, draft, 4)
-    prompt = torch.arange(3, 23) % 60
-    gen.generate(prompt, max_new_tokens=6, eos_token_ids=[])
-    gen.generate(prompt, max_new_tokens=9, eos_token_ids=[])
-    assert list(gen.book.answers) == [6, 9]
-    stream = gen.stream(prompt, max_new_tokens=9, eos_token_ids=[])
-    next(stream), next(stream)
-    stream.close()
-    assert list(gen.book.answers) == [6, 9]

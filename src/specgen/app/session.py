@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from specgen.app import skipsets
-from specgen.app.store import RunRecord, load_runs
+from specgen.app.store import RunRecord
 from specgen.core.drafters import check_pair, make_drafter
-from specgen.core.adaptive import RECENT_ANSWERS
 from specgen.core.engine import GenerationResult, SpeculativeGenerator
 from specgen.core.stats import Stats
-from specgen.errors import ConfigError, SpecgenError
+from specgen.errors import ConfigError
 from specgen.loading.load import LoadedPair, load_pair
 from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, with_overrides
 
@@ -64,18 +62,6 @@ class Session:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def recall(self, db_path: Path | None = None) -> None:
-        """Tell the generator how long this profile's recent answers ran, from the run
-        history: `specgen run` is a new process per question, and a fresh generator learns
-        how long answers go on (what starting a draft may win) only over several answers.
-        An unreadable history is the recording's to report."""
-        try:
-            runs = load_runs(db_path, profile=self.profile.name, last=RECENT_ANSWERS)
-        except SpecgenError:
-            return
-        self.generator.book.answers.extend(
-            r["new_tokens"] for r in runs if r["ended"] == "completed" and r["new_tokens"])
 
     def record(self, command: str, stats: Stats, ended: str, prompt: str | None = None) -> RunRecord:
         """The run-history row for one generation of this session."""

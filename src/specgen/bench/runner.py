@@ -354,8 +354,6 @@ def run_bench(bench: Bench, prompts: Sequence[BenchPrompt], inputs: Sequence[Ten
     if warmup_tokens:
         for c in chosen:
             bench.measure(c, inputs[0], warmup_tokens)
-        for gen in bench.generators.values():  # a warm-up's length is the bench's, no answer's
-            gen.book.answers.clear()
     by_name = {c.name: c for c in chosen}
     out = []
     for p, r, name in schedule(len(prompts), [c.name for c in chosen], repeats):

@@ -37,7 +37,6 @@ def chat(**options) -> None:
     from specgen.app import chat as chat_app  # loads torch: after every check of the input
 
     session = load_session(prof)
-    session.recall(options["stats_db"])  # how long answers run here: the planner's horizon
     conversation = chat_app.Chat(session, prof.generation.system_prompt, options["seed"])
     out = make_console(no_color=options["no_color"])
     history = (options["stats_db"], options["record_prompt"])

@@ -50,7 +50,6 @@ def run(
     from specgen.app.answer import answer  # loads torch: after every check of the input
 
     session = load_session(prof)
-    session.recall(options["stats_db"])  # how long answers run here: the planner's horizon
     out = make_console(no_color=options["no_color"])
     as_json = output_format == "json"
     printer = TokenPrinter(out)

@@ -32,9 +32,6 @@ until they are made; nor how long the answer will be. So a guesser with reading 
 asked only once the time it would have saved on the answer so far, at its expected rate,
 pays for the reading (`saving`; the ski-rental rule): an answer that ends sooner never
 pays for it, and one that goes on pays at most twice what starting at once would have.
-That wait is itself a cost where the reading is short and answers run long: once earlier
-answers say how long answers go on (`expected_left`), a reading of at most RISK of this
-answer's expected time is paid at once, a bet the answer can afford to lose.
 Steps that already made tokens faster than it would (prompt lookup copying a passage) save
 it nothing, so on a long prompt lookup drafts first and the draft model joins where plain
 steps or poor guesses leave it something to save. What reading costs per token, and what a
@@ -67,12 +64,6 @@ TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is j
 YIELD_STEPS = 2  # steps after which a guesser is compared with others by its measured yield
 READ_SAMPLE = 32  # a read at least this long measures the seconds per token read
 RECENT_STEPS = 256  # steps whose tokens and seconds say what a catch-up would save
-RECENT_ANSWERS = 32  # answers whose lengths say how long this one may go on
-LEAST_ANSWERS = 3  # fewer answers that ran as far as this one say nothing of its length
-# What a guesser's reading may cost an answer before its guesses are known: a bet of at
-# most 3% of the answer's expected time, the most a slower answer may lose to speculation
-# (docs/benchmarks.md: every prompt at least 0.97x plain decoding).
-RISK = 0.03
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -112,16 +103,6 @@ def horizon(made: int, left: int) -> int:
     that has run for n tokens is as likely as not to run for n more), never more than the
     tokens still wanted."""
     return max(0, min(left, made))
-
-
-def expected_left(lengths: Iterable[int], made: int, left: int, least: int = LEAST_ANSWERS
-                  ) -> int | None:
-    """Tokens this answer goes on for, `made` tokens in, by earlier answers' `lengths`: as
-    many as three in four of those that ran past `made` went on for, never more than the
-    `left` still wanted; None where fewer than `least` ran that far (nothing known). An
-    answer cut at its limit counts as ending there, which can only shorten the estimate."""
-    rest = sorted(min(left, n - made) for n in lengths if n > made)
-    return rest[len(rest) // 4] if len(rest) >= least else None
 
 
 def saving(steps: Iterable[tuple[int, float]], rate: float, tokens: int) -> float:
@@ -177,14 +158,12 @@ class Policy(Protocol):
 
 def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int,
                    catch_up: Mapping[str, float] | None = None,
-                   saved: Callable[[float], float] | None = None, risk: float = 0.0
-                   ) -> tuple[str | None, int]:
+                   saved: Callable[[float], float] | None = None) -> tuple[str | None, int]:
     """Of the `guessers` whose policy drafts this step, the one with the best score (the
     first of equals), with its K; (None, 0) when none drafts: a plain step. A guesser with
     `catch_up` seconds of reading to do first drafts only where `saved(its score)`, the
     seconds it is expected to save, is more (a probe excepted): where other guessers
-    already make tokens about as fast, it has nothing to repay its reading with. A reading
-    of at most `risk` seconds is a bet small enough to lose: it is not held back."""
+    already make tokens about as fast, it has nothing to repay its reading with."""
     best: tuple[str | None, int] = (None, 0)
     best_score = -math.inf
     for guesser in guessers:
@@ -195,8 +174,7 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
         score = policy.score(k)
         seconds = (catch_up or {}).get(guesser, 0.0)
         probe = getattr(policy, "probing", False)
-        if (seconds > max(0.0, risk) and not probe
-                and (saved is None or saved(score) <= seconds)):
+        if seconds > 0.0 and not probe and (saved is None or saved(score) <= seconds):
             continue
         if score > best_score:
             best, best_score = (guesser, k), score
@@ -389,15 +367,12 @@ class Book:
     token a guesser's catch-up reads (`read_cost`, by guesser) and the target's prompt pass
     (`prefill_cost`), and a guesser's seconds per draft pass (`draft_cost`). These are needed
     before a guesser's first draft of an answer, to price what starting it would cost; each
-    answer measures its step costs afresh, since they change with the context's length. And
-    how long answers ran (`answers`), to know what starting may win."""
+    answer measures its step costs afresh, since they change with the context's length."""
 
     read_cost: dict[str, float] = field(default_factory=dict)
     prefill_cost: float | None = None
     draft_cost: dict[str, float] = field(default_factory=dict)  # seconds per draft pass
     warm: set[str] = field(default_factory=set)  # guessers that have read once
-    # Tokens each recent finished answer made: how long the next may go on (expected_left).
-    answers: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_ANSWERS))
 
     def catch_up(self, guesser: str, unread: int, plain_pass: float | None = None) -> float:
         """Seconds `guesser` would spend reading `unread` tokens before its first guess; 0
@@ -442,7 +417,6 @@ class Planner:
         self.k_max, self.adaptive = k_max, adaptive
         self.book = Book() if book is None else book
         self.steps: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS)  # (tokens, seconds)
-        self.elapsed = 0.0  # seconds of this answer so far, its prompt pass included
 
     def _policy(self, guesser: str, drafter: Drafter) -> Policy:
         if guesser not in self.policies:
@@ -456,21 +430,6 @@ class Planner:
     def prefilled(self, tokens: int, seconds: float) -> None:
         """The target's pass over `tokens` prompt tokens took `seconds`."""
         self.book.prefilled(tokens, seconds)
-        self.elapsed += seconds
-
-    def finished(self, made: int) -> None:
-        """The answer ended (not interrupted) after `made` tokens."""
-        self.book.answers.append(made)
-
-    def risk(self, made: int, left: int) -> float:
-        """Seconds of reading that may be paid before it is shown to pay: RISK of the
-        answer's expected time (so far, and plain steps for as long as earlier answers
-        say it goes on); none while they say nothing."""
-        rest = expected_left(self.book.answers, made, left)
-        plain = self.verify_cost.get(0)
-        if rest is None or plain is None:
-            return 0.0
-        return RISK * (self.elapsed + rest * plain)
 
     def catch_up(self, guesser: str, drafter: Drafter, tokens: Tensor) -> float:
         """Seconds `drafter` would read before guessing for `guesser` (drafters that read
@@ -490,8 +449,7 @@ class Planner:
             catch_up = {g: self.catch_up(g, who, tokens) for g, who in offered.items()}
             ahead = horizon(made, limit + 1)
             guesser, k = choose_guesser(self.policies, tuple(offered), limit, catch_up,
-                                        lambda rate: saving(self.steps, rate, ahead),
-                                        self.risk(made, limit + 1))
+                                        lambda rate: saving(self.steps, rate, ahead))
         else:
             guesser, k = choose_guesser(self.policies, tuple(offered), limit)
         if guesser is None:
@@ -505,7 +463,6 @@ class Planner:
         so (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is
         not a draft pass."""
         record_pass(self.verify_cost, k, verify_seconds)
-        self.elapsed += draft_seconds + verify_seconds
         read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:

@@ -209,8 +209,6 @@ class SpeculativeGenerator:
             raise
         finally:
             stats.total_seconds = time.perf_counter() - start
-            if stats.stop_reason != "interrupted":  # an answer's length, for the next answers
-                planner.finished(stats.new_tokens)
 
     def _draft(self, plan: Plan, tokens: Tensor, params: SamplingParams,
                generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
