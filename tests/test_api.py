@@ -19,8 +19,9 @@ needs_kernels = pytest.mark.skipif(linear.library() is None, reason="no C compil
 
 
 def fresh_bf16_pair(tiny_pair):
-    """A bf16 pair of our own: the shared tiny pair is not to be changed in place."""
-    return tuple(deepcopy(m).to(torch.bfloat16) for m in tiny_pair("qwen2"))
+    """A bf16 pair of our own, built afresh: the shared tiny pair is not to be changed in
+    place, and another test may have prepared it (a copy would be prepared too)."""
+    return tuple(m.to(torch.bfloat16) for m in tiny_pair.__wrapped__("qwen2"))
 
 
 def greedy(model, ids, n=40):
