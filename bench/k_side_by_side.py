@@ -7,8 +7,8 @@ One generator per K_max, on the same loaded pair; prompt by prompt, each K once 
 the order reversed on every other repeat. Each generator first answers two short unrecorded
 warm-up prompts (its first reading of a prompt includes warm-up). Greedy; every answer is
 checked equal to the first K's. Prints each prompt's median seconds and target passes per
-K, and the geometric mean of speed against the first K. Per-prompt ratios on a shared 2-core
-VM spread by about ±10% even where both take the same steps: read the geometric mean.
+K, and the geometric mean of speed against the first K. One prompt's ratio is noisy even
+where both K take the same steps (docs/benchmarks.md says how much): read the geometric mean.
 """
 
 from __future__ import annotations
