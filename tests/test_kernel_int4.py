@@ -124,3 +124,39 @@ def test_a_path_the_cpu_lacks_is_refused():
     packed, scales, bias = layer(16, 32)
     with pytest.raises(ValueError, match="no int4-dyn path"):
         int4.linear(torch.ones(1, 32), packed, scales, bias, max(NAMES) + 1)
+
+
+@needs_tiles
+def test_a_drafts_passes_take_the_tiles_from_draft_tile_rows_and_a_targets_never_below_a_prompt():
+    tiles = int4.AMX if BEST == int4.AMX else int4.VNNI_TILES
+    assert int4.path_for(int4.DRAFT_TILE_ROWS - 1, exact=False) == int4.VNNI
+    assert int4.path_for(int4.DRAFT_TILE_ROWS, exact=False) == tiles
+    assert int4.path_for(int4.DRAFT_TILE_ROWS) == int4.path_for(FP32_ROWS) == int4.VNNI
+    assert int4.DRAFT_TILE_ROWS <= MAX_K + 1  # else a draft's catch-ups would never reach them
+
+
+@needs_tiles
+@pytest.mark.parametrize("verifier", [True, False])
+def test_a_quantized_drafts_layers_joined_or_not_compute_wide_passes_on_the_tiles(verifier):
+    """Through the layers as a model holds them (q/k/v joined, o alone): a draft's pass of
+    DRAFT_TILE_ROWS tokens gets the tiles' bits, a target's the one-row bits."""
+    from torch import nn
+
+    from specgen.kernels import quantize
+
+    tiles = int4.AMX if BEST == int4.AMX else int4.VNNI_TILES
+    torch.manual_seed(0)
+    attn = nn.Module()
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        setattr(attn, name, nn.Linear(256, 32, bias=name != "o_proj"))
+    quantize.apply(attn, "int4-dyn", verifier=verifier)
+    assert attn.q_proj.joined is not None and attn.o_proj.joined is None
+    x = torch.randn(int4.DRAFT_TILE_ROWS, 256) * 3
+    want_path = int4.VNNI if verifier else tiles
+    joined = attn.q_proj.joined
+    q_want = int4.linear(x, joined.packed, joined.scales, joined.bias, want_path)[:, :32]
+    o_want = int4.linear(x, attn.o_proj.weight, attn.o_proj.scales, None, want_path)
+    q_rows = int4.linear(x, joined.packed, joined.scales, joined.bias, int4.VNNI)[:, :32]
+    assert not torch.equal(q_want, q_rows) or verifier  # the two paths' bits differ here
+    assert torch.equal(attn.q_proj(x), q_want)
+    assert torch.equal(attn.o_proj(x), o_want)

@@ -197,7 +197,7 @@ def test_int4_dyn_siblings_on_one_input_are_one_kernel_call_with_the_same_result
     joined = quantize.apply(tiny_model(family, hidden=64), "int4-dyn")
     calls = []
     real = int4.linear
-    monkeypatch.setattr(int4, "linear", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    monkeypatch.setattr(int4, "linear", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
     with torch.no_grad():
         logits = joined(ids).logits
     assert len(calls) == 2 * 4 + 1  # two layers, and the head

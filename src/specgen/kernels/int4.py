@@ -12,7 +12,8 @@ blocks at a time (and unpacks each weight block once for up to 4 tokens). Passes
 any verify pass (a prompt) take tile products of 16 rows by 16 tokens, whose sums are added in
 another order: by AMX tiles where the CPU has them, else by AVX512-VNNI registers
 (VNNI_TILES), with the AMX path's bits. A verify pass is never that wide (choices.MAX_K), so
-each of its tokens gets the bits of a one-token pass.
+each of its tokens gets the bits of a one-token pass. A draft's layers need no such bits and
+take the tiles from DRAFT_TILE_ROWS tokens on (its catch-ups).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def library() -> ctypes.CDLL:
 
 AVX2, VNNI, AMX, VNNI_TILES = 0, 1, 2, 3  # the kernel's paths (int4.c)
 WIDE_ROWS = FP32_ROWS  # passes up to this many rows go row by row; wider ones (a prompt) to tiles
+# A draft's rows need no one-token bits (what a draft computes is what q is), so its passes take
+# the tiles from this width on: one tile covers 16 tokens for about the price of a few rows, and
+# a draft's catch-ups (a short prompt, the tokens lookup drafted) are this wide.
+DRAFT_TILE_ROWS = 16
 
 
 @functools.cache
@@ -70,12 +75,13 @@ def paths() -> tuple[int, ...]:
     return (AVX2,) + ((VNNI, VNNI_TILES) if best >= VNNI else ()) + ((AMX,) if best == AMX else ())
 
 
-def path_for(rows: int) -> int:
+def path_for(rows: int, exact: bool = True) -> int:
     """The path a pass over `rows` tokens takes. AVX2 and VNNI give the same bits, and each
-    row's whatever the pass's width; the tile paths add a row's sums in another order, so they
-    take only passes wider than a verify pass can be (choices.MAX_K): a prompt's."""
+    row's whatever the pass's width; the tile paths add a row's sums in another order, so an
+    `exact` layer's (a target's) take only passes wider than a verify pass can be
+    (choices.MAX_K): a prompt's. A draft's (not `exact`) take them from DRAFT_TILE_ROWS."""
     best = best_path()
-    if rows <= WIDE_ROWS:
+    if rows < (WIDE_ROWS + 1 if exact else DRAFT_TILE_ROWS):
         return min(best, VNNI)
     return {AMX: AMX, VNNI: VNNI_TILES}.get(best, AVX2)
 
@@ -112,9 +118,10 @@ def dequantize(packed: Tensor, scales: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
-           path: int | None = None) -> Tensor:
+           path: int | None = None, exact: bool = True) -> Tensor:
     """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, W given by `quantize`,
-    on `path_for(M)` unless `path` names another the CPU has (tests and benches compare them).
+    on `path_for(M, exact)` unless `path` names another the CPU has (tests and benches compare
+    them).
     Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
     if path is not None and path not in paths():
@@ -129,5 +136,5 @@ def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
     lib.int4_linear(x.data_ptr(), packed.data_ptr(), scales.data_ptr(),
                     scales.data_ptr() + scales.nbytes // 2, None if bias is None else bias.data_ptr(),
                     y.data_ptr(), m, k, n, qx.data_ptr(), ex.data_ptr(), ex.data_ptr() + ex.nbytes // 2,
-                    path_for(m) if path is None else path, torch.get_num_threads())
+                    path_for(m, exact) if path is None else path, torch.get_num_threads())
     return y

@@ -138,7 +138,8 @@ class QuantLinear(nn.Module):
     draft token's result need be independent of the others in its pass, and the anchor row
     costs time).
     kind "int4-dyn": `weight` packed int4 uint8 [N, K/32, 16], `scales` float16 [2, N, K/32]
-    (int4.quantize), computed by specgen's kernel: batch-invariant by construction.
+    (int4.quantize), computed by specgen's kernel: batch-invariant by construction up to a
+    verify pass's width; a draft's wider passes take the kernel's tiles sooner (int4.path_for).
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
@@ -198,7 +199,8 @@ class QuantLinear(nn.Module):
             return self.joined.output(self, x)
         if self.kind == "int4-dyn":
             bias = None if self.bias is None else self.bias.float()
-            y = int4.linear(x.reshape(-1, self.in_features).float(), self.weight, self.scales, bias)
+            y = int4.linear(x.reshape(-1, self.in_features).float(), self.weight, self.scales, bias,
+                            exact=self.batch_invariant)
             return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         if self.kind == "int8-dyn":
             # reduce_range (7-bit activations) keeps vpmaddubsw's int16 pair sums from saturating
@@ -280,7 +282,7 @@ class Joined:
         i = self.index[id(layer)]
         if x is not self.input or i not in self.pending:
             y = int4.linear(x.reshape(-1, layer.in_features).float(), self.packed, self.scales,
-                                self.bias)
+                            self.bias, exact=layer.batch_invariant)
             self.pending = dict(enumerate(y.split(self.sizes, dim=-1)))
             self.input = x
         y = self.pending.pop(i)
