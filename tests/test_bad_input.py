@@ -361,7 +361,7 @@ def test_the_gguf_conversion_draws_no_bar_of_its_own():
 
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from specgen.cli.options import _quiet_gguf_progress
+    from specgen.loading.convert import _quiet_gguf_progress
 
     original = gguf_utils.tqdm
     try:  # from the class itself, whether or not a command in this process silenced it already

@@ -16,7 +16,7 @@ ROOT = Path(specgen.__file__).parent
 LAYERS = {
     "errors": 0, "choices": 0, "paths": 0,
     "profiles": 1,
-    "kernels": 2,
+    "kernels": 2, "models": 2,
     "decoding": 3,
     "heads": 3.5,  # on decoding; under core (the head drafters) and loading (a profile's head)
     "core": 4, "loading": 4,

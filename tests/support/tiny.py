@@ -19,7 +19,7 @@ def tiny_model(family: str = "llama", *, vocab: int = 64, hidden: int = 32, laye
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
         eos_token_id=eos, bos_token_id=None, pad_token_id=None,
-        tie_word_embeddings=False, **{"max_position_embeddings": 512, **overrides},
+        **{"max_position_embeddings": 512, "tie_word_embeddings": False, **overrides},
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

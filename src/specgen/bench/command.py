@@ -160,13 +160,14 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
     if request.threads is not None:
         torch.set_num_threads(request.threads)
+    # lean=False: the peer runs transformers' `generate` on these very models
     session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked),
-                           with_head=any(c.needs_head for c in picked))
+                           with_head=any(c.needs_head for c in picked), lean=False)
     reference = None
     if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
         reference = load_session(with_overrides(
             prof, method="prompt-lookup", target_quantization="none",
-            target_dtype="bfloat16")).pair.target
+            target_dtype="bfloat16"), lean=False).pair.target
     gen, spec = prof.generation, prof.speculation
     skip = None
     if any(c.self_drafts for c in picked):  # the pinned, tuned or default set

@@ -145,35 +145,21 @@ def prefetch(prof: Profile) -> None:
     start(prof)
 
 
-def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False) -> Session:
-    """Load the profile's models behind a status line (`peer_draft`, `with_head`: see
-    loading.load_pair)."""
+def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False,
+                 lean: bool = True) -> Session:
+    """Load the profile's models behind a status line (`peer_draft`, `with_head`, `lean`: see
+    loading.load_pair; only `specgen bench` hands its models to transformers' `generate`)."""
     from transformers.utils import logging as hf_logging
 
     from specgen.app.session import open_session  # loads torch
 
     hf_logging.disable_progress_bar()  # our own status line says what is loading
-    _quiet_gguf_progress()
     with err.status("Loading models…") as status:
         session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
-                               with_head=with_head)
+                               with_head=with_head, lean=lean)
     for notice in session.notices:
         err.print(f"[dim]note: {escape(notice)}[/]", highlight=False, soft_wrap=True)
     return session
-
-
-def _quiet_gguf_progress() -> None:
-    """transformers' GGUF reader draws its own tqdm bar (not behind disable_progress_bar)
-    beside our status line: silence it."""
-    import functools
-
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # no gguf package: nothing converts
-        return
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is not None and not isinstance(bar, functools.partial):
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

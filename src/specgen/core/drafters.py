@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 
 from specgen.choices import CATCH_UP_TOKENS, HEAD_KINDS, METHODS, listing
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
@@ -48,6 +47,8 @@ from specgen.errors import ConfigError, ModelError
 from specgen.kernels.quantize import QuantLinear
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from specgen.decoding.llamacpp import LlamaCppDraft
     from specgen.heads.modules import Head
 
@@ -82,7 +83,7 @@ def check_pair(target: PreTrainedModel, draft: PreTrainedModel | LlamaCppDraft) 
     (padded embedding rows, e.g. 151,936 vs 152,064); token ids are compared over the
     shared range. Cross-tokenizer drafting is not supported."""
     v_t = vocab_size(target)
-    if isinstance(draft, PreTrainedModel):
+    if isinstance(draft, torch.nn.Module):
         v_d, eos_d = vocab_size(draft), draft.config.get_text_config().eos_token_id
     else:  # a runtime of its own (llama.cpp) says its vocabulary and EOS itself
         v_d, eos_d = draft.vocab_size, draft.eos_token_id
@@ -208,7 +209,7 @@ class ModelDrafter:
         if not 0 <= head < max(window, 1):
             raise ConfigError(f"The draft window's head must be from 0 to the window less one "
                               f"({window - 1}), got {head!r}.")
-        self.lm = TorchDraft(model, head_rows) if isinstance(model, PreTrainedModel) else model
+        self.lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
         self.confidence = confidence
         self.window, self.head = window, head
         # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`

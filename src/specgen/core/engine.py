@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 
 from specgen import kernels
 from specgen.choices import MAX_K, MIN_K
@@ -29,6 +28,8 @@ from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from specgen.decoding.llamacpp import LlamaCppDraft
 
 
@@ -72,7 +73,7 @@ class SpeculativeGenerator:
             )
         if prepare:  # idempotent: models loaded by specgen are prepared already
             kernels.prepare(target, "target")
-            if isinstance(draft, PreTrainedModel):
+            if isinstance(draft, torch.nn.Module):  # a draft model, not a runtime or drafter
                 kernels.prepare(draft, "draft")
         self.target = target
         if not hasattr(draft, "propose"):  # a draft model (or runtime): it drafts by itself

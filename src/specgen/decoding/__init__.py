@@ -22,15 +22,19 @@ own layers that way, over the target's own cache (core/drafters.py, SelfDrafter)
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
-from transformers import PreTrainedModel
 
 from specgen.decoding.capture import Capture
 from specgen.decoding.cuda import CudaDecoder, on_one_gpu
-from specgen.decoding.hf import HFDecoder
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
+from specgen.errors import ModelError
+
+if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
+    from transformers import PreTrainedModel
+
+    from specgen.decoding.hf import HFDecoder  # noqa: F401 (a lazy attribute, below)
 
 
 class Decoder(Protocol):
@@ -58,4 +62,21 @@ def make_decoder(model: PreTrainedModel, exact: bool = False
     if on_one_gpu(model) and lean_supported(model) and os.environ.get("SPECGEN_CUDA_DECODER") != "0":
         return CudaDecoder(model)
     lean = lean_supported(model) and (attends_by_rows(model) or not exact)
-    return LeanDecoder(model) if lean else HFDecoder(model)
+    if lean:
+        return LeanDecoder(model)
+    if getattr(model, "lean_only", False):  # specgen's own tree has no transformers forward
+        raise ModelError("this model was loaded for the lean decoder, which cannot serve it as "
+                         "an exact target here (its layers do not compute each row alone)")
+    from specgen.decoding.hf import HFDecoder
+
+    return HFDecoder(model)
+
+
+def __getattr__(name: str):
+    """`HFDecoder` on first use: its module imports transformers' cache code, which a model
+    run by the lean decoder never needs."""
+    if name == "HFDecoder":
+        from specgen.decoding.hf import HFDecoder
+
+        return HFDecoder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

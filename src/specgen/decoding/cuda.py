@@ -33,16 +33,19 @@ layers with some skipped over its own cache; the verify pass rewrites every entr
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 from specgen.choices import MAX_K
 from specgen.decoding.capture import Capture
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
+from specgen.models.llama import apply_rotary_pos_emb
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this

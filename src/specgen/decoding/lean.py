@@ -12,21 +12,23 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 from __future__ import annotations
 
 from collections.abc import Collection, Set
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # Qwen2's is the same
 
 from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
+from specgen.models.llama import FAMILIES, apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
 
-LEAN_FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+LEAN_FAMILIES = FAMILIES  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
 
 
 def attends_by_rows(model: PreTrainedModel) -> bool:

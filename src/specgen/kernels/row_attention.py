@@ -66,7 +66,11 @@ def row_mask(batch_size: int, *args, attention_mask: Tensor | None = None, **kwa
 
 
 def use_row_attention(model: nn.Module) -> None:
-    """Switch a transformers model's attention to `row_attention`."""
+    """Switch a transformers model's attention to `row_attention` (specgen's own model tree,
+    which only the lean decoder runs, just records the choice)."""
+    if getattr(model, "lean_only", False):
+        model.set_attn_implementation(NAME)
+        return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

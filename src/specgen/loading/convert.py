@@ -112,9 +112,26 @@ def check_sha256(source: Source, progress: Progress | None = None) -> None:
         source.sha256, source.verified = actual, True
 
 
+def _quiet_gguf_progress() -> None:
+    """transformers' GGUF reader draws its own tqdm bar (not behind disable_progress_bar)
+    beside specgen's status line: silence it. Here, not at start-up: importing the reader
+    costs every run that converts nothing."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no gguf package: from_pretrained says so itself
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None and not isinstance(bar, functools.partial):
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+
 def _dequantised(source: Source, dtype: torch.dtype, trust_remote_code: bool):
     """The GGUF's model dequantised in memory, and its tokenizer."""
     from transformers import AutoModelForCausalLM, GgufConfig
+
+    _quiet_gguf_progress()
 
     model = AutoModelForCausalLM.from_pretrained(
         source.path, gguf_file=source.gguf, dtype=dtype, trust_remote_code=trust_remote_code,

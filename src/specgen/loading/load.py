@@ -11,15 +11,15 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
 from specgen.kernels import cuda_int4, prepare
-from specgen.loading import cache, streamed
+from specgen.loading import cache, mapped
 from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate, locate_gguf, problem_of
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
@@ -27,6 +27,9 @@ from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free
 from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
                                      load_tokenizer, refused_code, say)
 from specgen.profiles import ModelSpec, Profile
+
+if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -129,10 +132,13 @@ def _unpack_gguf(source: Source, spec: ModelSpec, dtype: torch.dtype,
 
 
 def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
-               progress: Progress | None = None, role: str = "target") -> PreTrainedModel:
+               progress: Progress | None = None, role: str = "target", lean: bool = False
+               ) -> PreTrainedModel:
     """Load one located model with its dtype, quantization and device, as the "target"
     (which verifies) or the "draft". A CPU scheme's model is mapped packed from the cache
-    (quantized and stored there the first time); a GGUF is converted first."""
+    (quantized and stored there the first time); a GGUF is converted first. `lean`: the model
+    only ever runs through specgen's decoders, so where it fits it is built on specgen's
+    own tree (loading/mapped.py), without transformers' model code."""
     if spec.quantization in CPU_SCHEMES:
         if device != "cpu":
             raise ResourceError(
@@ -144,7 +150,8 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         say(progress, f"Loading {role} {source.name} in {spec.quantization} on cpu")
         from specgen.loading import packed
 
-        model = packed.load(source.path, dtype, role == "target", spec.trust_remote_code)
+        model = packed.load(source.path, dtype, role == "target", spec.trust_remote_code,
+                            spec.quantization if lean else None)
         return prepare(model, role, spec.quantization).eval()
     _unpack_gguf(source, spec, dtype, progress)
     fetch_weights(source, progress)
@@ -153,6 +160,8 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         cuda_int4.check_device(gpu, dtype)
         say(progress, f"Loading {role} {source.name} in {spec.quantization} on {gpu}")
         config = load_config(source, spec.trust_remote_code)
+        from specgen.loading import streamed
+
         return streamed.load_int4(source.path, config, dtype, gpu, spec.trust_remote_code)
     kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code,
               "device_map": _device_map(device)}
@@ -160,6 +169,15 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         kwargs["quantization_config"] = bnb_config(spec.quantization, dtype)
     what = f" in {spec.quantization}" if spec.quantization != "none" else ""
     say(progress, f"Loading {role} {source.name}{what} on {device}")
+    if lean and source.path is not None:
+        config = load_config(source, spec.trust_remote_code)
+        if mapped.fits(config, role, dtype, spec.quantization, device, spec.trust_remote_code):
+            model = mapped.load(source.path, config, dtype)
+            if model is not None:
+                model.generation_config = mapped.generation_config(source.path, config)
+                return prepare(model, role, "none").eval()
+    from transformers import AutoModelForCausalLM
+
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
@@ -204,6 +222,8 @@ def load_for_training(profile: Profile, progress: Progress | None = None
     _unpack_gguf(source, spec, dtype, progress)
     fetch_weights(source, progress)
     say(progress, f"Loading target {source.name} on {device}")
+    from transformers import AutoModelForCausalLM
+
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
@@ -225,11 +245,13 @@ def load_head(profile: Profile, target: PreTrainedModel, progress: Progress | No
 
 
 def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False,
-              with_head: bool = False) -> LoadedPair:
+              with_head: bool = False, lean: bool = False) -> LoadedPair:
     """Locate, check (tokenizers, memory) and load the profile's target and draft. With
     `peer_draft`, a draft that runs in llama.cpp is also loaded in transformers (as its dtype
     and quantization say), for `specgen bench`'s peer. The profile's draft head is loaded when
-    its method drafts with it, or `with_head` (bench contestants)."""
+    its method drafts with it, or `with_head` (bench contestants). `lean`: the models only run
+    through specgen's decoders (never transformers' forward or `generate`), so they may be
+    built on specgen's own tree (load_model)."""
     start = time.perf_counter()
     base = profile.path.parent if profile.path else None
     roles = [("target", profile.target)]
@@ -296,7 +318,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
 
     key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
     models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
-              else load_model(sources[role], spec, devices[role], dtypes[role], progress, role)
+              else load_model(sources[role], spec, devices[role], dtypes[role], progress, role, lean)
               for role, spec in roles}
     draft_spec = profile.draft if "draft" in models else None
     head = None

@@ -24,10 +24,16 @@ def estimate_bytes(config: PretrainedConfig, dtype: torch.dtype, quantization: s
     the output head; specgen's CPU schemes quantize it too) at the scheme's size, plus a
     margin."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    from specgen.models import llama
+
+    if llama.builds(config) and not trust_remote_code:  # the same parameters, no model code
+        model = llama.CausalLM(config)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     head = None if quantization in CPU_SCHEMES else model.get_output_embeddings()
     quantized = set()
     if quantization != "none":

@@ -8,7 +8,6 @@ a packed copy of their own, so theirs are read by copy and dropped, not mapped."
 from __future__ import annotations
 
 import json
-import mmap
 import struct
 from pathlib import Path
 
@@ -17,14 +16,12 @@ from torch import Tensor, nn
 
 from specgen.errors import ModelError
 from specgen.kernels import quantize
+from specgen.loading import mapped
+from specgen.loading.mapped import ST_NAMES, Reader
 
 WEIGHTS = "model.safetensors"
 LAYERS = "layers.json"  # the quantized layers' table (kernels.quantize.packed_state)
 
-ST_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-             "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-             "F32": torch.float32, "F64": torch.float64}
-ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 
 
 def _other_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -96,39 +93,6 @@ def write_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
                 f.write(item.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
-class _Reader:
-    """A file written by `write_tensors`: its tensors memory-mapped (a private mapping: the
-    file is never written), or read by copy with plain reads for tensors a layer repacks, so
-    that no mapped pages stay resident behind them."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            self.header = json.loads(f.read(n))
-            self.start = 8 + n
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-
-    def __call__(self, key: str, transient: bool = False) -> Tensor:
-        meta = self.header.get(key)
-        if meta is None:
-            raise ModelError(f"{self.path} lacks the tensor {key}: the entry is damaged.")
-        begin, end = meta["data_offsets"]
-        dtype = ST_DTYPES[meta["dtype"]]
-        if end == begin:
-            return torch.empty(meta["shape"], dtype=dtype)
-        if transient:
-            buf = bytearray(end - begin)
-            with self.path.open("rb") as f:
-                f.seek(self.start + begin)
-                f.readinto(buf)
-        else:
-            buf = self.map
-        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-        offset = 0 if transient else self.start + begin
-        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(meta["shape"])
-
-
 def _assign(model: nn.Module, name: str, t: Tensor) -> None:
     parent, _, attr = name.rpartition(".")
     owner = model.get_submodule(parent) if parent else model
@@ -141,18 +105,26 @@ def _assign(model: nn.Module, name: str, t: Tensor) -> None:
                          "the entry was made for another model.")
 
 
-def load(folder: Path, dtype: torch.dtype, verifier: bool, trust_remote_code: bool = False
-         ) -> nn.Module:
+def load(folder: Path, dtype: torch.dtype, verifier: bool, trust_remote_code: bool = False,
+         lean: str | None = None) -> nn.Module:
     """The packed model in `folder`, its tensors mapped from the file onto a skeleton built on
-    the meta device (`verifier`: a target's layers compute each row alone)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    the meta device (`verifier`: a target's layers compute each row alone). `lean`: the
+    model's quantization scheme where the caller runs it with the lean decoder; the skeleton
+    is then specgen's own tree wherever it fits (loading/mapped.py), else transformers'."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype,
-                                                 trust_remote_code=trust_remote_code)
+    if lean and mapped.fits(config, "target" if verifier else "draft", dtype, lean, "cpu",
+                            trust_remote_code):
+        model = mapped.skeleton(config, dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                     trust_remote_code=trust_remote_code)
     table = json.loads((folder / LAYERS).read_text())
-    read = _Reader(folder / WEIGHTS)
+    read = Reader(folder / WEIGHTS)
     quantize.attach(model, table, read, verifier)
     for name in table["tensors"]:
         _assign(model, name, read(name))
@@ -163,8 +135,8 @@ def load(folder: Path, dtype: torch.dtype, verifier: bool, trust_remote_code: bo
     if empty:
         raise ModelError(f"The packed model in {folder} lacks {', '.join(empty[:3])}: delete "
                          "the folder and run again to rebuild it.")
-    if (folder / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(folder)
+    if (folder / "generation_config.json").is_file() or getattr(model, "lean_only", False):
+        model.generation_config = mapped.generation_config(folder, config)
     return model.eval()
 
 

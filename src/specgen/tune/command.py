@@ -132,7 +132,7 @@ def run(request: TuneRequest, load_session: Callable, err: Console) -> TuneResul
         torch.set_num_threads(request.threads)
     start = time.perf_counter()
     deadline = start + 60 * request.minutes
-    session = load_session(prof)
+    session = load_session(prof, lean=False)  # `importance` runs transformers' forward
     target, spec, gen = session.pair.target, prof.speculation, prof.generation
     layers = num_layers(target)
     SpeculativeGenerator(target, SelfDrafter(default_skip(layers)), 1)  # refuses what it cannot run

@@ -1,0 +1,150 @@
+"""specgen's own Llama-family tree (models/llama.py): a checkpoint mapped onto it computes,
+through the lean decoder, transformers' logits to the last bit, and a command that only
+generates never imports transformers' model code."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specgen.decoding import HFDecoder, LeanDecoder, make_decoder
+from specgen.errors import ModelError
+from specgen.kernels import prepare
+from specgen.loading import mapped, packed
+from specgen.models import llama
+
+
+def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
+    """A target's life: the prompt's pass, verify passes, rejected drafts dropped, a cache
+    that grows."""
+    out = [decoder.logits(ids[:7], 1), decoder.logits(ids[7:12], 5), decoder.logits(ids[12:13], 1)]
+    decoder.crop(9)
+    out += [decoder.logits(ids[9:14], 5), decoder.logits(ids[14:300], 3)]
+    decoder.crop(290)
+    out.append(decoder.logits(ids[290:291], 1))
+    return out
+
+
+VARIANTS = {  # config overrides: what the tree must honour
+    "plain": {},
+    "tied": {"tie_word_embeddings": True},
+    "llama3-rope": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64}},
+    "biases": {"attention_bias": True, "mlp_bias": True},
+}
+
+
+def saved(tiny_model, tmp_path, family: str, variant: str, dtype: torch.dtype):
+    overrides = dict(VARIANTS[variant])
+    if variant == "biases" and family == "qwen2":
+        overrides = {}  # Qwen2's q/k/v always have biases, its others never
+    tiny_model(family, vocab=64, hidden=64, layers=2, **overrides).to(dtype).save_pretrained(
+        tmp_path / "m")
+    # The reference is loaded as specgen loads it otherwise (its rotary tables in float32).
+    return AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=dtype), tmp_path / "m"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("quantization", ["float32", "bfloat16", "int8-dyn", "int4-dyn"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@torch.inference_mode()
+def test_a_checkpoint_on_the_tree_gives_transformers_logits_bit_for_bit(
+        family, quantization, variant, tiny_model, tmp_path):
+    if family == "qwen2" and variant == "llama3-rope":
+        pytest.skip("a Llama rope kind")
+    dtype = torch.bfloat16 if quantization == "bfloat16" else torch.float32
+    reference, folder = saved(tiny_model, tmp_path, family, variant, dtype)
+    config = reference.config
+    assert llama.builds(config)
+    tree = mapped.load(folder, config, dtype)
+    assert isinstance(tree, llama.CausalLM) and tree.dtype == dtype
+    if variant == "tied":
+        assert tree.lm_head.weight is tree.model.embed_tokens.weight
+    scheme = quantization if quantization.endswith("-dyn") else "none"
+    for model in (reference, tree):
+        prepare(model, "target", scheme)
+    decoder = make_decoder(tree, exact=True)
+    assert isinstance(decoder, LeanDecoder) and decoder.rows
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(1))
+    for got, want in zip(target_steps(decoder, ids), target_steps(HFDecoder(reference), ids),
+                         strict=True):
+        assert got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
+@torch.inference_mode()
+def test_a_packed_model_maps_onto_the_tree_and_computes_what_transformers_skeleton_does(
+        scheme, tiny_model, tmp_path):
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
+    model.config.save_pretrained(tmp_path)
+    prepare(model, "target", scheme)
+    packed.save(model, tmp_path)
+    tree = packed.load(tmp_path, torch.float32, True, lean=scheme)
+    plain = packed.load(tmp_path, torch.float32, True)
+    assert isinstance(tree, llama.CausalLM) and not isinstance(plain, llama.CausalLM)
+    assert tree.generation_config is not None
+    for m in (tree, plain):
+        prepare(m, "target", scheme)
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(2))
+    for got, want in zip(target_steps(make_decoder(tree, exact=True), ids),
+                         target_steps(make_decoder(plain, exact=True), ids), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_what_the_tree_does_not_compute_keeps_transformers(tiny_model, tmp_path):
+    assert not llama.builds(tiny_model("qwen2", use_sliding_window=True, sliding_window=4).config)
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    assert not llama.builds(tiny_model("llama", rope_parameters=dynamic).config)
+    model, folder = saved(tiny_model, tmp_path, "llama", "plain", torch.float32)
+    assert not mapped.fits(model.config, "target", torch.float16, "none", "cpu", False)
+    assert not mapped.fits(model.config, "target", torch.float32, "int8-wo", "cpu", False)
+    assert not mapped.fits(model.config, "draft", torch.float32, "none", "cpu", True)
+    assert mapped.fits(model.config, "draft", torch.float16, "none", "cpu", False)
+    # A checkpoint that lacks a tensor does not map: the caller loads transformers' class.
+    weights = folder / "model.safetensors"
+    read = mapped.Reader(weights)
+    kept = {n: read(n).clone() for n in read.names() if n != "model.norm.weight"}
+    del read
+    packed.write_tensors(weights, kept)
+    assert mapped.load(folder, model.config, torch.float32) is None
+
+
+def test_a_tree_target_that_cannot_verify_exactly_is_refused_not_run_wrong(tiny_model):
+    config = tiny_model("qwen2").config
+    tree = mapped.skeleton(config, torch.float32)
+    with pytest.raises(ModelError, match="lean decoder"):
+        make_decoder(tree, exact=True)  # unprepared: its layers do not compute rows alone
+    with pytest.raises(TypeError, match="no forward"):
+        tree(torch.zeros(1, 1, dtype=torch.long))
+
+
+def test_run_generates_without_importing_transformers_model_code(tiny_profile, tmp_path):
+    """`specgen run` on a local fp32 pair, in a fresh interpreter: the answer comes, and
+    neither transformers' model code (modeling_utils, a family's modeling module) nor torch's
+    compiler (which initialising modules on the meta device imports) was imported."""
+    code = (
+        "import sys, json\n"
+        "from specgen.cli import app\n"
+        "try:\n"
+        f"    app(['run', '-p', {str(tiny_profile)!r}, '-n', '6', '--format', 'json', 'hello'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "mods = [m for m in sys.modules if m == 'transformers.modeling_utils' or m == 'torch._dynamo'\n"
+        "        or m.startswith('transformers.models.') and '.modeling_' in m and '.auto.' not in m]\n"
+        "print(json.dumps(mods))\n"
+    )
+    src = str(Path(llama.__file__).parents[2])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": src, "OMP_NUM_THREADS": "1",
+           "SPECGEN_STATS_DB": str(tmp_path / "history.sqlite3")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == []
+    assert json.loads(lines[0])["tokens"]  # the answer itself came first
