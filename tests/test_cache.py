@@ -95,6 +95,36 @@ def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, sc
         assert mapped_from(q.weight, packed.WEIGHTS)
 
 
+def test_an_int8_dyn_load_packs_its_layers_on_every_thread_torch_uses(tmp_path, monkeypatch,
+                                                                       tiny_model):
+    """fbgemm packs one layer at a time on one thread: a load spreads the layers over torch's
+    threads, and the model computes what it did."""
+    import threading
+
+    model = quantize.apply(tiny_model("qwen2", hidden=64, layers=4), "int8-dyn")
+    model.config.save_pretrained(tmp_path)
+    packed.save(model, tmp_path)
+    threads, real = set(), quantize.prepack_int8
+
+    def spy(q, scale):
+        threads.add(threading.get_ident())
+        threading.Event().wait(0.02)  # long enough that one thread cannot take every layer
+        return real(q, scale)
+
+    monkeypatch.setattr(quantize, "prepack_int8", spy)
+    previous, engine = torch.get_num_threads(), torch.backends.quantized.engine
+    torch.set_num_threads(2)
+    try:
+        again = packed.load(tmp_path, torch.float32, verifier=True)
+    finally:
+        torch.set_num_threads(previous)
+    assert len(threads) == 2 and threading.get_ident() not in threads
+    assert torch.backends.quantized.engine == engine  # put back as it was
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
+
+
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
 def test_quantized_profile_loads_from_its_cache_without_the_unquantized_weights(
         tmp_path, monkeypatch, scheme, tiny_model, save_tiny, word_tokenizer):

@@ -122,7 +122,7 @@ def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations(tiny_model):
     draft = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", verifier=False)
     x = torch.randn(3, 64)
     head = draft.lm_head
-    assert torch.equal(head(x), torch.ops.quantized.linear_dynamic(x, head.packed, True))
+    assert torch.equal(head(x), torch.ops.quantized.linear_dynamic(x, head.packed[0], True))
     target = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")
     layers = [m for m in target.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.batch_invariant for m in layers)
@@ -229,3 +229,21 @@ def test_a_joined_layer_called_on_another_input_computes_that_input(tiny_model):
     assert torch.equal(k_y, own)
     assert torch.equal(attn.q_proj(x), q_x) and torch.equal(attn.k_proj(x), k_x)
     assert torch.equal(attn.v_proj(x), v_x)
+
+
+@pytest.mark.parametrize("verifier", [True, False])
+def test_an_int8_dyn_weight_packed_in_pieces_gives_the_bits_of_one_call(monkeypatch, verifier):
+    """fbgemm packs a weight of many rows slowly, so a large one is packed in pieces: each
+    output keeps the bits of the whole weight's call, and the pieces store the same weight."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=True)
+    whole = QuantLinear.from_linear(linear, "int8-dyn")
+    monkeypatch.setattr(quantize, "PACK_ROWS", 48)
+    pieces = QuantLinear.from_linear(linear, "int8-dyn")
+    assert len(whole.packed) == 1 and len(pieces.packed) == 5
+    for layer in (whole, pieces):
+        layer.batch_invariant = verifier
+    x = torch.randn(7, 96) * 3
+    assert torch.equal(pieces(x), whole(x))
+    for a, b in zip(pieces.stored(), whole.stored()):
+        assert torch.equal(a, b)

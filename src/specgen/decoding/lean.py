@@ -21,7 +21,7 @@ from torch import Tensor
 
 from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
-from specgen.kernels.quantize import QuantLinear, join_int8_dyn
+from specgen.kernels.quantize import QuantLinear, join_int8_dyn, linear_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
 from specgen.models.llama import FAMILIES, apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
 
@@ -72,7 +72,7 @@ class Projections:
     def __call__(self, x: Tensor) -> list[Tensor]:
         if not self.joined:
             return [layer(x) for layer in self.layers]
-        y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
+        y = linear_int8_dyn(x.float(), self.packed)
         if self.bias is not None:
             y = y + self.bias
         return list(y.to(x.dtype).split(self.sizes, -1))

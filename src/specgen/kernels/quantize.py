@@ -89,11 +89,27 @@ def int4_group_size(in_features: int, out_features: int) -> int | None:
 
 # --- the quantized linear ------------------------------------------------------------------
 
-def prepack_int8(q: Tensor, scale: Tensor):
-    """fbgemm's packed form of a per-row int8 weight (q int8 [N, K], scale [N])."""
+def check_fbgemm() -> None:
     if "fbgemm" not in supported_engines():
         raise ResourceError("int8-dyn needs fbgemm, PyTorch's x86 integer kernels, which this "
                             "CPU or build lacks: use int8-wo instead.")
+
+
+# fbgemm packs a weight of many output rows far slower per row than several weights of fewer
+# (an output head of 150K rows: about three times), so larger weights are packed in pieces.
+PACK_ROWS = 16384
+
+
+def prepack_int8(q: Tensor, scale: Tensor) -> tuple:
+    """fbgemm's packed form of a per-row int8 weight (q int8 [N, K], scale [N]): a tuple of
+    pieces of at most PACK_ROWS rows. fbgemm computes each output from the input's one
+    quantization and its own weight row, so pieces called side by side (`linear_int8_dyn`)
+    give every output the bits of one call."""
+    check_fbgemm()
+    return tuple(_prepack_piece(a, b) for a, b in zip(q.split(PACK_ROWS), scale.split(PACK_ROWS)))
+
+
+def _prepack_piece(q: Tensor, scale: Tensor):
     with warnings.catch_warnings():  # PyTorch marks quantized tensors deprecated; 2.13 has them
         warnings.simplefilter("ignore", UserWarning)
         qw = torch._make_per_channel_quantized_tensor(
@@ -110,9 +126,18 @@ def supported_engines() -> list[str]:
     return torch.backends.quantized.supported_engines
 
 
-def unpack_int8(packed) -> tuple[Tensor, Tensor]:
-    qw, _ = torch.ops.quantized.linear_unpack(packed)
-    return qw.int_repr(), qw.q_per_channel_scales().to(torch.bfloat16)
+def unpack_int8(packed: tuple) -> tuple[Tensor, Tensor]:
+    """The (q, scale) that `prepack_int8` packed."""
+    parts = [torch.ops.quantized.linear_unpack(piece)[0] for piece in packed]
+    return (torch.cat([qw.int_repr() for qw in parts]),
+            torch.cat([qw.q_per_channel_scales() for qw in parts]).to(torch.bfloat16))
+
+
+def linear_int8_dyn(x: Tensor, packed: tuple) -> Tensor:
+    """x [M, K] float32 through fbgemm's dynamic int8 linear (7-bit activations: reduce_range),
+    one call per piece of the packed weight, the outputs side by side."""
+    ys = [torch.ops.quantized.linear_dynamic(x, piece, True) for piece in packed]
+    return ys[0] if len(ys) == 1 else torch.cat(ys, -1)
 
 
 def row_anchor(in_features: int) -> Tensor:
@@ -132,7 +157,8 @@ class QuantLinear(nn.Module):
     kind "int8": `weight` int8 [N, K], `scales` bf16 [N].
     kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
     Both compute in bf16 (the kernels' vectorised path).
-    kind "int8-dyn": fbgemm's packed int8 weight (`packed`; `weight` and `scales` are None),
+    kind "int8-dyn": fbgemm's packed int8 weight (`packed`, in pieces: `prepack_int8`;
+    `weight` and `scales` are None),
     activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
     (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
     draft token's result need be independent of the others in its pass, and the anchor row
@@ -143,14 +169,18 @@ class QuantLinear(nn.Module):
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
-                 weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+                 weight: Tensor | None, scales: Tensor | None, bias: Tensor | None,
+                 prepacked: object | None = None) -> None:
+        """`prepacked`: an int8-dyn layer's fbgemm weight, packed already (`weight` and
+        `scales` then None)."""
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
         self.batch_invariant = True
         self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
         if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
-            self.packed, self.anchor = prepack_int8(weight, scales), row_anchor(in_features)
+            self.packed = prepacked if prepacked is not None else prepack_int8(weight, scales)
+            self.anchor = row_anchor(in_features)
             weight = scales = None
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
@@ -183,10 +213,10 @@ class QuantLinear(nn.Module):
 
     def _dyn(self, x: Tensor) -> Tensor:
         if not self.batch_invariant:
-            return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+            return linear_int8_dyn(x, self.packed)
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
         rows = torch.cat([x / amax, self.anchor])
-        return torch.ops.quantized.linear_dynamic(rows, self.packed, True)[:-1] * amax
+        return linear_int8_dyn(rows, self.packed)[:-1] * amax
 
     def _mm(self, x: Tensor) -> Tensor:
         if self.kind == "int8":
@@ -393,6 +423,31 @@ def packed_state(model: nn.Module) -> tuple[dict[str, Tensor], dict]:
     return tensors, {"format": FORMAT_VERSION, "layers": layers, "joined": groups}
 
 
+def _prepack_all(layers: dict[str, dict], get: Callable) -> dict[str, object]:
+    """fbgemm's packed weight of each int8-dyn row of a layer table, by name. fbgemm packs a
+    layer on one thread, and that packing is most of an int8-dyn model's load, so the layers
+    are packed on as many threads as torch uses (the packing releases the GIL), each weight
+    read by copy and dropped once packed. The engine and the warning filter are set here,
+    once, for all threads (each prepack_int8 then puts back what it found)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dyn = {name: row for name, row in layers.items() if row["kind"] == "int8-dyn"}
+    if not dyn:
+        return {}
+    check_fbgemm()
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        with warnings.catch_warnings(), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            warnings.simplefilter("ignore", UserWarning)
+            packs = {name: pool.submit(lambda row: prepack_int8(get(row["weight"], True),
+                                                                get(row["scales"], True)), row)
+                     for name, row in dyn.items()}
+            return {name: future.result() for name, future in packs.items()}
+    finally:
+        torch.backends.quantized.engine = engine
+
+
 def attach(model: nn.Module, table: dict, tensor: Callable[[str, bool], Tensor],
            verifier: bool = True) -> nn.Module:
     """Put the QuantLinears described by `table` (from `packed_state`) into `model` in place
@@ -402,13 +457,14 @@ def attach(model: nn.Module, table: dict, tensor: Callable[[str, bool], Tensor],
     if table.get("format") != FORMAT_VERSION:
         raise ConfigError(f"packed layers of format {table.get('format')}, expected {FORMAT_VERSION}")
     get = lambda key, transient=False: None if key is None else tensor(key, transient)  # noqa: E731
+    packs = _prepack_all(table["layers"], get)
     for name, row in table["layers"].items():
+        prepacked = packs.pop(name, None)
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        transient = row["kind"] == "int8-dyn"
-        layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"],
-                            get(row["weight"], transient), get(row["scales"], transient),
-                            get(row["bias"]))
+        weight, scales = (None, None) if prepacked is not None else (get(row["weight"]), get(row["scales"]))
+        layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"], weight, scales,
+                            get(row["bias"]), prepacked)
         layer.batch_invariant = verifier
         setattr(owner, attr, layer)
     for group in table["joined"]:
