@@ -148,3 +148,23 @@ def test_run_generates_without_importing_transformers_model_code(tiny_profile, t
     lines = done.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == []
     assert json.loads(lines[0])["tokens"]  # the answer itself came first
+
+
+@pytest.mark.parametrize("scheme", ["none", "int8-dyn", "int4-dyn"])
+def test_a_lean_session_runs_on_the_tree_and_answers_as_transformers_classes_do(
+        scheme, tiny_profile, isolated_cache):
+    """The session `run` opens (lean) builds both models on the tree, float or packed from
+    the cache, and gives the greedy answer of the session the Python API opens (transformers'
+    classes) token for token."""
+    from specgen.app.session import open_session
+    from specgen.profiles import load_profile, with_overrides
+
+    profile = with_overrides(load_profile(str(tiny_profile)), temperature=0.0, max_new_tokens=12,
+                             target_quantization=scheme, draft_quantization=scheme)
+    lean, plain = open_session(profile, lean=True), open_session(profile)
+    for pair, tree in ((lean.pair, True), (plain.pair, False)):
+        assert isinstance(pair.target, llama.CausalLM) is tree
+        assert isinstance(pair.draft, llama.CausalLM) is tree
+    ids = torch.tensor([5, 9, 2, 7, 3])
+    answers = [s.generator.generate(ids, max_new_tokens=12).token_ids for s in (lean, plain)]
+    assert answers[0] == answers[1] and len(answers[0]) == 12
