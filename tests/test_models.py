@@ -117,7 +117,7 @@ def test_what_the_tree_does_not_compute_keeps_transformers(tiny_model, tmp_path)
 
 def test_a_tree_target_that_cannot_verify_exactly_is_refused_not_run_wrong(tiny_model):
     config = tiny_model("qwen2").config
-    tree = mapped.skeleton(config, torch.float32)
+    tree = llama.CausalLM(config, torch.float32)
     with pytest.raises(ModelError, match="lean decoder"):
         make_decoder(tree, exact=True)  # unprepared: its layers do not compute rows alone
     with pytest.raises(TypeError, match="no forward"):

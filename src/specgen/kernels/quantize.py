@@ -96,7 +96,7 @@ def check_fbgemm() -> None:
 
 
 # fbgemm packs a weight of many output rows far slower per row than several weights of fewer
-# (an output head of 150K rows: about three times), so larger weights are packed in pieces.
+# (an output head's: docs/benchmarks.md, start-up), so larger weights are packed in pieces.
 PACK_ROWS = 16384
 
 

@@ -28,7 +28,6 @@ ST_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": tor
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 
 
-
 def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
          trust_remote_code: bool) -> bool:
     """Whether the model can run on the tree: a Llama-family config the tree computes, on the
@@ -42,12 +41,6 @@ def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
 
     return (quantization == "none" and dtype in (torch.float32, torch.bfloat16)
             and linear.library() is not None)
-
-
-def skeleton(config, dtype: torch.dtype) -> llama.CausalLM:
-    """The tree on the meta device, its parameters in `dtype`; the rotary tables real, in
-    float32 as transformers keeps them (a checkpoint does not store them)."""
-    return llama.CausalLM(config, dtype)
 
 
 def generation_config(folder: Path, config):
@@ -76,7 +69,7 @@ def load(folder: Path, config, dtype: torch.dtype) -> llama.CausalLM | None:
     files = weight_files(folder)
     if files is None:
         return None
-    model = skeleton(config, dtype)
+    model = llama.CausalLM(config, dtype)
     wanted = {name for name, p in model.named_parameters(remove_duplicate=False)}
     for path in files:
         read = Reader(path)

@@ -18,6 +18,7 @@ from specgen.errors import ModelError
 from specgen.kernels import quantize
 from specgen.loading import mapped
 from specgen.loading.mapped import ST_NAMES, Reader
+from specgen.models import llama
 
 WEIGHTS = "model.safetensors"
 LAYERS = "layers.json"  # the quantized layers' table (kernels.quantize.packed_state)
@@ -116,7 +117,7 @@ def load(folder: Path, dtype: torch.dtype, verifier: bool, trust_remote_code: bo
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if lean and mapped.fits(config, "target" if verifier else "draft", dtype, lean, "cpu",
                             trust_remote_code):
-        model = mapped.skeleton(config, dtype)
+        model = llama.CausalLM(config, dtype)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -3,7 +3,7 @@ and no forward of its own: the lean decoder (decoding/lean.py) calls its layers 
 
 A packed model or a converted checkpoint is attached to this tree on the meta device
 (loading/packed.py, loading/load.py) when the lean decoder will serve it, so a command that
-only generates never imports transformers' model code (a few seconds of every start). Each
+only generates never imports transformers' model code (a large share of every start). Each
 piece computes what transformers' own does, operation for operation: RMSNorm in float32,
 the rotary angles from the stored or computed inverse frequencies, SiLU; tests/test_models.py
 checks the logits bit for bit against transformers' forward.
@@ -36,12 +36,12 @@ def builds(config) -> bool:
             and not getattr(config, "use_sliding_window", False)
             and not any(kind in rope for kind in MOVING_ROPE)
             and getattr(config, "hidden_act", "silu") == "silu"
-            and not getattr(config, "pretraining_tp", 1) > 1)
+            and getattr(config, "pretraining_tp", 1) <= 1)
 
 
 def empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     """A parameter on the meta device, for a loader to replace: no initialisation (nn.init on
-    a meta tensor imports torch's compiler, a second of every start, for values never used)."""
+    a meta tensor imports torch's compiler at every start, for values never used)."""
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device="meta"), requires_grad=False)
 
 
