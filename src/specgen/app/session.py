@@ -110,9 +110,10 @@ def load(profile: str = DEFAULT_PROFILE, progress: Callable[[str], None] | None 
     """A profile loaded as `specgen run` loads it, ready to generate: the models found,
     verified, converted, checked and prepared for their roles (kernels.prepare), the drafter
     and the generator built. The models are transformers' classes (`run` builds specgen's
-    own tree where it can), so they also serve transformers' own `generate`. `overrides` are those of profiles.with_overrides (temperature,
-    max_new_tokens, num_speculative_tokens, method, device, ...), validated before anything
-    loads; `progress(message)` hears what is loading."""
+    own tree where it can), so they also serve transformers' own `generate`. `overrides`
+    are those of profiles.with_overrides (temperature, max_new_tokens,
+    num_speculative_tokens, method, device, ...), validated before anything loads;
+    `progress(message)` hears what is loading."""
     return open_session(with_overrides(load_profile(profile), where="specgen.load", **overrides),
                         progress)
 

@@ -19,7 +19,9 @@ from torch import Tensor, nn
 from specgen.kernels import build
 
 STEM = "rows"
-NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "RMSNorm")  # the last specgen.models.llama's; weight * x / sqrt(mean(x^2) + eps), in float32
+# weight * x / sqrt(mean(x^2) + eps), in float32: transformers' Llama and Qwen2 norms, and
+# specgen.models.llama's
+NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "RMSNorm")
 
 def declare(lib: ctypes.CDLL) -> None:
     p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64

@@ -169,7 +169,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
         kwargs["quantization_config"] = bnb_config(spec.quantization, dtype)
     what = f" in {spec.quantization}" if spec.quantization != "none" else ""
     say(progress, f"Loading {role} {source.name}{what} on {device}")
-    if lean and source.path is not None:
+    if lean:
         config = load_config(source, spec.trust_remote_code)
         if mapped.fits(config, role, dtype, spec.quantization, device, spec.trust_remote_code):
             model = mapped.load(source.path, config, dtype)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from specgen.choices import DYNAMIC_SCHEMES
 from specgen.errors import ModelError
+from specgen.kernels import linear
 from specgen.models import llama
 
 INDEX = "model.safetensors.index.json"
@@ -37,8 +38,6 @@ def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
         return False
     if role == "draft" or quantization in DYNAMIC_SCHEMES:
         return True
-    from specgen.kernels import linear
-
     return (quantization == "none" and dtype in (torch.float32, torch.bfloat16)
             and linear.library() is not None)
 
