@@ -16,7 +16,7 @@ from specgen.decoding import HFDecoder, LeanDecoder, make_decoder
 from specgen.errors import ModelError
 from specgen.kernels import prepare
 from specgen.loading import mapped, packed
-from specgen.models import llama
+from specgen.models import config as config_values, llama
 
 
 def target_steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -61,7 +61,7 @@ def test_a_checkpoint_on_the_tree_gives_transformers_logits_bit_for_bit(
     dtype = torch.bfloat16 if quantization == "bfloat16" else torch.float32
     reference, folder = saved(tiny_model, tmp_path, family, variant, dtype)
     config = reference.config
-    assert llama.builds(config)
+    assert config_values.builds(config)
     tree = mapped.load(folder, config, dtype)
     assert isinstance(tree, llama.CausalLM) and tree.dtype == dtype
     if variant == "tied":
@@ -97,10 +97,52 @@ def test_a_packed_model_maps_onto_the_tree_and_computes_what_transformers_skelet
         assert torch.equal(got, want)
 
 
+READ = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
+        "tie_word_embeddings", "hidden_act", "rope_parameters", "pad_token_id", "eos_token_id",
+        "bos_token_id", "head_dim", "attention_bias", "mlp_bias", "use_sliding_window", "pretraining_tp")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_config_transformers_saved_reads_as_plain_values_equal_to_its_own(family, variant, tiny_model,
+                                                                               tmp_path):
+    """A config read without transformers (models/config.py) answers every attribute specgen
+    reads as transformers' config does, and the tree built from it is the same; a config it
+    cannot vouch for (moving rotary angles, a missing value, remote code) is left to
+    transformers."""
+    from transformers import AutoConfig, GenerationConfig
+
+    if family == "qwen2" and variant == "llama3-rope":
+        pytest.skip("a Llama rope kind")
+    reference, folder = saved(tiny_model, tmp_path, family, variant, torch.float32)
+    want = AutoConfig.from_pretrained(folder)
+    got = config_values.read(folder)
+    if variant == "llama3-rope":
+        assert got is None
+        return
+    for attr in READ:
+        assert getattr(got, attr, None) == getattr(want, attr, None), attr
+    trees = [llama.CausalLM(c) for c in (got, want)]
+    assert [(n, p.shape) for n, p in trees[0].named_parameters()] == [
+        (n, p.shape) for n, p in trees[1].named_parameters()]
+    assert torch.equal(trees[0].model.rotary_emb.inv_freq, trees[1].model.rotary_emb.inv_freq)
+    settings = mapped.generation_config(folder, got)
+    assert settings.eos_token_id == GenerationConfig.from_pretrained(folder).eos_token_id
+    (folder / "generation_config.json").unlink(missing_ok=True)  # then the config's own
+    assert mapped.generation_config(folder, got).eos_token_id == GenerationConfig.from_model_config(
+        want).eos_token_id
+    values = json.loads((folder / "config.json").read_text())
+    for change in ({"rms_norm_eps": None}, {"auto_map": {"AutoConfig": "x.Y"}}, {"model_type": "gpt2"}):
+        edited = {**values, **change}
+        (folder / "config.json").write_text(json.dumps({k: v for k, v in edited.items() if v is not None}))
+        assert config_values.read(folder) is None, change
+
+
 def test_what_the_tree_does_not_compute_keeps_transformers(tiny_model, tmp_path):
-    assert not llama.builds(tiny_model("qwen2", use_sliding_window=True, sliding_window=4).config)
+    assert not config_values.builds(tiny_model("qwen2", use_sliding_window=True, sliding_window=4).config)
     dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
-    assert not llama.builds(tiny_model("llama", rope_parameters=dynamic).config)
+    assert not config_values.builds(tiny_model("llama", rope_parameters=dynamic).config)
     model, folder = saved(tiny_model, tmp_path, "llama", "plain", torch.float32)
     assert not mapped.fits(model.config, "target", torch.float16, "none", "cpu", False)
     assert not mapped.fits(model.config, "target", torch.float32, "int8-wo", "cpu", False)
@@ -124,30 +166,41 @@ def test_a_tree_target_that_cannot_verify_exactly_is_refused_not_run_wrong(tiny_
         tree(torch.zeros(1, 1, dtype=torch.long))
 
 
-def test_run_generates_without_importing_transformers_model_code(tiny_profile, tmp_path):
-    """`specgen run` on a local fp32 pair, in a fresh interpreter: the answer comes, and
-    neither transformers' model code (modeling_utils, a family's modeling module) nor torch's
-    compiler (which initialising modules on the meta device imports) was imported."""
+def test_run_generates_without_importing_transformers(tiny_profile, tmp_path):
+    """`specgen run` on a fp32 pair held in specgen's cache, in a fresh interpreter: the first
+    run keeps the tokenizer's copy (transformers loads it once); on the next the answer comes
+    and neither transformers (config, tokenizer, model code) nor torch's compiler (which
+    initialising modules on the meta device imports) was imported."""
+    import shutil
+
+    cache = tmp_path / "cache"
+    for name in ("target", "draft"):
+        shutil.copytree(tiny_profile.parent / name, cache / "models" / name)
+    profile = tmp_path / "cached.toml"
+    profile.write_text(tiny_profile.read_text().replace(str(tiny_profile.parent), str(cache / "models")))
     code = (
         "import sys, json\n"
         "from specgen.cli import app\n"
         "try:\n"
-        f"    app(['run', '-p', {str(tiny_profile)!r}, '-n', '6', '--format', 'json', 'hello'])\n"
+        f"    app(['run', '-p', {str(profile)!r}, '-n', '6', '--format', 'json', 'hello'])\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n"
-        "mods = [m for m in sys.modules if m == 'transformers.modeling_utils' or m == 'torch._dynamo'\n"
-        "        or m.startswith('transformers.models.') and '.modeling_' in m and '.auto.' not in m]\n"
+        "mods = [m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'torch._dynamo']\n"
         "print(json.dumps(mods))\n"
     )
     src = str(Path(llama.__file__).parents[2])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": src, "OMP_NUM_THREADS": "1",
-           "SPECGEN_STATS_DB": str(tmp_path / "history.sqlite3")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
-    assert json.loads(lines[-1]) == []
-    assert json.loads(lines[0])["tokens"]  # the answer itself came first
+           "SPECGEN_STATS_DB": str(tmp_path / "history.sqlite3"), "SPECGEN_CACHE_DIR": str(cache)}
+    answers, imported = [], []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = done.stdout.strip().splitlines()
+        answers.append(json.loads(lines[0])["tokens"])
+        imported.append(json.loads(lines[-1]))
+    assert "transformers" in imported[0]  # the first run compared the tokenizer's copy
+    assert imported[1] == [] and answers[1] == answers[0] and answers[0]
 
 
 @pytest.mark.parametrize("scheme", ["none", "int8-dyn", "int4-dyn"])

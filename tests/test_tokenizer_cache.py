@@ -122,3 +122,63 @@ def test_a_damaged_copy_is_made_again():
     same(slow, load_tokenizer(Source("tiny", folder)))  # the slow way, and the copy made again
     assert cache.check(copy) is None
     same(slow, tokenizer_cache.load(folder))
+
+
+CONVERSATIONS = [[{"role": "user", "content": TEXTS[0]}],
+                 [{"role": "system", "content": TEXTS[2]}, {"role": "user", "content": TEXTS[3]},
+                  {"role": "assistant", "content": TEXTS[1]}, {"role": "user", "content": TEXTS[4]}]]
+
+
+def test_a_lean_load_is_a_plain_tokenizer_that_answers_as_transformers_does(monkeypatch):
+    """A command that only generates gets a PlainTokenizer (no transformers import) from a kept
+    copy, and it encodes, decodes and renders the chat template as transformers' tokenizer,
+    on texts and conversations other than those compared when the copy was kept."""
+    from transformers import AutoTokenizer
+
+    from specgen.loading.plain_tokenizer import PlainTokenizer
+
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    slow = load_tokenizer(Source("tiny", folder))
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("slow load"))
+    plain = load_tokenizer(Source("tiny", folder), lean=True)
+    assert type(plain) is PlainTokenizer and plain.name_or_path == str(folder)
+    assert (plain.eos_token, plain.bos_token, plain.unk_token, plain.pad_token, plain.eos_token_id) == (
+        slow.eos_token, slow.bos_token, slow.unk_token, slow.pad_token, slow.eos_token_id)
+    assert plain.get_vocab() == slow.get_vocab() and plain.chat_template == slow.chat_template
+    for text in [*TEXTS, "tin tin\tin", "", " \u00a0x"]:
+        for special in (True, False):
+            ids = slow(text, add_special_tokens=special)["input_ids"]
+            assert plain(text, add_special_tokens=special)["input_ids"] == ids
+            for skip in (True, False):
+                assert plain.decode(ids, skip_special_tokens=skip) == slow.decode(ids, skip_special_tokens=skip)
+    for messages in CONVERSATIONS:
+        for prompt in (True, False):
+            assert plain.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False) == \
+                slow.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+    assert plain.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True) == \
+        slow.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert type(load_tokenizer(Source("tiny", folder))).__name__ == "TokenizersBackend"  # not lean
+
+
+def test_a_plain_tokenizer_that_would_answer_otherwise_is_never_used(monkeypatch):
+    """Where the plain tokenizer differs from transformers' in anything compared (here its
+    decoding), the copy is kept without it and a lean load gets transformers' tokenizer."""
+    from specgen.loading.plain_tokenizer import PlainTokenizer
+
+    monkeypatch.setattr(PlainTokenizer, "decode", lambda self, ids, skip_special_tokens=False: "")
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    load_tokenizer(Source("tiny", folder))
+    manifest = cache.read_manifest(tokenizer_cache.entry_dir(tokenizer_cache.key(folder)))
+    assert manifest["same"] and not manifest["plain"] and "decoding" in manifest["plain_problem"]
+    assert type(load_tokenizer(Source("tiny", folder), lean=True)).__name__ == "TokenizersBackend"
+
+
+def test_a_template_with_transformers_own_tags_keeps_transformers_tokenizer():
+    from transformers import AutoTokenizer
+
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    tok.save_pretrained(folder)
+    load_tokenizer(Source("tiny", folder))
+    assert type(load_tokenizer(Source("tiny", folder), lean=True)).__name__ != "PlainTokenizer"

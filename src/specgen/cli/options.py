@@ -149,11 +149,7 @@ def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = Fals
                  lean: bool = True) -> Session:
     """Load the profile's models behind a status line (`peer_draft`, `with_head`, `lean`: see
     loading.load_pair; only `specgen bench` hands its models to transformers' `generate`)."""
-    from transformers.utils import logging as hf_logging
-
     from specgen.app.session import open_session  # loads torch
-
-    hf_logging.disable_progress_bar()  # our own status line says what is loading
     with err.status("Loading models…") as status:
         session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
                                with_head=with_head, lean=lean)

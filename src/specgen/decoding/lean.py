@@ -23,7 +23,8 @@ from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn, linear_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
-from specgen.models.llama import FAMILIES, apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
+from specgen.models.config import FAMILIES
+from specgen.models.llama import apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

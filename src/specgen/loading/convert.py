@@ -15,7 +15,7 @@ from specgen.choices import CPU_SCHEMES
 from specgen.errors import ModelError
 from specgen.loading import cache, demo
 from specgen.loading.devices import dtype_name
-from specgen.loading.sources import (Progress, Source, fetch_weights, find, is_gguf,
+from specgen.loading.sources import (Progress, Source, auto_model, fetch_weights, find, is_gguf,
                                      load_tokenizer, say)
 from specgen.profiles import ModelSpec
 
@@ -129,11 +129,11 @@ def _quiet_gguf_progress() -> None:
 
 def _dequantised(source: Source, dtype: torch.dtype, trust_remote_code: bool):
     """The GGUF's model dequantised in memory, and its tokenizer."""
-    from transformers import AutoModelForCausalLM, GgufConfig
+    from transformers import GgufConfig
 
     _quiet_gguf_progress()
 
-    model = AutoModelForCausalLM.from_pretrained(
+    model = auto_model().from_pretrained(
         source.path, gguf_file=source.gguf, dtype=dtype, trust_remote_code=trust_remote_code,
         quantization_config=GgufConfig(dequantize=True))
     tokenizer = load_tokenizer(source, trust_remote_code)
@@ -165,8 +165,6 @@ def ensure_packed(source: Source, spec: ModelSpec, dtype: torch.dtype,
     """The packed model of `source` for the entry's CPU scheme, quantized and stored the
     first time (from a converted copy of this dtype when one is cached, else from the GGUF
     or the model's folder): the cache entry's folder."""
-    from transformers import AutoModelForCausalLM
-
     from specgen.kernels import quantize
     from specgen.loading import packed
 
@@ -191,7 +189,7 @@ def ensure_packed(source: Source, spec: ModelSpec, dtype: torch.dtype,
         model, tokenizer = _dequantised(source, dtype, spec.trust_remote_code)
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model = auto_model().from_pretrained(
                 folder.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                 device_map={"": "cpu"})
         except (OSError, ValueError) as e:

@@ -24,8 +24,8 @@ from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate,
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
-                                     load_tokenizer, refused_code, say)
+from specgen.loading.sources import (Progress, Source, auto_model, fetch_weights, find_head,
+                                     load_config, load_tokenizer, refused_code, say)
 from specgen.profiles import ModelSpec, Profile
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
@@ -170,16 +170,14 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     what = f" in {spec.quantization}" if spec.quantization != "none" else ""
     say(progress, f"Loading {role} {source.name}{what} on {device}")
     if lean:
-        config = load_config(source, spec.trust_remote_code)
+        config = load_config(source, spec.trust_remote_code, lean)
         if mapped.fits(config, role, dtype, spec.quantization, device, spec.trust_remote_code):
             model = mapped.load(source.path, config, dtype)
             if model is not None:
                 model.generation_config = mapped.generation_config(source.path, config)
                 return prepare(model, role, "none").eval()
-    from transformers import AutoModelForCausalLM
-
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        model = auto_model().from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise refused_code(source.name, e) or ModelError(f"Cannot load {source.name}: {e}") from None
     return prepare(model, role, "none").eval()
@@ -222,10 +220,8 @@ def load_for_training(profile: Profile, progress: Progress | None = None
     _unpack_gguf(source, spec, dtype, progress)
     fetch_weights(source, progress)
     say(progress, f"Loading target {source.name} on {device}")
-    from transformers import AutoModelForCausalLM
-
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_model().from_pretrained(
             source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
             device_map=_device_map(device))
     except (OSError, ValueError) as e:
@@ -287,7 +283,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
             tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
         else:
-            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code)
+            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code, lean)
     if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
@@ -299,7 +295,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             needs.append((f"draft {sources[role].name}", "cpu", n))
             loads.append((n, n))
             continue
-        config = load_config(sources[role], spec.trust_remote_code)
+        config = load_config(sources[role], spec.trust_remote_code, lean)
         n = estimate_bytes(config, dtypes[role], spec.quantization, spec.trust_remote_code)
         needs.append((f"{role} {sources[role].name}", devices[role], n))
         if spec.quantization in CPU_SCHEMES and not sources[role].packed:  # quantized here first

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from specgen.choices import DYNAMIC_SCHEMES
 from specgen.errors import ModelError
 from specgen.kernels import linear
-from specgen.models import llama
+from specgen.models import config as config_values, llama
 
 INDEX = "model.safetensors.index.json"
 
@@ -34,7 +34,7 @@ def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
     """Whether the model can run on the tree: a Llama-family config the tree computes, on the
     CPU, and for a target a form whose every layer computes each row alone (the lean decoder
     serves a target only then: kernels.prepare, decoding.make_decoder)."""
-    if trust_remote_code or device != "cpu" or not llama.builds(config):
+    if trust_remote_code or device != "cpu" or not config_values.builds(config):
         return False
     if role == "draft" or quantization in DYNAMIC_SCHEMES:
         return True
@@ -44,7 +44,9 @@ def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
 
 def generation_config(folder: Path, config):
     """The checkpoint's generation settings, or those its config implies (as transformers
-    gives a model loaded without them)."""
+    gives a model loaded without them): as plain values for a config read as plain values."""
+    if isinstance(config, config_values.Config):
+        return config_values.generation_settings(folder, config)
     from transformers import GenerationConfig
 
     if (folder / "generation_config.json").is_file():

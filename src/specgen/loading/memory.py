@@ -25,9 +25,9 @@ def estimate_bytes(config: PretrainedConfig, dtype: torch.dtype, quantization: s
     margin."""
     import torch
 
-    from specgen.models import llama
+    from specgen.models import config as config_values, llama
 
-    if llama.builds(config) and not trust_remote_code:  # the same parameters, no model code
+    if config_values.builds(config) and not trust_remote_code:  # the same parameters, no model code
         model = llama.CausalLM(config)
     else:
         from transformers import AutoModelForCausalLM

@@ -18,7 +18,7 @@ from specgen.errors import ModelError
 from specgen.kernels import quantize
 from specgen.loading import mapped
 from specgen.loading.mapped import ST_NAMES, Reader
-from specgen.models import llama
+from specgen.models import config as config_values, llama
 
 WEIGHTS = "model.safetensors"
 LAYERS = "layers.json"  # the quantized layers' table (kernels.quantize.packed_state)
@@ -112,11 +112,13 @@ def load(folder: Path, dtype: torch.dtype, verifier: bool, trust_remote_code: bo
     the meta device (`verifier`: a target's layers compute each row alone). `lean`: the
     model's quantization scheme where the caller runs it with the lean decoder; the skeleton
     is then specgen's own tree wherever it fits (loading/mapped.py), else transformers'."""
-    from transformers import AutoConfig
+    role = "target" if verifier else "draft"
+    config = config_values.read(folder) if lean and not trust_remote_code else None
+    if config is None or not mapped.fits(config, role, dtype, lean, "cpu", trust_remote_code):
+        from transformers import AutoConfig  # a plain config only ever builds the tree
 
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    if lean and mapped.fits(config, "target" if verifier else "draft", dtype, lean, "cpu",
-                            trust_remote_code):
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if lean and mapped.fits(config, role, dtype, lean, "cpu", trust_remote_code):
         model = llama.CausalLM(config, dtype)
     else:
         from transformers import AutoModelForCausalLM

@@ -8,13 +8,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from specgen.errors import ModelError
 from specgen.loading import demo, tokenizer_cache
+from specgen.loading.plain_tokenizer import PlainTokenizer
+from specgen.models import config as config_values
 from specgen.paths import cache_dir, heads_dir
 from specgen.profiles import ModelSpec
+
+if TYPE_CHECKING:  # imported where a config or tokenizer needs transformers (not `lean`)
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 Progress = Callable[[str], None]
 # Files a hub model needs besides its weights (no .bin/.pth/.gguf: only safetensors load).
@@ -189,23 +193,47 @@ def refused_code(name: str, e: Exception) -> ModelError | None:
         "[target] or [draft] table naming this model.")
 
 
-def load_config(source: Source, trust_remote_code: bool = False) -> PretrainedConfig:
+def load_config(source: Source, trust_remote_code: bool = False, lean: bool = False
+                ) -> PretrainedConfig | config_values.Config:
+    """The model's config. `lean`: as plain values where the config states all specgen reads
+    (models/config.py: no transformers import), else transformers' config object."""
+    if lean and not source.gguf and not trust_remote_code:
+        plain = config_values.read(source.path)
+        if plain is not None:
+            return plain
+    from transformers import AutoConfig
+
     return _from_pretrained(AutoConfig, source, trust_remote_code, "read the configuration")
 
 
-def load_tokenizer(source: Source, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+def load_tokenizer(source: Source, trust_remote_code: bool = False, lean: bool = False
+                   ) -> PreTrainedTokenizerBase | PlainTokenizer:
     """The model's tokenizer: from its fast copy when one was kept (tokenizer_cache.py: the
     same tokenizer, loaded in a fraction of the time), else as transformers loads it, keeping
-    a fast copy for the next run. A GGUF's, or one with the model's own code, loads as it is."""
+    a fast copy for the next run. A GGUF's, or one with the model's own code, loads as it is.
+    `lean`: a PlainTokenizer (no transformers import) where the copy was found to answer the
+    same."""
     copies = not source.gguf and not trust_remote_code and tokenizer_cache.eligible(source.path)
     if copies:
-        tok = tokenizer_cache.load(source.path)
+        tok = tokenizer_cache.load(source.path, plain=lean)
         if tok is not None:
             return tok
+    from transformers import AutoTokenizer
+
     tok = _from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
     if copies:
         tokenizer_cache.store(source.path, tok)
     return tok
+
+
+def auto_model():
+    """transformers' AutoModelForCausalLM with its progress bars off (specgen's status line
+    says what is loading): imported only where a model loads through transformers."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM
 
 
 def _from_pretrained(auto, source: Source, trust_remote_code: bool, what: str):

@@ -24,9 +24,10 @@ import json
 from pathlib import Path
 
 from specgen.loading import cache
+from specgen.loading.plain_tokenizer import SETTINGS, PlainTokenizer, settings_of
 from specgen.paths import cache_dir
 
-FORMAT = 1
+FORMAT = 2  # 2: the plain tokenizer's settings and verdict
 FOLDER = "tokenizers"
 # Files AutoTokenizer reads to build a tokenizer (chat templates: any file named chat_template*,
 # and the additional_chat_templates folder).
@@ -60,12 +61,11 @@ def eligible(path: Path) -> bool:
 
 def key(folder: Path) -> str | None:
     """The entry name for the tokenizer in `folder` (None when it has no tokenizer.json)."""
-    import tokenizers
-    import transformers
+    from importlib.metadata import version  # not transformers.__version__: no import
 
     if not (folder / "tokenizer.json").is_file():
         return None
-    h = hashlib.sha256(f"v{FORMAT}|{transformers.__version__}|{tokenizers.__version__}".encode())
+    h = hashlib.sha256(f"v{FORMAT}|{version('transformers')}|{version('tokenizers')}".encode())
     names = sorted({*(n for n in FILES if (folder / n).is_file()),
                     *(p.name for p in folder.glob("chat_template*") if p.is_file()),
                     *(f"additional_chat_templates/{p.name}"
@@ -86,8 +86,9 @@ def entry_dir(name: str) -> Path:
     return cache_dir() / FOLDER / name
 
 
-def load(folder: Path):
-    """The fast copy of the tokenizer in `folder`, or None (no copy yet, or it was refused)."""
+def load(folder: Path, plain: bool = False):
+    """The fast copy of the tokenizer in `folder`, or None (no copy yet, or it was refused).
+    `plain`: a PlainTokenizer where the copy's manifest says it answers the same."""
     name = key(folder)
     if name is None:
         return None
@@ -96,6 +97,8 @@ def load(folder: Path):
     if not cache.is_current(manifest) or not manifest.get("same") or cache.check(entry) is not None:
         return None  # a damaged copy is made again by the slow load's `store`
     try:
+        if plain and manifest.get("plain"):
+            return _load_plain(entry, folder)
         tok = _load_generic(entry)
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -114,14 +117,24 @@ def store(folder: Path, tok) -> bool:
     try:
         with cache.building(entry_dir(name)) as tmp:
             problem = _save(tok, tmp)
+            plain = _save_plain(tok, tmp) if problem is None else problem
             if problem is not None:
                 for child in tmp.iterdir():
                     cache.remove(child)
             cache.finish(tmp, kind="tokenizer", same=problem is None, problem=problem,
-                         source=str(folder))
+                         plain=plain is None, plain_problem=plain, source=str(folder))
         return problem is None
     except (OSError, ValueError, TypeError, RuntimeError):
         return False
+
+
+def _load_plain(entry: Path, folder: Path) -> PlainTokenizer | None:
+    try:
+        tok = PlainTokenizer(entry)
+    except Exception:  # the tokenizers library raises a bare Exception on a file it cannot read
+        return None
+    tok.name_or_path = str(folder)
+    return tok
 
 
 def _load_generic(folder: Path):
@@ -184,3 +197,53 @@ def difference(slow, fast) -> str | None:
             return "the chat template renders differently"
     return None
 
+
+
+def _save_plain(tok, folder: Path) -> str | None:
+    """Record what a PlainTokenizer needs beside the copy in `folder`; None when it answers as
+    `tok` does, else what differs (and the record is removed)."""
+    settings = settings_of(tok)
+    if settings is None:
+        return "transformers' tokenizer does more than a plain one"
+    (folder / SETTINGS).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    try:
+        problem = plain_difference(tok, PlainTokenizer(folder))
+    except Exception as e:  # a template jinja2 cannot compile here, a backend it cannot read
+        problem = f"the plain tokenizer fails: {e}"
+    if problem is not None:
+        (folder / SETTINGS).unlink()
+    return problem
+
+
+def plain_difference(tok, plain: PlainTokenizer) -> str | None:
+    """What a PlainTokenizer answers differently from transformers' `tok` (None when nothing)."""
+    if plain.get_vocab() != tok.get_vocab():
+        return "the vocabularies differ"
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token", "eos_token_id"):
+        if getattr(plain, attr) != getattr(tok, attr, None):
+            return f"{attr} differs"
+    for text in PROBES:
+        for special in (True, False):
+            ids = tok(text, add_special_tokens=special)["input_ids"]
+            if plain(text, add_special_tokens=special)["input_ids"] != ids:
+                return "an encoding differs"
+            for skip in (False, True):
+                if plain.decode(ids, skip_special_tokens=skip) != tok.decode(ids, skip_special_tokens=skip):
+                    return "a decoding differs"
+    if tok.chat_template is None:
+        return None
+    turns = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
+             {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
+    for messages in (turns[1:2], turns[:2], turns[1:], turns):
+        for prompt in (True, False):
+            try:
+                want = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+            except Exception as e:  # a template that refuses these roles must refuse them here too
+                want = type(e).__name__
+            try:
+                got = plain.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+            except Exception as e:
+                got = type(e).__name__
+            if got != want:
+                return "the chat template renders differently"
+    return None

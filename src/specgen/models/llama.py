@@ -18,25 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-FAMILIES = ("llama", "qwen2")  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
-# Rotary kinds whose angles transformers changes during a forward (dynamic_rope_update): the
-# tree computes fixed angles only, so models with these keep transformers' classes.
-MOVING_ROPE = ("dynamic", "longrope")
-
-
-def rope_parameters(config) -> dict:
-    params = getattr(config, "rope_parameters", None) or {}
-    return {"rope_type": "default", **params}
-
-
-def builds(config) -> bool:
-    """Whether this tree computes `config`'s model as transformers does."""
-    rope = rope_parameters(config)["rope_type"]
-    return (config.model_type in FAMILIES and config.get_text_config() is config
-            and not getattr(config, "use_sliding_window", False)
-            and not any(kind in rope for kind in MOVING_ROPE)
-            and getattr(config, "hidden_act", "silu") == "silu"
-            and getattr(config, "pretraining_tp", 1) <= 1)
+from specgen.models.config import rope_parameters
 
 
 def empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
