@@ -2,6 +2,7 @@
 slow path, and the same tokenizer as that path builds, token for token."""
 
 import json
+import shutil
 
 import pytest
 
@@ -182,3 +183,21 @@ def test_a_template_with_transformers_own_tags_keeps_transformers_tokenizer():
     tok.save_pretrained(folder)
     load_tokenizer(Source("tiny", folder))
     assert type(load_tokenizer(Source("tiny", folder), lean=True)).__name__ != "PlainTokenizer"
+
+
+def test_a_copy_of_an_older_format_lists_as_older_and_is_pruned():
+    """A copy made by a release whose copies had another format is never loaded again (its
+    key differs): it lists as "older", which `prune` removes; the current copy lists as a
+    tokenizer."""
+    folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
+    cache.finish(folder, kind="converted", sha256="ab" * 32, dtype="float32", source="x.gguf", model="x")
+    load_tokenizer(Source("tiny", folder))
+    current = tokenizer_cache.entry_dir(tokenizer_cache.key(folder))
+    old = current.with_name("0" * 32)
+    shutil.copytree(current, old)
+    manifest = cache.read_manifest(old)
+    del manifest["tokenizer_format"]  # as the first format wrote it
+    (old / cache.MANIFEST).write_text(json.dumps(manifest))
+    kinds = {e.path: e.kind for e in cache.entries()}
+    assert kinds[old] == "older" and kinds[current] == "tokenizer"
+    assert old in {e.path for e in cache.prune(dry_run=True)}

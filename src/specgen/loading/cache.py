@@ -41,6 +41,9 @@ from specgen.loading.hashing import sha256_file
 from specgen.paths import cache_dir
 
 FORMAT = 2  # of an entry (its manifest and layout)
+# Of a tokenizer copy (loading/tokenizer_cache.py): 2 records the plain tokenizer's settings
+# and verdict. A copy of another format is never loaded again: it lists as "older".
+TOKENIZER_FORMAT = 2
 MANIFEST = "specgen.json"
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 SMALL = 1 << 24  # files up to this size are hashed whole on every check
@@ -339,6 +342,8 @@ def entries(root: Path | None = None) -> list[Entry]:
         elif folder in ("converted", "quantized", "tokenizers"):
             manifest = read_manifest(child)
             kind = ("tokenizer" if folder == "tokenizers" else folder) if is_current(manifest) else "older"
+            if kind == "tokenizer" and manifest.get("tokenizer_format") != TOKENIZER_FORMAT:
+                kind = "older"
         else:
             kind, manifest = ("kernel" if folder == "kernels" else "demo"), None
         found.append(Entry(child, kind, _size(child), manifest))

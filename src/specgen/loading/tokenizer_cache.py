@@ -27,7 +27,7 @@ from specgen.loading import cache
 from specgen.loading.plain_tokenizer import SETTINGS, PlainTokenizer, settings_of
 from specgen.paths import cache_dir
 
-FORMAT = 2  # 2: the plain tokenizer's settings and verdict
+FORMAT = cache.TOKENIZER_FORMAT
 FOLDER = "tokenizers"
 # Files AutoTokenizer reads to build a tokenizer (chat templates: any file named chat_template*,
 # and the additional_chat_templates folder).
@@ -86,6 +86,12 @@ def entry_dir(name: str) -> Path:
     return cache_dir() / FOLDER / name
 
 
+def kept(manifest: dict | None) -> bool:
+    """Whether a manifest is that of a copy this release makes (its entries' format and its
+    copies')."""
+    return cache.is_current(manifest) and manifest.get("tokenizer_format") == FORMAT
+
+
 def load(folder: Path, plain: bool = False):
     """The fast copy of the tokenizer in `folder`, or None (no copy yet, or it was refused).
     `plain`: a PlainTokenizer where the copy's manifest says it answers the same."""
@@ -94,8 +100,8 @@ def load(folder: Path, plain: bool = False):
         return None
     entry = entry_dir(name)
     manifest = cache.read_manifest(entry)
-    if not cache.is_current(manifest) or not manifest.get("same") or cache.check(entry) is not None:
-        return None  # a damaged copy is made again by the slow load's `store`
+    if not kept(manifest) or not manifest.get("same") or cache.check(entry) is not None:
+        return None  # a damaged or older copy is made again by the slow load's `store`
     try:
         if plain and manifest.get("plain"):
             return _load_plain(entry, folder)
@@ -112,7 +118,7 @@ def store(folder: Path, tok) -> bool:
     same, else a refusal; returns whether the copy was kept. Never raises: without a copy
     the tokenizer loads the slow way."""
     name = key(folder)
-    if name is None or (cache.read_manifest(entry_dir(name)) is not None and cache.check(entry_dir(name)) is None):
+    if name is None or (kept(cache.read_manifest(entry_dir(name))) and cache.check(entry_dir(name)) is None):
         return False
     try:
         with cache.building(entry_dir(name)) as tmp:
@@ -121,8 +127,9 @@ def store(folder: Path, tok) -> bool:
             if problem is not None:
                 for child in tmp.iterdir():
                     cache.remove(child)
-            cache.finish(tmp, kind="tokenizer", same=problem is None, problem=problem,
-                         plain=plain is None, plain_problem=plain, source=str(folder))
+            cache.finish(tmp, kind="tokenizer", tokenizer_format=FORMAT, same=problem is None,
+                         problem=problem, plain=plain is None, plain_problem=plain,
+                         source=str(folder))
         return problem is None
     except (OSError, ValueError, TypeError, RuntimeError):
         return False
