@@ -5,10 +5,9 @@ import random
 import pytest
 
 from specgen.choices import CATCH_UP_TOKENS
-from specgen.core import adaptive
 from specgen.core.adaptive import (
-    FIRST_K, FIRST_STOP, PLAIN, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
-    Planner, choose_guesser, expected_tokens, horizon, kin, marginal_verify_cost, record_pass,
+    FIRST_K, FIRST_STOP, PLAIN, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
+    Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
     saving, verify_curve,
 )
 
@@ -577,32 +576,3 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
     assert saving(planner.steps, rate, made) > 500 * 0.002  # repaid now
     before = list(planner.steps)[:-1]
     assert saving(before, rate, made - 1) <= 500 * 0.002  # and not a step sooner
-
-
-def test_a_new_lookup_length_starts_from_what_its_other_lengths_measured(monkeypatch):
-    """Where lookup's 2-token matches kept failing, a 3-token match starts from their record:
-    it is not tried while the draft model does better (without the kin prior it would be, at
-    the optimistic default); where they held, it starts from their hits and is tried."""
-    def planner_after(n_accepted: int) -> Planner:
-        planner = Planner(4)
-        model, short = Guesser(True, ("model",)), Guesser(False, ("lookup-2",))
-        planner.observe(planner.plan(model, None, 100), 0, 0, 0.0, 0.20)  # a plain step
-        for _ in range(3):  # the draft model: 4 drafted, 2 kept
-            planner.observe(Plan("model", model, 4, 0.0), 4, 2, 0.2, 0.22)
-        planner.plan(short, None, 100)  # its policy, made on first offer
-        for _ in range(3):  # lookup at length 2
-            planner.observe(Plan("lookup-2", short, 2, 0.0), 2, n_accepted, 0.0, 0.21)
-        return planner
-
-    both = Guesser(False, ("lookup-3", "model"))
-    failed = planner_after(0)
-    assert kin("lookup-3") == kin("lookup-2") == "lookup" and kin("model") == "model"
-    assert failed.prior_alpha("lookup-3") < 0.3
-    assert failed.plan(both, None, 100).guesser == "model"
-    held = planner_after(2)
-    assert held.prior_alpha("lookup-3") > PRIOR_ALPHA
-    assert held.plan(both, None, 100).guesser == "lookup-3"
-    monkeypatch.setattr(adaptive, "KIN_PRIOR", False)
-    blind = planner_after(0)
-    assert blind.prior_alpha("lookup-3") == PRIOR_ALPHA
-    assert blind.plan(both, None, 100).guesser == "lookup-3"  # tried, at the default prior

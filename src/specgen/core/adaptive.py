@@ -59,8 +59,6 @@ if TYPE_CHECKING:
 
 
 FIRST_K = 2  # a guesser's K while its costs are unknown
-PRIOR_ALPHA = 0.7  # a guesser's acceptance before anything is measured (a weak prior)
-KIN_PRIOR = True  # a guesser's new length starts from what its other lengths measured
 FIRST_STOP = 0.5  # a self-ended draft's stop then: its whole draft as likely wrong as right
 TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is judged
 YIELD_STEPS = 2  # steps after which a guesser is compared with others by its measured yield
@@ -158,12 +156,6 @@ class Policy(Protocol):
     def stop_below(self, k: int) -> float: ...
 
 
-def kin(guesser: str) -> str:
-    """The guesser a name belongs to, whatever its length ("lookup-3" -> "lookup")."""
-    head, _, tail = guesser.rpartition("-")
-    return head if head and tail.isdigit() else guesser
-
-
 def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int,
                    catch_up: Mapping[str, float] | None = None,
                    saved: Callable[[float], float] | None = None) -> tuple[str | None, int]:
@@ -218,7 +210,7 @@ class AdaptiveK:
     when speculation pays it is offered k_max."""
 
     def __init__(
-        self, k_max: int, decay: float = 0.9, prior_alpha: float = PRIOR_ALPHA,
+        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7,
         probe_every: int | None = None, max_probe_every: int = 128,
         verify_cost: dict[int, float] | None = None, self_stopping: bool = False,
         prior_draft_cost: float | None = None,
@@ -431,23 +423,9 @@ class Planner:
             self.policies[guesser] = (
                 AdaptiveK(self.k_max, verify_cost=self.verify_cost,
                           self_stopping=drafter.ends_own_drafts,
-                          prior_draft_cost=self.book.draft_cost.get(guesser),
-                          prior_alpha=self.prior_alpha(guesser))
+                          prior_draft_cost=self.book.draft_cost.get(guesser))
                 if self.adaptive else FixedK(self.k_max))
         return self.policies[guesser]
-
-    def prior_alpha(self, guesser: str) -> float:
-        """A new guesser's acceptance before it drafts: what the same guesser at its other
-        lengths has measured in this answer (their decayed counts pooled), else PRIOR_ALPHA.
-        Where lookup's matches hold only by chance, the first lengths' misses keep each new
-        length from costing steps of its own to be found out; where the answer copies, their
-        hits let it start at once."""
-        kin_policies = [p for g, p in self.policies.items()
-                        if kin(g) == kin(guesser) and getattr(p, "spec_steps", 0)]
-        if not KIN_PRIOR or not kin_policies:
-            return PRIOR_ALPHA
-        hits = sum(p.hits for p in kin_policies)
-        return hits / (hits + sum(p.misses for p in kin_policies))
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         """The target's pass over `tokens` prompt tokens took `seconds`."""
