@@ -125,6 +125,51 @@ def test_an_int8_dyn_load_packs_its_layers_on_every_thread_torch_uses(tmp_path, 
         assert torch.equal(model(ids).logits, again(ids).logits)
 
 
+def test_an_int8_dyn_draft_packs_its_joined_projections_once(tmp_path, monkeypatch, tiny_model):
+    """A draft's q/k/v and gate/up projections, which its lean decoder calls joined, are not
+    packed one by one at load: fbgemm packs each group once, from the stored weights, and the
+    draft computes what a draft packed layer by layer does, bit for bit."""
+    from specgen.decoding import make_decoder
+    from specgen.decoding.lean import layer_projections
+    from specgen.kernels import prepare
+
+    model = quantize.apply(tiny_model("qwen2", hidden=64, layers=2), "int8-dyn")
+    model.config.save_pretrained(tmp_path)
+    packed.save(model, tmp_path)
+    shapes, real = [], quantize.prepack_int8
+
+    def spy(q, scale):
+        shapes.append(tuple(q.shape))
+        return real(q, scale)
+
+    monkeypatch.setattr(quantize, "prepack_int8", spy)
+    draft = packed.load(tmp_path, torch.float32, verifier=False, lean="int8-dyn")
+    attention = draft.model.layers[0].self_attn
+    assert attention.q_proj.packed is None and attention.o_proj.packed is not None
+    others = [name for name, m in draft.named_modules() if isinstance(m, quantize.QuantLinear)
+              and name.rpartition(".")[2] not in quantize.SIBLINGS]
+    assert len(shapes) == len(others) >= 3  # at load, only the layers that are never joined
+    shapes.clear()
+    prepare(draft, "draft", "int8-dyn")
+    layer_projections(draft)  # the decoder joins them: one pack a group
+    assert len(shapes) == 2 * len(draft.model.layers) and attention.q_proj.packed is None
+    monkeypatch.setattr(quantize, "prepack_int8", real)
+    eager = packed.load(tmp_path, torch.float32, verifier=False)  # transformers' skeleton
+    for m in eager.modules():
+        if isinstance(m, quantize.QuantLinear):
+            m.fbgemm_weight()  # every layer packed alone, as before
+    prepare(eager, "draft", "int8-dyn")
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3))
+    lean, plain = make_decoder(draft), make_decoder(eager)
+    with torch.inference_mode():
+        assert torch.equal(lean.logits(ids[:30], 1), plain.logits(ids[:30], 1))
+        assert torch.equal(lean.logits(ids[30:34], 4), plain.logits(ids[30:34], 4))
+    x = torch.randn(3, attention.q_proj.in_features)
+    single = attention.q_proj(x)  # called alone, a lazy layer packs itself
+    assert attention.q_proj.packed is not None and attention.q_proj.weight is None
+    assert torch.equal(single, eager.model.layers[0].self_attn.q_proj(x))
+
+
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])
 def test_quantized_profile_loads_from_its_cache_without_the_unquantized_weights(
         tmp_path, monkeypatch, scheme, tiny_model, save_tiny, word_tokenizer):

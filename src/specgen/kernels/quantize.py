@@ -158,7 +158,7 @@ class QuantLinear(nn.Module):
     kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
     Both compute in bf16 (the kernels' vectorised path).
     kind "int8-dyn": fbgemm's packed int8 weight (`packed`, in pieces: `prepack_int8`;
-    `weight` and `scales` are None),
+    `weight` and `scales` are None; a `lazy` layer keeps them, unpacked, until its first call),
     activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
     (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
     draft token's result need be independent of the others in its pass, and the anchor row
@@ -170,18 +170,20 @@ class QuantLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
                  weight: Tensor | None, scales: Tensor | None, bias: Tensor | None,
-                 prepacked: object | None = None) -> None:
+                 prepacked: object | None = None, lazy: bool = False) -> None:
         """`prepacked`: an int8-dyn layer's fbgemm weight, packed already (`weight` and
-        `scales` then None)."""
+        `scales` then None). `lazy`: an int8-dyn layer packed on its first call only (a
+        draft's projections, which its decoder calls joined: `join_int8_dyn`)."""
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
         self.batch_invariant = True
         self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
         if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
-            self.packed = prepacked if prepacked is not None else prepack_int8(weight, scales)
+            self.packed = prepacked if prepacked is not None or lazy else prepack_int8(weight, scales)
             self.anchor = row_anchor(in_features)
-            weight = scales = None
+            if self.packed is not None:
+                weight = scales = None
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
@@ -209,14 +211,23 @@ class QuantLinear(nn.Module):
         """The (weight, scales) pair to save: the buffers, or fbgemm's weight unpacked."""
         if self.joined is not None:
             return self.joined.stored(self)
-        return unpack_int8(self.packed) if self.kind == "int8-dyn" else (self.weight, self.scales)
+        if self.kind == "int8-dyn" and self.packed is not None:
+            return unpack_int8(self.packed)
+        return self.weight, self.scales
+
+    def fbgemm_weight(self) -> tuple:
+        """An int8-dyn layer's packed weight, packed now if the layer is lazy and unpacked."""
+        if self.packed is None:
+            self.packed = prepack_int8(self.weight, self.scales)
+            self.weight = self.scales = None
+        return self.packed
 
     def _dyn(self, x: Tensor) -> Tensor:
         if not self.batch_invariant:
-            return linear_int8_dyn(x, self.packed)
+            return linear_int8_dyn(x, self.fbgemm_weight())
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
         rows = torch.cat([x / amax, self.anchor])
-        return linear_int8_dyn(rows, self.packed)[:-1] * amax
+        return linear_int8_dyn(rows, self.fbgemm_weight())[:-1] * amax
 
     def _mm(self, x: Tensor) -> Tensor:
         if self.kind == "int8":
@@ -260,9 +271,10 @@ def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
     projections. fbgemm scales a draft layer's input once per call, the same for every
     layer on that input, so the joined call gives each layer's output as its own call does.
     A single layer keeps its own weight; joined ones are a new copy (the layers stay whole
-    for transformers' forward)."""
+    for transformers' forward), packed from the layers' stored weights: a lazy layer's as
+    loaded, never packed alone first."""
     if len(layers) == 1:
-        return layers[0].packed, layers[0].bias
+        return layers[0].fbgemm_weight(), layers[0].bias
     weights, scales = zip(*(layer.stored() for layer in layers))
     return prepack_int8(torch.cat(weights), torch.cat(scales)), joined_bias(layers)
 
@@ -277,6 +289,7 @@ def joined_bias(layers: list[QuantLinear]) -> Tensor | None:
 
 
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings on one input
+SIBLINGS = {name for names in SHARED_INPUT for name in names}
 
 
 class Joined:
@@ -457,14 +470,18 @@ def attach(model: nn.Module, table: dict, tensor: Callable[[str, bool], Tensor],
     if table.get("format") != FORMAT_VERSION:
         raise ConfigError(f"packed layers of format {table.get('format')}, expected {FORMAT_VERSION}")
     get = lambda key, transient=False: None if key is None else tensor(key, transient)  # noqa: E731
-    packs = _prepack_all(table["layers"], get)
+    # A draft's int8-dyn projections that share an input are packed joined by its decoder
+    # (join_int8_dyn, from their stored weights): packing each alone first would be wasted.
+    lazy = set() if verifier else {name for name, row in table["layers"].items()
+                                   if row["kind"] == "int8-dyn" and name.rpartition(".")[2] in SIBLINGS}
+    packs = _prepack_all({n: row for n, row in table["layers"].items() if n not in lazy}, get)
     for name, row in table["layers"].items():
         prepacked = packs.pop(name, None)
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         weight, scales = (None, None) if prepacked is not None else (get(row["weight"]), get(row["scales"]))
         layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"], weight, scales,
-                            get(row["bias"]), prepacked)
+                            get(row["bias"]), prepacked, lazy=name in lazy)
         layer.batch_invariant = verifier
         setattr(owner, attr, layer)
     for group in table["joined"]:
