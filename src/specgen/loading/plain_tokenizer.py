@@ -1,6 +1,6 @@
 """A tokenizer on the `tokenizers` library and jinja2 alone, answering what specgen asks of
 one (encode, decode, the chat template, the special tokens), so that a command that only
-generates never imports transformers (a third of its start).
+generates never imports transformers (much of its start: docs/benchmarks.md).
 
 It is made only from a tokenizer copy that transformers' own tokenizer was compared against
 when the copy was kept (tokenizer_cache.py): the special tokens are those transformers gave,

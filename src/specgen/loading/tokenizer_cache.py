@@ -205,7 +205,6 @@ def difference(slow, fast) -> str | None:
     return None
 
 
-
 def _save_plain(tok, folder: Path) -> str | None:
     """Record what a PlainTokenizer needs beside the copy in `folder`; None when it answers as
     `tok` does, else what differs (and the record is removed)."""

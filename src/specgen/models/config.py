@@ -1,5 +1,6 @@
 """A checkpoint's config.json and generation_config.json read as plain values, without
-importing transformers (a third of a command's start), for a model the tree builds.
+importing transformers (much of a command's start: docs/benchmarks.md), for a model the
+tree builds.
 
 Only a config that states every value the tree and the decoders read is read this way: one
 transformers saved itself (a converted or packed cache entry, most hub checkpoints), a
