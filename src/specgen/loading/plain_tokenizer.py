@@ -58,53 +58,42 @@ class PlainTokenizer:
 
 
 def compile_template(source: str):
-    """A chat template compiled as transformers compiles one: its immutable sandbox with
-    trimmed blocks and loop controls, JSON without HTML escaping, `raise_exception`,
-    `strftime_now`, and a `dict` and `namespace` that refuse private attributes."""
-    import jinja2
+    """A chat template compiled in the environment transformers renders one in: an immutable
+    sandbox with trimmed blocks and loop controls, `tojson` without HTML escaping,
+    `raise_exception`, `strftime_now`, and a `dict` and `namespace` that refuse names with a
+    leading underscore (what templates on the hub are written against)."""
     import jinja2.ext
+    from jinja2.exceptions import SecurityError, TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+    def refuse_private(name) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a chat template may not set {name!r} on a namespace")
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    class TemplateDict:
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
+    class Guarded(Namespace):
+        def __init__(*args, **kwargs):  # jinja2's signature: `self` may be a key as well
+            for name in dict(*args[1:], **kwargs):
+                refuse_private(name)
+            Namespace.__init__(*args, **kwargs)
 
         def __setitem__(self, name, value):
-            TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+            refuse_private(name)
+            super().__setitem__(name, value)
 
-        @staticmethod
-        def _check_name(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(
-                    f"Chat templates cannot store underscore-prefixed attributes on a namespace, "
-                    f"but got {name!r}.")
+    class Dicts:  # `dict(...)` and `dict.fromkeys(...)`, without handing out the type
+        __call__ = staticmethod(dict)
+        fromkeys = staticmethod(dict.fromkeys)
+
+    def fail(message):
+        raise TemplateError(message)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = TemplateNamespace
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys))
+    env.globals.update(raise_exception=fail, strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=Dicts(), namespace=Guarded)
     return env.from_string(source)
 
 
