@@ -11,6 +11,7 @@ conversations of plain text messages, the only kind specgen builds."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -101,8 +102,6 @@ def settings_of(tok) -> dict | None:
     """What a PlainTokenizer needs to know of transformers' tokenizer `tok`, or None where it
     cannot stand in for it (a cleanup of decoded text, several named templates, a template
     with transformers' own tags)."""
-    import re
-
     template = getattr(tok, "chat_template", None)
     if getattr(tok, "clean_up_tokenization_spaces", False) or not isinstance(template, (str, type(None))):
         return None

@@ -47,6 +47,8 @@ PATH_KWARGS = {"name_or_path", "is_local", "local_files_only", "vocab", "merges"
 PROBES = ["write quicksort in python", "  two  spaces\tand\ttabs\n\nnew lines\r\n",
           "e\u0301 \u00e9 \ufb01 \u2163 \u00bd", "\u4f60\u597d\uff0c\u4e16\u754c \U0001f600 \u05e9\u05dc\u05d5\u05dd",
           "def f(x):\n    return x ** 2  # comment", "<|endoftext|> <|im_start|>user<|im_end|> <s></s>"]
+TURNS = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
+         {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
 
 
 def eligible(path: Path) -> bool:
@@ -193,8 +195,7 @@ def difference(slow, fast) -> str | None:
             if slow.decode(ids, skip_special_tokens=skip) != fast.decode(ids, skip_special_tokens=skip):
                 return "a decoding differs"
     if slow.chat_template is not None:
-        messages = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
-                    {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
+        messages = TURNS
         try:
             want = slow.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except Exception:  # a template that refuses these roles: compare on a user turn alone
@@ -238,9 +239,7 @@ def plain_difference(tok, plain: PlainTokenizer) -> str | None:
                     return "a decoding differs"
     if tok.chat_template is None:
         return None
-    turns = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
-             {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
-    for messages in (turns[1:2], turns[:2], turns[1:], turns):
+    for messages in (TURNS[1:2], TURNS[:2], TURNS[1:], TURNS):
         for prompt in (True, False):
             try:
                 want = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)

@@ -62,8 +62,8 @@ class GenerationSettings:
     """A checkpoint's generation settings as attributes (specgen reads `eos_token_id`)."""
 
     def __init__(self, values: dict) -> None:
+        self.eos_token_id = None  # unless the settings name one
         self.__dict__.update(values)
-        self.eos_token_id = values.get("eos_token_id")
 
 
 def read(folder: Path) -> Config | None:
