@@ -5,10 +5,13 @@ of the demo target's forward (a prompt pass, one token, a verify pass of 5).
     python bench/kernel_ab.py int4 --rev HEAD~1 [--scheme int4-dyn] [--rounds 6]
     python bench/kernel_ab.py rows --rev HEAD~1 [--scheme int4-dyn]
     python bench/kernel_ab.py linear --rev HEAD~1 [--scheme none]
+    python bench/kernel_ab.py int8 --rev fbgemm [--scheme int8-dyn]
 
 The other revision's source (with the header beside it) is compiled with today's flags and
 swapped in through kernels.build.swapped, so REV must share today's function signatures and
-scratch sizes. Prints medians of interleaved calls and new over old.
+scratch sizes. `--rev fbgemm` (int8 only) is PyTorch's fbgemm dynamic linear, which int8-dyn
+falls back to where its kernel cannot be built, instead of another revision. Prints medians
+of interleaved calls and new over old.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def same_bits(stem: str, old, new) -> str:
         if stem == "int4":
             packed, scales = mod.quantize(torch.randn(n, k) * 0.02)
             call = lambda: mod.linear(x, packed, scales, None)  # noqa: E731
+        elif stem == "int8":
+            layer = int8_layer(torch.randn(n, k) * 0.02)
+            call = lambda: layer.dyn(x)  # noqa: E731
         elif stem == "linear":
             w = (torch.randn(n, k) * 0.02).bfloat16()
             call = lambda: mod.linear(x.bfloat16(), w, None)  # noqa: E731
@@ -50,8 +56,24 @@ def same_bits(stem: str, old, new) -> str:
     return f"the same bits on {sum(results)} of {len(results)} calls"
 
 
+def int8_layer(w: torch.Tensor, exact: bool = True):
+    """An int8-dyn layer of w that computes by either kernel: packed for fbgemm as well."""
+    from specgen.kernels import quantize
+
+    layer = quantize.QuantLinear.from_linear(linear_of(w), "int8-dyn")
+    layer.batch_invariant = exact
+    layer.packed = quantize.prepack_int8(layer.weight, layer.scales)
+    return layer
+
+
+def linear_of(w: torch.Tensor) -> torch.nn.Linear:
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    return linear
+
+
 def layer_calls(stem: str, libs: dict, rounds: int) -> None:
-    if stem not in ("int4", "linear"):
+    if stem not in ("int4", "linear", "int8"):
         return
     mod = importlib.import_module(f"specgen.kernels.{stem}")
     for k, n in ((1536, 8960), (8960, 1536)):
@@ -60,6 +82,9 @@ def layer_calls(stem: str, libs: dict, rounds: int) -> None:
             packed, scales = mod.quantize(w)
             weights = rotating(lambda: (packed.clone(), scales.clone()), packed.nbytes)
             call = lambda x: mod.linear(x, *weights(), None)  # noqa: E731
+        elif stem == "int8":
+            weights = rotating(lambda: int8_layer(w), n * k)
+            call = lambda x: weights().dyn(x)  # noqa: E731
         else:
             wb = w.bfloat16()
             weights = rotating(lambda: wb.clone(), wb.nbytes)
@@ -80,6 +105,12 @@ def model_passes(stem: str, libs: dict, target, rounds: int) -> None:
     from specgen.decoding import make_decoder
 
     mod = importlib.import_module(f"specgen.kernels.{stem}")
+    if stem == "int8":  # every layer computable by fbgemm too
+        from specgen.kernels.quantize import QuantLinear, prepack_int8
+
+        for layer in target.modules():
+            if isinstance(layer, QuantLinear) and layer.kind == "int8-dyn":
+                layer.packed = prepack_int8(layer.weight, layer.scales)
     vocab = target.config.vocab_size
     ids = torch.randint(0, vocab, (PROMPT + 5,))
     decoder = make_decoder(target, exact=True)
@@ -111,7 +142,7 @@ def report(what: str, ms: dict[str, tuple[float, float]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=["int4", "linear", "rows"])
+    ap.add_argument("kernel", choices=["int4", "linear", "rows", "int8"])
     ap.add_argument("--rev", default="HEAD~1")
     ap.add_argument("--scheme", default=None, help="the target's quantization (default: the kernel's)")
     ap.add_argument("--rounds", type=int, default=6)
@@ -123,13 +154,17 @@ def main() -> None:
     if new is None:
         raise SystemExit(f"kernel {args.kernel} cannot be built on this machine")
     with tempfile.TemporaryDirectory() as folder:
-        old = library_at(args.rev, args.kernel, Path(folder))
-        mod.declare(old)
+        if args.rev == "fbgemm" and args.kernel == "int8":
+            old = None  # build.swapped: PyTorch's ops
+        else:
+            old = library_at(args.rev, args.kernel, Path(folder))
+            mod.declare(old)
         libs = {"old": old, "new": new}
         print(f"{args.kernel}.c at {args.rev} (old) against the working tree (new), "
               f"{args.threads} threads; {same_bits(args.kernel, old, new)}; medians", flush=True)
         layer_calls(args.kernel, libs, args.rounds)
-        scheme = args.scheme or {"int4": "int4-dyn", "rows": "int4-dyn", "linear": "none"}[args.kernel]
+        scheme = args.scheme or {"int4": "int4-dyn", "rows": "int4-dyn", "linear": "none",
+                                 "int8": "int8-dyn"}[args.kernel]
         model_passes(args.kernel, libs, demo_target(scheme), args.rounds)
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from specgen.choices import CPU_SCHEMES
 from specgen.cli import app
-from specgen.kernels import quantize
+from specgen.kernels import build, int8, quantize
 from specgen.kernels.quantize import QuantLinear
 from specgen.loading import cache, demo, packed
 from specgen.loading.load import load_pair
@@ -86,49 +86,47 @@ def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, sc
     with torch.no_grad():
         assert torch.equal(model(ids).logits, again(ids).logits)
     assert not any(t.is_meta for t in [*again.parameters(), *again.buffers()])
-    # the weights it runs with are the file's pages, not a copy (fbgemm's int8 keeps its own)
+    # the weights it runs with are the file's pages, not a copy
     assert mapped_from(again.model.embed_tokens.weight, packed.WEIGHTS)
     q = again.model.layers[0].self_attn.q_proj
     if scheme == "int4-dyn":
         assert q.joined is not None and mapped_from(q.joined.packed, packed.WEIGHTS)
-    elif scheme != "int8-dyn":
-        assert mapped_from(q.weight, packed.WEIGHTS)
+    else:
+        assert mapped_from(q.weight, packed.WEIGHTS) and getattr(q, "packed", None) is None
 
 
-def test_an_int8_dyn_load_packs_its_layers_on_every_thread_torch_uses(tmp_path, monkeypatch,
-                                                                       tiny_model):
-    """fbgemm packs one layer at a time on one thread: a load spreads the layers over torch's
-    threads, and the model computes what it did."""
-    import threading
+def refuse_fbgemm(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a weight was packed for fbgemm")
+    monkeypatch.setattr(quantize, "prepack_int8", refuse)
 
-    model = quantize.apply(tiny_model("qwen2", hidden=64, layers=4), "int8-dyn")
+
+@pytest.mark.parametrize("verifier", [True, False])
+def test_an_int8_dyn_load_packs_nothing_and_computes_fbgemms_bits(tmp_path, monkeypatch,
+                                                                  verifier, tiny_model):
+    """int8-dyn's own kernel computes from the weights as stored (mapped from the file): a
+    load packs no weight for fbgemm, and the model computes what fbgemm computed, bit for bit
+    (the fallback where the kernel cannot be built)."""
+    model = quantize.apply(tiny_model("qwen2", hidden=64, layers=2), "int8-dyn", verifier=verifier)
     model.config.save_pretrained(tmp_path)
     packed.save(model, tmp_path)
-    threads, real = set(), quantize.prepack_int8
-
-    def spy(q, scale):
-        threads.add(threading.get_ident())
-        threading.Event().wait(0.02)  # long enough that one thread cannot take every layer
-        return real(q, scale)
-
-    monkeypatch.setattr(quantize, "prepack_int8", spy)
-    previous, engine = torch.get_num_threads(), torch.backends.quantized.engine
-    torch.set_num_threads(2)
-    try:
-        again = packed.load(tmp_path, torch.float32, verifier=True)
-    finally:
-        torch.set_num_threads(previous)
-    assert len(threads) == 2 and threading.get_ident() not in threads
-    assert torch.backends.quantized.engine == engine  # put back as it was
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, again(ids).logits)
+    with pytest.MonkeyPatch.context() as patch:
+        refuse_fbgemm(patch)
+        again = packed.load(tmp_path, torch.float32, verifier=verifier)
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+        with torch.no_grad():
+            own = again(ids).logits
+    with build.swapped("int8", None, int8.declare), torch.no_grad():
+        fbgemm = model(ids).logits
+    assert torch.equal(own, fbgemm)
+    assert all(m.packed is not None for m in model.modules()
+               if isinstance(m, quantize.QuantLinear))  # it did go through fbgemm
 
 
-def test_an_int8_dyn_draft_packs_its_joined_projections_once(tmp_path, monkeypatch, tiny_model):
-    """A draft's q/k/v and gate/up projections, which its lean decoder calls joined, are not
-    packed one by one at load: fbgemm packs each group once, from the stored weights, and the
-    draft computes what a draft packed layer by layer does, bit for bit."""
+def test_an_int8_dyn_draft_joins_its_projections_without_packing(tmp_path, monkeypatch, tiny_model):
+    """A draft's q/k/v and gate/up projections, which its lean decoder calls joined, are
+    joined from the stored weights (no fbgemm packing), and the draft computes what one
+    packed for fbgemm layer by layer computes, bit for bit."""
     from specgen.decoding import make_decoder
     from specgen.decoding.lean import layer_projections
     from specgen.kernels import prepare
@@ -136,24 +134,12 @@ def test_an_int8_dyn_draft_packs_its_joined_projections_once(tmp_path, monkeypat
     model = quantize.apply(tiny_model("qwen2", hidden=64, layers=2), "int8-dyn")
     model.config.save_pretrained(tmp_path)
     packed.save(model, tmp_path)
-    shapes, real = [], quantize.prepack_int8
-
-    def spy(q, scale):
-        shapes.append(tuple(q.shape))
-        return real(q, scale)
-
-    monkeypatch.setattr(quantize, "prepack_int8", spy)
+    refuse_fbgemm(monkeypatch)
     draft = packed.load(tmp_path, torch.float32, verifier=False, lean="int8-dyn")
-    attention = draft.model.layers[0].self_attn
-    assert attention.q_proj.packed is None and attention.o_proj.packed is not None
-    others = [name for name, m in draft.named_modules() if isinstance(m, quantize.QuantLinear)
-              and name.rpartition(".")[2] not in quantize.SIBLINGS]
-    assert len(shapes) == len(others) >= 3  # at load, only the layers that are never joined
-    shapes.clear()
     prepare(draft, "draft", "int8-dyn")
-    layer_projections(draft)  # the decoder joins them: one pack a group
-    assert len(shapes) == 2 * len(draft.model.layers) and attention.q_proj.packed is None
-    monkeypatch.setattr(quantize, "prepack_int8", real)
+    qkv = layer_projections(draft)[0][0]
+    assert qkv.joined and qkv.layer.out_features == sum(qkv.sizes)
+    monkeypatch.undo()
     eager = packed.load(tmp_path, torch.float32, verifier=False)  # transformers' skeleton
     for m in eager.modules():
         if isinstance(m, quantize.QuantLinear):
@@ -164,10 +150,6 @@ def test_an_int8_dyn_draft_packs_its_joined_projections_once(tmp_path, monkeypat
     with torch.inference_mode():
         assert torch.equal(lean.logits(ids[:30], 1), plain.logits(ids[:30], 1))
         assert torch.equal(lean.logits(ids[30:34], 4), plain.logits(ids[30:34], 4))
-    x = torch.randn(3, attention.q_proj.in_features)
-    single = attention.q_proj(x)  # called alone, a lazy layer packs itself
-    assert attention.q_proj.packed is not None and attention.q_proj.weight is None
-    assert torch.equal(single, eager.model.layers[0].self_attn.q_proj(x))
 
 
 @pytest.mark.parametrize("scheme", ["int8-dyn", "int4-dyn"])

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from specgen.kernels import build, int4, quantize
+from specgen.kernels import build, int4, int8, quantize
 from specgen.choices import CPU_SCHEMES
 from specgen.errors import ConfigError, ResourceError
 from specgen.kernels.quantize import QuantLinear, dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
@@ -122,7 +122,8 @@ def test_int8_dyn_draft_layers_let_fbgemm_scale_the_activations(tiny_model):
     draft = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn", verifier=False)
     x = torch.randn(3, 64)
     head = draft.lm_head
-    assert torch.equal(head(x), torch.ops.quantized.linear_dynamic(x, head.packed[0], True))
+    fbgemm = quantize.prepack_int8(head.weight, head.scales)[0]
+    assert torch.equal(head(x), torch.ops.quantized.linear_dynamic(x, fbgemm, True))
     target = quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")
     layers = [m for m in target.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.batch_invariant for m in layers)
@@ -135,12 +136,15 @@ def test_int8_dyn_leaves_the_global_engine_alone():
     assert torch.backends.quantized.engine == engine
 
 
-def test_int8_dyn_without_fbgemm_says_what_to_use(monkeypatch):
+def test_int8_dyn_without_its_kernel_or_fbgemm_says_what_to_use(monkeypatch, tiny_model):
     from specgen.errors import ResourceError
 
     monkeypatch.setattr(quantize, "supported_engines", lambda: ["qnnpack"])
-    with pytest.raises(ResourceError, match="int8-dyn needs fbgemm.*use int8-wo"):
-        QuantLinear.from_linear(nn.Linear(64, 32), "int8-dyn")
+    quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")  # its own kernel needs no fbgemm
+    with build.swapped("int8", None, int8.declare):  # and without that kernel
+        with pytest.raises(ResourceError, match="int8-dyn needs specgen's int8 kernel.*or fbgemm"
+                                                ".*use int8-wo"):
+            quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")
 
 
 # --- int4-dyn: specgen's own kernel -----------------------------------------------------
@@ -238,9 +242,10 @@ def test_an_int8_dyn_weight_packed_in_pieces_gives_the_bits_of_one_call(monkeypa
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=True)
     whole = QuantLinear.from_linear(linear, "int8-dyn")
+    assert len(whole.fbgemm_weight()) == 1  # packed for fbgemm (where int8.c is not built)
     monkeypatch.setattr(quantize, "PACK_ROWS", 48)
     pieces = QuantLinear.from_linear(linear, "int8-dyn")
-    assert len(whole.packed) == 1 and len(pieces.packed) == 5
+    assert len(pieces.fbgemm_weight()) == 5
     for layer in (whole, pieces):
         layer.batch_invariant = verifier
     x = torch.randn(7, 96) * 3

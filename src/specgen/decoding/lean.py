@@ -21,7 +21,7 @@ from torch import Tensor
 
 from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
-from specgen.kernels.quantize import QuantLinear, join_int8_dyn, linear_int8_dyn
+from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
 from specgen.models.config import FAMILIES
 from specgen.models.llama import apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
@@ -59,7 +59,7 @@ NO_SKIP = Skip()
 
 class Projections:
     """Linear layers that read one input [m, in], called as one: an int8-dyn draft's layers
-    joined into one fbgemm call with no module in between (fewer, larger calls); any other
+    joined into one kernel call with no module in between (fewer, larger calls); any other
     layers called one by one."""
 
     def __init__(self, layers: list[torch.nn.Module]) -> None:
@@ -67,15 +67,15 @@ class Projections:
         self.joined = all(isinstance(layer, QuantLinear) and layer.kind == "int8-dyn"
                           and not layer.batch_invariant for layer in layers)
         if self.joined:
-            self.packed, self.bias = join_int8_dyn(layers)
+            self.layer = join_int8_dyn(layers)
             self.sizes = [layer.out_features for layer in layers]
 
     def __call__(self, x: Tensor) -> list[Tensor]:
         if not self.joined:
             return [layer(x) for layer in self.layers]
-        y = linear_int8_dyn(x.float(), self.packed)
-        if self.bias is not None:
-            y = y + self.bias
+        y = self.layer.dyn(x.float())
+        if self.layer.bias is not None:
+            y = y + self.layer.bias
         return list(y.to(x.dtype).split(self.sizes, -1))
 
 

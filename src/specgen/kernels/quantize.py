@@ -4,8 +4,9 @@ Decoding one token reads every weight once, so on a CPU its speed is set by the 
 weights: int8 reads half of bf16's, int4 a quarter. Four schemes (choices.CPU_SCHEMES):
 - `int8-wo`, `int4-wo`: weight-only, PyTorch's packed matmuls (`_weight_int8pack_mm`,
   `_weight_int4pack_mm_for_cpu`); activations stay in floating point (bf16 inside the kernel).
-- `int8-dyn`: int8 weights and int8 activations, quantized per token at run time, multiplied
-  by fbgemm's integer GEMM (AVX2 `vpmaddubsw`).
+- `int8-dyn`: int8 weights and 7-bit activations, quantized at run time, multiplied by
+  specgen's own kernel (int8.py), which gives the bits of fbgemm's dynamic linear from the
+  weights as stored; fbgemm itself where that kernel cannot be built.
 - `int4-dyn`: int4 weights (blocks of 32) and int8 activations, specgen's own kernel
   (int4.py): 0.625 bytes a weight, five eighths of int8-dyn's.
 The dynamic schemes compute every row of a pass alone (batch-invariant), which is what lets a
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from specgen.choices import CPU_SCHEMES
 from specgen.errors import ConfigError, ResourceError
-from specgen.kernels import int4
+from specgen.kernels import int4, int8
 
 FORMAT_VERSION = 2  # of the packed layers (packed_state)
 INT4_GROUP_SIZES = (128, 64, 32)  # preferred first; a layer uses the largest that divides its input
@@ -91,8 +92,9 @@ def int4_group_size(in_features: int, out_features: int) -> int | None:
 
 def check_fbgemm() -> None:
     if "fbgemm" not in supported_engines():
-        raise ResourceError("int8-dyn needs fbgemm, PyTorch's x86 integer kernels, which this "
-                            "CPU or build lacks: use int8-wo instead.")
+        raise ResourceError("int8-dyn needs specgen's int8 kernel (an x86 CPU with AVX2 and a C "
+                            "compiler) or fbgemm, PyTorch's x86 integer kernels, and this machine "
+                            "has neither: use int8-wo instead.")
 
 
 # fbgemm packs a weight of many output rows far slower per row than several weights of fewer
@@ -157,33 +159,27 @@ class QuantLinear(nn.Module):
     kind "int8": `weight` int8 [N, K], `scales` bf16 [N].
     kind "int4": `weight` packed uint8 (the CPU kernel's layout), `scales` bf16 [K/g, N, 2].
     Both compute in bf16 (the kernels' vectorised path).
-    kind "int8-dyn": fbgemm's packed int8 weight (`packed`, in pieces: `prepack_int8`;
-    `weight` and `scales` are None; a `lazy` layer keeps them, unpacked, until its first call),
-    activations quantized to int8 in fp32: per row with an anchor row when `batch_invariant`
-    (a verifier's layers), else as fbgemm does by itself, one scale per call (a draft's: no
-    draft token's result need be independent of the others in its pass, and the anchor row
-    costs time).
+    kind "int8-dyn": `weight` int8 [N, K], `scales` bf16 [N], computed by specgen's int8
+    kernel (int8.py); where it cannot be built, packed for fbgemm on the first call
+    (`packed`, in pieces: `prepack_int8`; `weight` and `scales` are then None). Activations
+    are quantized in fp32: each row alone when `batch_invariant` (a verifier's layers), else
+    one scale per call (a draft's: no draft token's result need be independent of the others
+    in its pass). Both give fbgemm's bits.
     kind "int4-dyn": `weight` packed int4 uint8 [N, K/32, 16], `scales` float16 [2, N, K/32]
     (int4.quantize), computed by specgen's kernel: batch-invariant by construction up to a
     verify pass's width; a draft's wider passes take the kernel's tiles sooner (int4.path_for).
     Inputs of any float dtype; the output is cast back to the input's dtype."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, group_size: int,
-                 weight: Tensor | None, scales: Tensor | None, bias: Tensor | None,
-                 prepacked: object | None = None, lazy: bool = False) -> None:
-        """`prepacked`: an int8-dyn layer's fbgemm weight, packed already (`weight` and
-        `scales` then None). `lazy`: an int8-dyn layer packed on its first call only (a
-        draft's projections, which its decoder calls joined: `join_int8_dyn`)."""
+                 weight: Tensor | None, scales: Tensor | None, bias: Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.kind, self.group_size = kind, group_size
         self.batch_invariant = True
         self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
-        if kind == "int8-dyn":  # fbgemm keeps its own copy; holding ours too would double it
-            self.packed = prepacked if prepacked is not None or lazy else prepack_int8(weight, scales)
+        if kind == "int8-dyn":
+            self.packed = None  # fbgemm's weight, where specgen's kernel cannot be built
             self.anchor = row_anchor(in_features)
-            if self.packed is not None:
-                weight = scales = None
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
@@ -216,13 +212,17 @@ class QuantLinear(nn.Module):
         return self.weight, self.scales
 
     def fbgemm_weight(self) -> tuple:
-        """An int8-dyn layer's packed weight, packed now if the layer is lazy and unpacked."""
+        """An int8-dyn layer's weight packed for fbgemm (packed on the first call; fbgemm keeps
+        its own copy, so ours is dropped)."""
         if self.packed is None:
             self.packed = prepack_int8(self.weight, self.scales)
             self.weight = self.scales = None
         return self.packed
 
-    def _dyn(self, x: Tensor) -> Tensor:
+    def dyn(self, x: Tensor) -> Tensor:
+        """An int8-dyn layer's output (float32, no bias) for x [M, K] float32."""
+        if self.weight is not None and int8.library() is not None:
+            return int8.linear(x, self.weight, self.scales, exact=self.batch_invariant)
         if not self.batch_invariant:
             return linear_int8_dyn(x, self.fbgemm_weight())
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
@@ -245,7 +245,7 @@ class QuantLinear(nn.Module):
             return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         if self.kind == "int8-dyn":
             # reduce_range (7-bit activations) keeps vpmaddubsw's int16 pair sums from saturating
-            y = self._dyn(x.reshape(-1, self.in_features).float()).to(x.dtype)
+            y = self.dyn(x.reshape(-1, self.in_features).float()).to(x.dtype)
             if self.bias is not None:
                 y = y + self.bias.to(x.dtype)
             return y.reshape(*shape[:-1], self.out_features)
@@ -265,18 +265,20 @@ class QuantLinear(nn.Module):
                 f"kind={self.kind}{group}, bias={self.bias is not None}")
 
 
-def join_int8_dyn(layers: list[QuantLinear]) -> tuple[object, Tensor | None]:
-    """One fbgemm weight (and bias) computing int8-dyn `layers` that read the same input,
-    their outputs side by side: fewer, larger calls for a draft's q/k/v and gate/up
-    projections. fbgemm scales a draft layer's input once per call, the same for every
+def join_int8_dyn(layers: list[QuantLinear]) -> QuantLinear:
+    """One int8-dyn layer computing draft `layers` that read the same input, their outputs
+    side by side (its bias: `joined_bias`): fewer, larger calls for a draft's q/k/v and
+    gate/up projections. A draft layer's input is scaled once per call, the same for every
     layer on that input, so the joined call gives each layer's output as its own call does.
-    A single layer keeps its own weight; joined ones are a new copy (the layers stay whole
-    for transformers' forward), packed from the layers' stored weights: a lazy layer's as
-    loaded, never packed alone first."""
+    A single layer is itself; joined ones are a new copy (the layers stay whole for
+    transformers' forward)."""
     if len(layers) == 1:
-        return layers[0].fbgemm_weight(), layers[0].bias
+        return layers[0]
     weights, scales = zip(*(layer.stored() for layer in layers))
-    return prepack_int8(torch.cat(weights), torch.cat(scales)), joined_bias(layers)
+    joined = QuantLinear(layers[0].in_features, sum(layer.out_features for layer in layers),
+                         "int8-dyn", 0, torch.cat(weights), torch.cat(scales), joined_bias(layers))
+    joined.batch_invariant = False
+    return joined
 
 
 def joined_bias(layers: list[QuantLinear]) -> Tensor | None:
@@ -289,7 +291,6 @@ def joined_bias(layers: list[QuantLinear]) -> Tensor | None:
 
 
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings on one input
-SIBLINGS = {name for names in SHARED_INPUT for name in names}
 
 
 class Joined:
@@ -377,6 +378,8 @@ def apply(model: nn.Module, scheme: str, verifier: bool = True) -> nn.Module:
             "Load it on the CPU, or on CUDA use int4-gpu or the bitsandbytes schemes (nf4, fp4, int8).")
     if scheme == "int4-dyn":
         int4.library()  # no AVX2 or no compiler: say so before quantizing, not at first use
+    if scheme == "int8-dyn" and int8.library() is None:
+        check_fbgemm()
     names = list(linears)
     del linears  # each float layer is freed as soon as it is replaced: the peak stays one model
     for name in names:
@@ -436,52 +439,19 @@ def packed_state(model: nn.Module) -> tuple[dict[str, Tensor], dict]:
     return tensors, {"format": FORMAT_VERSION, "layers": layers, "joined": groups}
 
 
-def _prepack_all(layers: dict[str, dict], get: Callable) -> dict[str, object]:
-    """fbgemm's packed weight of each int8-dyn row of a layer table, by name. fbgemm packs a
-    layer on one thread, and that packing is most of an int8-dyn model's load, so the layers
-    are packed on as many threads as torch uses (the packing releases the GIL), each weight
-    read by copy and dropped once packed. The engine and the warning filter are set here,
-    once, for all threads (each prepack_int8 then puts back what it found)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    dyn = {name: row for name, row in layers.items() if row["kind"] == "int8-dyn"}
-    if not dyn:
-        return {}
-    check_fbgemm()
-    engine = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "fbgemm"
-    try:
-        with warnings.catch_warnings(), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-            warnings.simplefilter("ignore", UserWarning)
-            packs = {name: pool.submit(lambda row: prepack_int8(get(row["weight"], True),
-                                                                get(row["scales"], True)), row)
-                     for name, row in dyn.items()}
-            return {name: future.result() for name, future in packs.items()}
-    finally:
-        torch.backends.quantized.engine = engine
-
-
-def attach(model: nn.Module, table: dict, tensor: Callable[[str, bool], Tensor],
+def attach(model: nn.Module, table: dict, tensor: Callable[[str], Tensor],
            verifier: bool = True) -> nn.Module:
     """Put the QuantLinears described by `table` (from `packed_state`) into `model` in place
     of its linear layers, which may be on the meta device: nothing unquantized is allocated.
-    `tensor(key, transient)` gives a stored tensor; `transient` when the layer copies it into
-    a form of its own (fbgemm's packing), so the caller need not keep it mapped."""
+    `tensor(key)` gives a stored tensor, which the layer computes from as it is."""
     if table.get("format") != FORMAT_VERSION:
         raise ConfigError(f"packed layers of format {table.get('format')}, expected {FORMAT_VERSION}")
-    get = lambda key, transient=False: None if key is None else tensor(key, transient)  # noqa: E731
-    # A draft's int8-dyn projections that share an input are packed joined by its decoder
-    # (join_int8_dyn, from their stored weights): packing each alone first would be wasted.
-    lazy = set() if verifier else {name for name, row in table["layers"].items()
-                                   if row["kind"] == "int8-dyn" and name.rpartition(".")[2] in SIBLINGS}
-    packs = _prepack_all({n: row for n, row in table["layers"].items() if n not in lazy}, get)
+    get = lambda key: None if key is None else tensor(key)  # noqa: E731
     for name, row in table["layers"].items():
-        prepacked = packs.pop(name, None)
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        weight, scales = (None, None) if prepacked is not None else (get(row["weight"]), get(row["scales"]))
-        layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"], weight, scales,
-                            get(row["bias"]), prepacked, lazy=name in lazy)
+        layer = QuantLinear(row["in"], row["out"], row["kind"], row["group"], get(row["weight"]),
+                            get(row["scales"]), get(row["bias"]))
         layer.batch_invariant = verifier
         setattr(owner, attr, layer)
     for group in table["joined"]:

@@ -92,8 +92,7 @@ def load(folder: Path, config, dtype: torch.dtype) -> llama.CausalLM | None:
 
 class Reader:
     """A safetensors file (one `write_tensors` wrote, or any other): its tensors
-    memory-mapped (a private mapping: the file is never written), or read by copy with plain
-    reads for tensors a layer repacks, so that no mapped pages stay resident behind them."""
+    memory-mapped (a private mapping: the file is never written)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -107,7 +106,7 @@ class Reader:
         """The tensors' names (not the alignment padding, nor the metadata)."""
         return [k for k in self.header if k != "__metadata__" and not k.startswith("__pad")]
 
-    def __call__(self, key: str, transient: bool = False) -> Tensor:
+    def __call__(self, key: str) -> Tensor:
         meta = self.header.get(key)
         if meta is None:
             raise ModelError(f"{self.path} lacks the tensor {key}: the entry is damaged.")
@@ -115,13 +114,6 @@ class Reader:
         dtype = ST_DTYPES[meta["dtype"]]
         if end == begin:
             return torch.empty(meta["shape"], dtype=dtype)
-        if transient:
-            buf = bytearray(end - begin)
-            with self.path.open("rb") as f:
-                f.seek(self.start + begin)
-                f.readinto(buf)
-        else:
-            buf = self.map
         count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-        offset = 0 if transient else self.start + begin
-        return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(meta["shape"])
+        return torch.frombuffer(self.map, dtype=dtype, count=count,
+                                offset=self.start + begin).reshape(meta["shape"])
