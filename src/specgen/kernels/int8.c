@@ -146,13 +146,24 @@ AVX512_VNNI static inline __attribute__((always_inline)) void dots_vnni(
     __m512i acc[TOKENS_VNNI][4];
     _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
         _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) acc[t][j] = _mm512_setzero_si512();
-    for (int i = 0; i < k; i += CHUNK) {
-        __mmask64 in = k - i >= CHUNK ? ~0ULL : (1ULL << (k - i)) - 1;
+    int full = k / CHUNK * CHUNK;
+    for (int i = 0; i < full; i += CHUNK) {
         __m512i wv[4];
         _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
-            wv[j] = _mm512_maskz_loadu_epi8(in, w + j * ldw + i);
+            wv[j] = _mm512_loadu_si512(w + j * ldw + i);
         _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {
             __m512i a = _mm512_loadu_si512(qx + t * ldx + i);
+            _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
+                acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], a, wv[j]);
+        }
+    }
+    if (full < k) {  // the last part of a row: weights past k read as zeros
+        __mmask64 in = (1ULL << (k - full)) - 1;
+        __m512i wv[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
+            wv[j] = _mm512_maskz_loadu_epi8(in, w + j * ldw + full);
+        _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) {
+            __m512i a = _mm512_loadu_si512(qx + t * ldx + full);
             _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
                 acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], a, wv[j]);
         }
@@ -194,7 +205,13 @@ static inline __attribute__((always_inline)) void dots_avx2(
         }
 }
 
+// Weights are prefetched this many bytes ahead as they are first read (row_sums): rows are
+// contiguous, so this reaches into the next block's rows, whose first loads would otherwise
+// wait on memory while the hardware prefetcher finds the new streams.
+#define PREFETCH_BYTES 4096
+
 // The sum of each of `no` weight rows (stride ldw) of k values: c[j] (fbgemm's column offsets).
+// The first read of a block's weights: the dot products then find them in the cache.
 static void row_sums(const int8_t *w, int64_t ldw, int k, int no, int32_t *c) {
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int j = 0; j < no; j++) {
@@ -202,6 +219,7 @@ static void row_sums(const int8_t *w, int64_t ldw, int k, int no, int32_t *c) {
         __m256i acc = _mm256_setzero_si256();
         int i = 0;
         for (; i + 32 <= k; i += 32) {
+            if (!(i & 63)) _mm_prefetch((const char *)r + i + PREFETCH_BYTES, _MM_HINT_T0);
             __m256i v = _mm256_loadu_si256((const __m256i *)(r + i));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
         }
@@ -254,20 +272,23 @@ void int8_linear(const float *x, const int8_t *w, const uint16_t *ws, float *y, 
     int zp;
     if (exact) {
         choose_qparams(-1.f, 1.f, &scale, &zp);
-        for (int r = 0; r < n; r++) {
-            float a, lo, hi;
-            extremes(x + (int64_t)r * k, k, &a, &lo, &hi);
-            amax[r] = a > 1e-30f ? a : 1e-30f;
-        }
     } else {
         float a, lo, hi;
         extremes(x, (int64_t)n * k, &a, &lo, &hi);
         choose_qparams(lo, hi, &scale, &zp);
     }
     float inverse = 1.f / scale;
-    for (int r = 0; r < n; r++)
+    // rows on every thread where there are enough of them (a prompt's)
+#pragma omp parallel for num_threads(threads) if (n > 4)
+    for (int r = 0; r < n; r++) {
+        if (exact) {
+            float a, lo, hi;
+            extremes(x + (int64_t)r * k, k, &a, &lo, &hi);
+            amax[r] = a > 1e-30f ? a : 1e-30f;
+        }
         quantize_row(x + (int64_t)r * k, k, kp, exact ? amax[r] : 1.f, inverse, (float)zp,
                      qx + (int64_t)r * kp);
+    }
 
     int wide = path == VNNI ? 4 : 2;  // outputs per block
     int tall = path == VNNI ? TOKENS_VNNI : TOKENS_AVX2;  // tokens per block
