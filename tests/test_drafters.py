@@ -319,14 +319,25 @@ def test_trimmed_draft_head_proposes_only_its_rows_and_stays_exact(pair, expecte
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
-def test_a_quantized_draft_head_is_not_trimmed(pair, expected):
+def test_an_int8_dyn_draft_head_is_trimmed_and_an_int8_wo_one_is_not(pair, expected):
+    """int8-dyn computes from the weight rows as stored, so its head's first rows are a head
+    of their own, computing what the whole head computes on them; int8-wo's packed head is
+    used whole."""
     from copy import deepcopy
 
     from specgen.kernels import quantize
 
     target, draft = pair
-    drafter = ModelDrafter(quantize.apply(deepcopy(draft), "int8-dyn"), 64, head_rows=40)
-    assert drafter.lm.head is None  # drafts over every row of its int8 head
+    whole = quantize.apply(deepcopy(draft), "int8-wo", verifier=False)
+    assert ModelDrafter(whole, 64, head_rows=40).lm.head is None  # every row of its int8 head
+    quantized = quantize.apply(deepcopy(draft), "int8-dyn", verifier=False)
+    drafter = ModelDrafter(quantized, 64, head_rows=40)
+    assert drafter.lm.head is not None
+    hidden = torch.randn(3, draft.config.hidden_size)
+    assert torch.equal(drafter.lm.head(hidden), quantized.lm_head(hidden)[:, :40])
+    context = repetitive_prompt(0)
+    ids, _ = drafter.propose(context, 6, GREEDY, None)
+    assert ids.max() < 40
     gen = SpeculativeGenerator(target, drafter, 4, adaptive=True)
     for seed in PROMPT_SEEDS:
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]

@@ -107,14 +107,15 @@ def as_set(ids: int | Sequence[int]) -> set[int]:
 
 class HeadRows:
     """The first rows of an output layer, called as the layer is: a float head's weight rows
-    (a view), or an int4-dyn head's packed rows (a view) with their scales (a copy of those
-    rows' scales, which the kernel reads contiguous)."""
+    (a view), an int8-dyn head's rows and scales (views), or an int4-dyn head's packed rows (a
+    view) with their scales (a copy of those rows' scales, which the kernel reads contiguous)."""
 
     def __init__(self, out: torch.nn.Module, rows: int) -> None:
         if isinstance(out, QuantLinear):
+            scales = out.scales[:rows] if out.kind == "int8-dyn" else out.scales[:, :rows].contiguous()
             self.layer: torch.nn.Module | None = QuantLinear(
-                out.in_features, rows, out.kind, out.group_size, out.weight[:rows],
-                out.scales[:, :rows].contiguous(), None)
+                out.in_features, rows, out.kind, out.group_size, out.weight[:rows], scales, None)
+            self.layer.batch_invariant = out.batch_invariant
             self.weight = None
         else:
             self.layer, self.weight = None, out.weight[:rows]
@@ -127,13 +128,16 @@ class HeadRows:
 
 def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> HeadRows | None:
     """The model's output layer cut to its first head_rows rows, or None where it drafts over
-    its whole vocabulary: no trim asked, or a head whose rows cannot be taken apart (int8
-    heads are packed by fbgemm or PyTorch as a whole)."""
+    its whole vocabulary: no trim asked, or a head whose rows cannot be taken apart (int8-wo
+    and int4-wo heads are packed by PyTorch as a whole, an int8-dyn head by fbgemm where
+    specgen's int8 kernel cannot be built)."""
     out = model.get_output_embeddings()
     if head_rows is None or head_rows >= vocab_size(model) or getattr(out, "bias", None) is not None:
         return None
     if isinstance(out, QuantLinear):
-        return HeadRows(out, head_rows) if out.kind == "int4-dyn" and out.joined is None else None
+        apart = (out.kind == "int4-dyn" and out.joined is None
+                 or out.kind == "int8-dyn" and out.weight is not None)
+        return HeadRows(out, head_rows) if apart else None
     return HeadRows(out, head_rows) if isinstance(out, torch.nn.Linear) else None
 
 
