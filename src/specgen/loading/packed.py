@@ -2,8 +2,7 @@
 every other tensor it holds (embeddings, norms, rotary tables) in one safetensors file, its
 config and its tokenizer. A load builds the model's skeleton on the meta device and attaches
 the stored tensors, memory-mapped from the file: the unquantized model is never built, and
-the bytes in memory are the bytes the model runs with. fbgemm's int8 layers (int8-dyn) keep
-a packed copy of their own, so theirs are read by copy and dropped, not mapped."""
+the bytes in memory are the bytes the model runs with."""
 
 from __future__ import annotations
 
