@@ -134,16 +134,16 @@ AVX512_VNNI static inline __m128i sum4(__m512i a, __m512i b, __m512i c, __m512i 
     return _mm_add_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
 }
 
-// Tokens per block: VNNI keeps 4 x 4 sums in registers, AVX2 4 x 2 (more spill to the stack).
-#define TOKENS_VNNI 4
-#define TOKENS_AVX2 4
+// Tokens per block, on both paths: VNNI keeps 4 x 4 sums in registers, AVX2 4 x 2 (wider
+// blocks spilled sums to the stack and ran slower).
+#define TOKENS 4
 
 // Sums of NT activation rows (stride ldx) times NO weight rows (stride ldw) over k inputs:
 // s[t * NO + j]. Called with NT and NO constants.
 AVX512_VNNI static inline __attribute__((always_inline)) void dots_vnni(
         const int8_t *w, int64_t ldw, const uint8_t *qx, int64_t ldx, int k, int nt, int no,
         int32_t *s) {
-    __m512i acc[TOKENS_VNNI][4];
+    __m512i acc[TOKENS][4];
     _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
         _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) acc[t][j] = _mm512_setzero_si512();
     int full = k / CHUNK * CHUNK;
@@ -181,7 +181,7 @@ AVX512_VNNI static inline __attribute__((always_inline)) void dots_vnni(
 static inline __attribute__((always_inline)) void dots_avx2(
         const int8_t *w, int64_t ldw, const uint8_t *qx, int64_t ldx, int k, int nt, int no,
         int32_t *s) {
-    __m256i acc[4][2];
+    __m256i acc[TOKENS][2];
     const __m256i ones16 = _mm256_set1_epi16(1);
     _Pragma("GCC unroll 4") for (int j = 0; j < no; j++)
         _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) acc[t][j] = _mm256_setzero_si256();
@@ -291,7 +291,6 @@ void int8_linear(const float *x, const int8_t *w, const uint16_t *ws, float *y, 
     }
 
     int wide = path == VNNI ? 4 : 2;  // outputs per block
-    int tall = path == VNNI ? TOKENS_VNNI : TOKENS_AVX2;  // tokens per block
     block_fn full = path == VNNI ? block_vnni_4 : block_avx2_2;
     block_fn one = path == VNNI ? block_vnni_1 : block_avx2_1;
     int blocks = (o + wide - 1) / wide;
@@ -301,14 +300,14 @@ void int8_linear(const float *x, const int8_t *w, const uint16_t *ws, float *y, 
         int j0 = b * wide, no = o - j0 < wide ? o - j0 : wide;
         float mult[4];
         for (int j = 0; j < no; j++) mult[j] = scale * bf16_to_float(ws[j0 + j]);
-        int32_t s[TOKENS_VNNI * 4], c[4];
+        int32_t s[TOKENS * 4], c[4];
         row_sums(w + (int64_t)j0 * k, k, k, no, c);
-        for (int t0 = 0; t0 < n; t0 += tall) {
-            int nt = n - t0 < tall ? n - t0 : tall;
+        for (int t0 = 0; t0 < n; t0 += TOKENS) {
+            int nt = n - t0 < TOKENS ? n - t0 : TOKENS;
             if (no == wide) full(w + (int64_t)j0 * k, k, qx + (int64_t)t0 * kp, kp, k, nt, s);
             else
                 for (int j = 0; j < no; j++) {
-                    int32_t s1[TOKENS_VNNI];
+                    int32_t s1[TOKENS];
                     one(w + (int64_t)(j0 + j) * k, k, qx + (int64_t)t0 * kp, kp, k, nt, s1);
                     for (int t = 0; t < nt; t++) s[t * wide + j] = s1[t];
                 }
