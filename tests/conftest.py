@@ -20,6 +20,18 @@ import pytest  # noqa: E402
 from support import distribution as _distribution, heads as _heads, tiny as _tiny  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def garbage_collector_as_found():
+    """A command run in this process pauses the garbage collector while it loads and freezes
+    what it loaded (cli.options.pause_gc, resume_gc): each test starts with it on, nothing
+    frozen."""
+    import gc
+
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
 @pytest.fixture
 def without_kernel(monkeypatch):
     """`without_kernel("rows")`: for the rest of the test that C kernel is unavailable, as on

@@ -57,6 +57,32 @@ def test_greedy_output_equals_the_targets_own_greedy_output(tiny_profile, chat_g
     assert [t["id"] for t in answer["tokens"]] == expected
 
 
+def test_the_garbage_collector_is_paused_while_the_models_load(tiny_profile, monkeypatch):
+    """Importing torch and loading the models make many objects, none garbage: `run` pauses
+    the collector for them, and it runs again (what was loaded frozen out of its scans) once
+    they are loaded, and also when loading fails."""
+    import gc
+
+    from specgen.app import session
+    from specgen.errors import ModelError
+
+    seen, real = [], session.open_session
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+    monkeypatch.setattr(session, "open_session", spy)
+    run_json(tiny_profile, "hello there")
+    assert seen == [False] and gc.isenabled() and gc.get_freeze_count() > 0
+
+    def fail(*a, **k):
+        raise ModelError("no such model")
+    monkeypatch.setattr(session, "open_session", fail)
+    gc.unfreeze()
+    result = invoke("-p", str(tiny_profile), "hello there")
+    assert result.exit_code == 2 and gc.isenabled()
+
+
 def test_raw_skips_the_chat_template(tiny_profile):
     templated = run_json(tiny_profile, "abc")
     raw = run_json(tiny_profile, "--raw", "abc")

@@ -6,7 +6,7 @@ import sys
 
 from specgen.app.render import TokenPrinter, make_console
 from specgen.paths import chat_history
-from specgen.cli.options import (GENERATION, MODELS, err, load_session, prefetch,
+from specgen.cli.options import (GENERATION, MODELS, err, load_session, pause_gc, prefetch,
                                  profile_with_options, shared, use_color)
 from specgen.profiles import check_seed
 
@@ -34,6 +34,7 @@ def chat(**options) -> None:
     check_seed(options["seed"])
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
+    pause_gc()  # until load_session has loaded the models
     from specgen.app import chat as chat_app  # loads torch: after every check of the input
 
     session = load_session(prof)

@@ -4,6 +4,7 @@ before it generates (read the prompt, apply the options to the profile, load the
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import sys
@@ -145,14 +146,33 @@ def prefetch(prof: Profile) -> None:
     start(prof)
 
 
+def pause_gc() -> None:
+    """Pause Python's cyclic garbage collector until the models are loaded (load_session
+    resumes it). Importing torch and loading a model make hundreds of thousands of objects,
+    none of them garbage, which the collector would scan again and again: about 0.3 s of
+    `import torch, transformers` alone on the reference VM (docs/benchmarks.md)."""
+    gc.disable()
+
+
+def resume_gc() -> None:
+    """The collector back on, with every object made so far (modules, models) frozen out of
+    its later scans: they live as long as the process."""
+    gc.freeze()
+    gc.enable()
+
+
 def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False,
                  lean: bool = True) -> Session:
     """Load the profile's models behind a status line (`peer_draft`, `with_head`, `lean`: see
-    loading.load_pair; only `specgen bench` hands its models to transformers' `generate`)."""
+    loading.load_pair; only `specgen bench` hands its models to transformers' `generate`).
+    The garbage collector runs again from here on, whether the load succeeds or not."""
     from specgen.app.session import open_session  # loads torch
-    with err.status("Loading models…") as status:
-        session = open_session(prof, progress=lambda msg: status.update(msg), peer_draft=peer_draft,
-                               with_head=with_head, lean=lean)
+    try:
+        with err.status("Loading models…") as status:
+            session = open_session(prof, progress=lambda msg: status.update(msg),
+                                   peer_draft=peer_draft, with_head=with_head, lean=lean)
+    finally:
+        resume_gc()
     for notice in session.notices:
         err.print(f"[dim]note: {escape(notice)}[/]", highlight=False, soft_wrap=True)
     return session

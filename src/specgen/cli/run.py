@@ -10,7 +10,7 @@ import typer
 
 from specgen.app.render import TokenPrinter, make_console, summary_line
 from specgen.app.store import record_run
-from specgen.cli.options import (GENERATION, MODELS, err, load_session, prefetch,
+from specgen.cli.options import (GENERATION, MODELS, err, load_session, pause_gc, prefetch,
                                  profile_with_options, read_prompt, shared, use_color, warn)
 from specgen.errors import ConfigError
 from specgen.profiles import check_seed
@@ -47,6 +47,7 @@ def run(
     text = read_prompt(prompt, file)
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
+    pause_gc()  # until load_session has loaded the models
     from specgen.app.answer import answer  # loads torch: after every check of the input
 
     session = load_session(prof)

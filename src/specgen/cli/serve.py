@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from specgen.cli.options import MODELS, err, load_session, prefetch, profile_with_options, shared
+from specgen.cli.options import (MODELS, err, load_session, pause_gc, prefetch, profile_with_options,
+                                 shared)
 
 HELP = """Serve the profile over HTTP: OpenAI- and Ollama-compatible APIs.
 
@@ -46,6 +47,7 @@ def serve(
     check_options(port, max_queue)
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
+    pause_gc()  # until load_session has loaded the models
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     session = load_session(prof)
     server = Server(session, host, port, api_key, max_queue, options["stats_db"],
