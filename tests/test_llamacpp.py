@@ -173,6 +173,45 @@ def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, 
     assert out["stats"]["draft_passes"] > 0
 
 
+def test_a_gguf_drafts_tokenizer_is_read_once_then_known_to_match(tmp_path, monkeypatch, isolated,
+                                                                   fake_llama, tiny_gguf):
+    """A llama.cpp draft's tokenizer is read from its GGUF (slow in transformers) only to check
+    it against the target's: once it matched, later runs skip it, until the file changes."""
+    import os
+
+    from specgen.loading import load as models
+    from specgen.loading.convert import locate
+    from specgen.profiles import ModelSpec
+
+    gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
+
+    def load(path, threads, n_ctx):
+        source = locate(ModelSpec(model=str(path)), "draft", torch.float32)
+        spec = ModelSpec(model=str(path), dtype="float32")
+        return fake_llama(models.load_model(source, spec, "cpu", torch.float32), eos=2)
+
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    monkeypatch.setattr(llamacpp, "load", load)
+    read, real = [], models.load_tokenizer
+
+    def spy(source, *a, **k):
+        read.append(source.gguf)
+        return real(source, *a, **k)
+    monkeypatch.setattr(models, "load_tokenizer", spy)
+
+    def gguf_reads():
+        read.clear()
+        result = CliRunner().invoke(app, ["run", "-p", str(profile), "--format", "json", "abc"])
+        assert result.exit_code == 0, result.output
+        return sum(name is not None for name in read)
+
+    gguf_reads()  # the first run converts the GGUF for the target (whose tokenizer it reads)
+    assert gguf_reads() == 1  # the draft's, read and checked against the converted target's
+    assert gguf_reads() == 0  # known to match
+    os.utime(gguf, ns=(gguf.stat().st_atime_ns, gguf.stat().st_mtime_ns + 10**9))
+    assert gguf_reads() == 1  # another file (as far as anyone can tell): read and checked again
+
+
 def test_a_llama_cpp_draft_without_llama_cpp_python_is_one_clear_error(tmp_path, monkeypatch, isolated, tiny_gguf):
     _, profile = gguf_profile(tiny_gguf, tmp_path, "")
     monkeypatch.setattr(llamacpp, "available", lambda: False)

@@ -19,7 +19,7 @@ from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, M
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
 from specgen.kernels import cuda_int4, prepare
-from specgen.loading import cache, mapped
+from specgen.loading import cache, mapped, tokenizer_cache
 from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate, locate_gguf, problem_of
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
@@ -282,16 +282,21 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             sources[role] = locate(spec, role, dtypes[role], progress, base)
         if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
             tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
+        elif role == "draft" and llama and tokenizer_cache.matched(sources["target"].path,
+                                                                   sources[role].gguf_path):
+            tokenizers[role] = tokenizers["target"]  # this file matched on an earlier run
         else:
             tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code, lean)
     if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
+        if llama:
+            tokenizer_cache.remember_match(sources["target"].path, sources["draft"].gguf_path)
 
     needs, loads = [], []
     for role, spec in roles:
         if llama and role == "draft":  # mapped from the file as it is
-            n = int((sources[role].path / sources[role].gguf).stat().st_size * OVERHEAD)
+            n = int(sources[role].gguf_path.stat().st_size * OVERHEAD)
             needs.append((f"draft {sources[role].name}", "cpu", n))
             loads.append((n, n))
             continue

@@ -45,6 +45,11 @@ class Source:
     verified: bool = False  # the gguf's sha256 was checked
     packed: bool = False  # `path` is a packed model in the cache (loading/packed.py)
 
+    @property
+    def gguf_path(self) -> Path:
+        """The .gguf file itself (for a source with `gguf`)."""
+        return self.path / self.gguf
+
 
 def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.endswith(".gguf")

@@ -84,6 +84,51 @@ def key(folder: Path) -> str | None:
     return h.hexdigest()[:32]
 
 
+# GGUF drafts whose tokenizer was found to match a target's (a file beside hashes.json)
+MATCHES = "tokenizer-matches.json"
+
+
+def _match(target: Path, gguf: Path) -> tuple[Path, str] | None:
+    name = key(target)
+    if name is None:
+        return None
+    st = gguf.stat()
+    return cache_dir() / MATCHES, f"{name}|{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def matched(target: Path, gguf: Path) -> bool:
+    """Whether the tokenizer in the GGUF file `gguf` was found, on an earlier run, to match
+    the one in the model folder `target` (loading.load checks a draft's against its
+    target's). transformers reads a GGUF's tokenizer by parsing the file's metadata in
+    Python, seconds for a 150k-token vocabulary, and a llama.cpp draft needs it for that
+    check alone. Known by the target's tokenizer entry (the bytes of its files) and the
+    GGUF's path, size and time, as hashes.json knows files."""
+    found = _match(target, gguf)
+    if found is None:
+        return False
+    path, name = found
+    try:
+        return name in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def remember_match(target: Path, gguf: Path) -> None:
+    """Record that the GGUF's tokenizer matched the target's (`matched`)."""
+    found = _match(target, gguf)
+    if found is None:
+        return
+    path, name = found
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    known[name] = True
+    cache.write_json(path, known)
+
+
 def entry_dir(name: str) -> Path:
     return cache_dir() / FOLDER / name
 
