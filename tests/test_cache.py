@@ -482,3 +482,22 @@ def test_a_packed_load_runs_exactly_as_quantizing_the_loaded_model(
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     with torch.no_grad():
         assert torch.equal(reference(ids).logits, pair.target(ids).logits)
+
+
+def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    """A demo GGUF is checked against its sha256 on every run that uses it (llama.cpp reads it
+    as it is): the hash is computed once and remembered by path, size and time, and computed
+    again once the file changes."""
+    from specgen.loading import hashing
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    hashed, real = [], hashing.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"weights")
+    want = real(f)
+    assert cache.remembered_sha256(f) == want and len(hashed) == 1
+    assert cache.remembered_sha256(f) == want and len(hashed) == 1  # remembered
+    f.write_bytes(b"changed")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert cache.remembered_sha256(f) == real(f) and len(hashed) == 2

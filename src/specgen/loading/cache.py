@@ -107,27 +107,33 @@ def weights_sha256(folder: Path) -> str:
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
     if not files:
         raise ModelError(f"{folder} holds no weights (*.safetensors or *.bin).")
+    parts = []
+    for f in files:
+        real = f.resolve()
+        if re.fullmatch(r"[0-9a-f]{64}", real.name):  # huggingface_hub's blobs/<sha256>
+            parts.append(f"{f.name}:{real.name}")
+        else:
+            parts.append(f"{f.name}:{remembered_sha256(real)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def remembered_sha256(path: Path) -> str:
+    """The sha256 of a file's contents, hashed once and remembered by its path, size and time
+    in `hashes.json` (a file changed since is hashed again)."""
     memo_path = cache_dir() / "hashes.json"
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
-    parts, changed = [], False
-    for f in files:
-        real = f.resolve()
-        if re.fullmatch(r"[0-9a-f]{64}", real.name):  # huggingface_hub's blobs/<sha256>
-            parts.append(f"{f.name}:{real.name}")
-            continue
-        st = real.stat()
-        stamp = [st.st_size, st.st_mtime_ns]
-        known = memo.get(str(real))
-        if not known or known[:2] != stamp:
-            memo[str(real)] = known = [*stamp, sha256_file(real)]
-            changed = True
-        parts.append(f"{f.name}:{known[2]}")
-    if changed:
+    real = path.resolve()
+    st = real.stat()
+    stamp = [st.st_size, st.st_mtime_ns]
+    known = memo.get(str(real)) if isinstance(memo, dict) else None
+    if not known or known[:2] != stamp:
+        memo = memo if isinstance(memo, dict) else {}
+        memo[str(real)] = known = [*stamp, sha256_file(real)]
         write_json(memo_path, memo)
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return known[2]
 
 
 # --- manifests and checks -----------------------------------------------------------------------

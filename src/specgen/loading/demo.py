@@ -64,12 +64,13 @@ def part_paths(asset: DemoAsset) -> list[Path] | None:
     return paths
 
 
-def assemble(asset: DemoAsset, folder: Path,
-             progress: Callable[[str], None] | None = None) -> Path | None:
+def assemble(asset: DemoAsset, folder: Path, progress: Callable[[str], None] | None = None,
+             sha256: Callable[[Path], str] = sha256_file) -> Path | None:
     """The verified GGUF file in `folder`, concatenated from the chunk packages the first
-    time. None when the packages are not installed. Raises ModelError on a sha256 mismatch."""
+    time. None when the packages are not installed. Raises ModelError on a sha256 mismatch.
+    `sha256` hashes the file already there (the loader's remembers what it hashed)."""
     out = folder / asset.filename
-    if out.is_file() and out.stat().st_size == asset.size and sha256_file(out) == asset.sha256:
+    if out.is_file() and out.stat().st_size == asset.size and sha256(out) == asset.sha256:
         return out
     parts = part_paths(asset)
     if parts is None:

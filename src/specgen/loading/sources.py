@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specgen.errors import ModelError
-from specgen.loading import demo, tokenizer_cache
+from specgen.loading import cache, demo, tokenizer_cache
 from specgen.loading.plain_tokenizer import PlainTokenizer
 from specgen.models import config as config_values
 from specgen.paths import cache_dir, heads_dir
@@ -98,7 +98,7 @@ def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source
         from specgen.loading.cache import sweep
 
         sweep(cache_dir() / "demo")  # half-written files of assemblies that were killed
-        assembled = demo.assemble(asset, cache_dir() / "demo", progress)
+        assembled = demo.assemble(asset, cache_dir() / "demo", progress, cache.remembered_sha256)
         if assembled is not None:
             return Source(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
                           verified=True)
