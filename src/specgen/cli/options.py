@@ -149,8 +149,8 @@ def prefetch(prof: Profile) -> None:
 def pause_gc() -> None:
     """Pause Python's cyclic garbage collector until the models are loaded (load_session
     resumes it). Importing torch and loading a model make hundreds of thousands of objects,
-    none of them garbage, which the collector would scan again and again: about 0.3 s of
-    `import torch, transformers` alone on the reference VM (docs/benchmarks.md)."""
+    none of them garbage, which the collector would scan again and again (what that costs a
+    start: docs/benchmarks.md)."""
     gc.disable()
 
 
