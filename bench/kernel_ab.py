@@ -56,12 +56,11 @@ def same_bits(stem: str, old, new) -> str:
     return f"the same bits on {sum(results)} of {len(results)} calls"
 
 
-def int8_layer(w: torch.Tensor, exact: bool = True):
-    """An int8-dyn layer of w that computes by either kernel: packed for fbgemm as well."""
+def int8_layer(w: torch.Tensor):
+    """A target's int8-dyn layer of w that computes by either kernel: packed for fbgemm as well."""
     from specgen.kernels import quantize
 
     layer = quantize.QuantLinear.from_linear(linear_of(w), "int8-dyn")
-    layer.batch_invariant = exact
     layer.packed = quantize.prepack_int8(layer.weight, layer.scales)
     return layer
 

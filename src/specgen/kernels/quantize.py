@@ -179,7 +179,6 @@ class QuantLinear(nn.Module):
         self.joined: Joined | None = None  # int4-dyn layers that share their input (join_int4_dyn)
         if kind == "int8-dyn":
             self.packed = None  # fbgemm's weight, where specgen's kernel cannot be built
-            self.anchor = row_anchor(in_features)
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
@@ -226,7 +225,7 @@ class QuantLinear(nn.Module):
         if not self.batch_invariant:
             return linear_int8_dyn(x, self.fbgemm_weight())
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
-        rows = torch.cat([x / amax, self.anchor])
+        rows = torch.cat([x / amax, row_anchor(self.in_features)])
         return linear_int8_dyn(rows, self.fbgemm_weight())[:-1] * amax
 
     def _mm(self, x: Tensor) -> Tensor:
@@ -388,7 +387,7 @@ def apply(model: nn.Module, scheme: str, verifier: bool = True) -> nn.Module:
         setattr(owner, attr, QuantLinear.from_linear(getattr(owner, attr), scheme))
     for layer in model.modules():
         if isinstance(layer, QuantLinear):
-            layer.batch_invariant = verifier  # only a verifier needs the anchor row's care
+            layer.batch_invariant = verifier  # only a verifier's rows are quantized each alone
     if scheme == "int4-dyn":
         join_int4_dyn(model)
     return model
