@@ -65,6 +65,33 @@ def test_each_row_has_the_bits_of_a_one_row_pass(dtype, path, k, n):
         assert torch.equal(many[:m], alone)
 
 
+needs_32_registers = pytest.mark.skipif(
+    linear.library() is None or linear.library().avx2_registers(0) < 32,
+    reason="this CPU has no AVX512VL (the AVX2 path's 32-register tiles)")
+
+
+@needs_32_registers
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k,n", [(200, 45), (1536, 70)])  # leftover inputs and weight rows
+def test_avx2_tiles_give_the_same_bits_in_16_and_32_registers(dtype, k, n):
+    """The 32-register tiles (4 weight rows by 4 tokens) sum each output as the 16-register ones
+    do: a model's outputs do not depend on which the CPU allows, and each row stays alone."""
+    torch.manual_seed(2)
+    layer = nn.Linear(k, n).to(dtype)
+    x = torch.randn(48, k).to(dtype)
+    for m in (1, 2, 3, 4, 5, 6, 9, 30, 48):
+        by = {}
+        for registers in (16, 32):
+            with linear.avx2_registers(registers) as used:
+                assert used == registers
+                by[registers] = linear.linear(x[:m], layer.weight, layer.bias, linear.AVX2)
+                alone = torch.cat([linear.linear(x[i:i + 1], layer.weight, layer.bias, linear.AVX2)
+                                   for i in range(m)])
+                assert torch.equal(by[registers], alone)
+        assert torch.equal(by[16], by[32])
+    assert linear.library().avx2_registers(0) == 32  # put back
+
+
 @pytest.mark.parametrize("kernel", [True, False], ids=["C", "pytorch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])

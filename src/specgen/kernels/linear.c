@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void tile(
         const char *w, int64_t stride, const void *xv, int k, int nw, int nx, int bf16,
         float *out) {
     const float *xf = xv;
-    __m256 acc[8];
+    __m256 acc[16];
     for (int i = 0; i < nw * nx; i++) acc[i] = _mm256_setzero_ps();
     int e = bf16 ? 2 : 4, kk = 0;
     for (; kk + 16 <= k; kk += 16) {
@@ -100,18 +100,47 @@ static inline __attribute__((always_inline)) void tile(
             for (int i = 0; i < n; i++) acc_out[(int64_t)(x0 + j) * nw + r + i] = out[j * n + i]; \
     }
 
-// Weight rows [r0, r0 + nw) against all m rows of x (fp32, spread when bf16): 4 rows of x
-// with 2 weight rows at a time while 4 are left (each weight vector converted once for 4
-// rows), then pairs with 4, then a single row with 8 (enough independent sums to hide the
-// multiply-add's latency).
-static void rows(const char *w, int64_t stride, const float *xs, int m, int k, int r0, int nw,
-                 int bf16, float *acc_out /* [m, nw] */) {
-    float out[8];
+// Weight rows [r0, r0 + nw) against all m rows of x (fp32, spread when bf16), in the 16
+// vector registers of AVX2: 4 rows of x with 2 weight rows at a time while 4 are left (each
+// weight vector converted once for 4 rows), then pairs with 4, then a single row with 8
+// (enough independent sums to hide the multiply-add's latency).
+static void rows16(const char *w, int64_t stride, const float *xs, int m, int k, int r0, int nw,
+                   int bf16, float *acc_out /* [m, nw] */) {
+    float out[16];
     int64_t xrow = (int64_t)k * sizeof(float);
     int x0 = 0;
     for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 2, 4)
     for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 4, 2)
     if (x0 < m) SPAN(tile, 8, 1)
+}
+
+// As rows16 in the 32 registers AVX512VL gives the same 8-lane instructions: 4 rows of x with
+// 4 weight rows (16 sums, each weight vector loaded once for 4 rows and each x vector once
+// for 4 weight rows), pairs with 8. The sums are the same instructions in the same order.
+#define AVX512VL __attribute__((target("avx2,fma,avx512f,avx512vl")))
+AVX512VL static void rows32(const char *w, int64_t stride, const float *xs, int m, int k, int r0,
+                            int nw, int bf16, float *acc_out /* [m, nw] */) {
+    float out[16];
+    int64_t xrow = (int64_t)k * sizeof(float);
+    int x0 = 0;
+    for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 4, 4)
+    for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 8, 2)
+    if (x0 < m) SPAN(tile, 8, 1)
+}
+
+// The vector registers the AVX2 path's tiles use: 32 where the CPU has AVX512VL, else 16.
+// Both give the same bits; avx2_registers(16) (tests, benches) makes a CPU with 32 use 16,
+// and returns what it used before; avx2_registers(0) asks without changing anything.
+static int registers = 0;
+
+static int most_registers(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") ? 32 : 16;
+}
+
+int avx2_registers(int n) {
+    int was = registers ? registers : most_registers();
+    if (n) registers = n >= 32 ? most_registers() : 16;
+    return was;
 }
 
 // The AVX512-BF16 path: x and W both bf16, as stored.
@@ -246,7 +275,8 @@ static void products(int path, const void *w, int64_t stride, const void *xs, co
     } else if (path != AVX2) {
         rows_dot(w, stride, x, mc, k, r0, nw, bf16, acc);
     } else {
-        rows(w, stride, xs, mc, k, r0, nw, bf16, acc);
+        if (registers == 32) rows32(w, stride, xs, mc, k, r0, nw, bf16, acc);
+        else rows16(w, stride, xs, mc, k, r0, nw, bf16, acc);
     }
 }
 
@@ -256,6 +286,7 @@ static void products(int path, const void *w, int64_t stride, const void *xs, co
 void dense_linear(const void *x, const void *w, const void *bias, void *y, int m, int k, int n,
                   int bf16, int path, int threads) {
     path = !bf16 ? AVX2 : path == AMX && k % 32 ? DOT : path;
+    if (!registers) registers = most_registers();  // a race that writes the same value
     int rows_at_once = m < CHUNK ? m : CHUNK;
     void *xs = path == AVX2 && bf16 ? malloc((size_t)rows_at_once * k * sizeof(float))
              : path == AMX ? malloc((size_t)(rows_at_once + TOKENS - 1) / TOKENS * TOKENS * k * 2)

@@ -7,6 +7,8 @@ the number of rows. `linear.c` reads each weight row once for all rows of a pass
 output by the same instructions whatever the number of rows, so a pass over a few tokens costs
 about one over a single token, and a token's logits never depend on the drafts verified with
 it. bf16 runs the fastest path this CPU has (`bf16_path`): AMX tiles, AVX512-BF16 or AVX2.
+The AVX2 path (fp32, and bf16 where nothing faster runs) holds more sums at once where
+AVX512VL gives it 32 vector registers, with the same bits (`avx2_registers`).
 In fp32, passes wider than FP32_ROWS (a long prompt) go to `W @ x.T`, which streams the
 weight once for all rows too. Where the library cannot be built (no C compiler, no AVX2) the
 layers keep PyTorch's products.
@@ -14,8 +16,10 @@ layers keep PyTorch's products.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,7 @@ FP32_ROWS = 48
 def declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i, i]
+    lib.avx2_registers.argtypes = [i]
 
 
 def library() -> ctypes.CDLL | None:
@@ -47,6 +52,19 @@ def bf16_path() -> int:
     """The fastest bf16 path this CPU runs: AMX tiles, AVX512-BF16 `vdpbf16ps`, or AVX2."""
     lib = library()
     return AVX2 if lib is None else lib.bf16_path()
+
+
+@contextlib.contextmanager
+def avx2_registers(n: int) -> Iterator[int]:
+    """Within: the AVX2 path's tiles use n vector registers, 16 or 32 (where the CPU has
+    AVX512VL; the most it has otherwise). Both give the same bits; tests and benches compare
+    them. Yields the number in use."""
+    lib = library()
+    was = lib.avx2_registers(n)
+    try:
+        yield lib.avx2_registers(0)
+    finally:
+        lib.avx2_registers(was)
 
 
 def linear(rows: Tensor, weight: Tensor, bias: Tensor | None, path: int | None = None) -> Tensor:
