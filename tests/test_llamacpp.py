@@ -75,6 +75,32 @@ def test_rejected_drafts_are_dropped_and_only_missing_tokens_are_read(tiny_pair,
     assert np.allclose(fresh.lm.llm.buffer, lm.llm.buffer, atol=1e-5)
 
 
+def test_a_context_that_outgrows_the_drafts_room_moves_to_a_bigger_one(tiny_pair, fake_llama):
+    """A draft starts with room for a few tokens (llama.cpp clears a whole cache when it makes
+    one) and, when a context outgrows it, reloads with twice the room and reads again the
+    tokens it held: the same drafts as a draft with room for all, the target's output."""
+    target, draft = tiny_pair()
+    rooms = []
+
+    def reload(n_ctx: int):
+        rooms.append(n_ctx)
+        return fake_llama(draft, n_ctx=n_ctx)
+
+    ids = prompt(3)
+    roomy = SpeculativeGenerator(target, ModelDrafter(llama_draft(fake_llama, draft), 64), 6,
+                                 adaptive=False)
+    lm = LlamaCppDraft(reload(8), reload)
+    growing = SpeculativeGenerator(target, ModelDrafter(lm, 64), 6, adaptive=False)
+    a = roomy.generate(ids, max_new_tokens=40)
+    b = growing.generate(ids, max_new_tokens=40)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40, min_new_tokens=40)
+    assert b.token_ids == a.token_ids == plain[0, 9:].tolist()
+    assert b.stats.k_per_step == a.stats.k_per_step and b.stats.accepted == a.stats.accepted
+    assert rooms == [8, 16, 32, 64]  # a 9-token prompt, then about 40 more
+    assert lm.llm.evals[0] > 1  # the new model read the context held so far in one pass
+    assert lm.limit() == draft.config.max_position_embeddings  # as far as it can grow
+
+
 def test_sampled_output_keeps_the_target_distribution(distribution, fake_llama):
     target, draft = distribution.tiny_pair("llama")
     params = SamplingParams(1.0)
@@ -168,7 +194,7 @@ def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, 
     monkeypatch.setattr(llamacpp, "load", load)
     result = CliRunner().invoke(app, ["run", "-p", str(profile), "--format", "json", "abc"])
     assert result.exit_code == 0, result.output
-    assert loaded == [(gguf, torch.get_num_threads(), 0)]
+    assert loaded == [(gguf, torch.get_num_threads(), llamacpp.ROOM)]
     out = json.loads(result.stdout)
     assert out["stats"]["draft_passes"] > 0
 
@@ -249,9 +275,10 @@ def test_the_real_llama_cpp_drafts_for_the_target_exactly(tmp_path, monkeypatch,
     spec = ModelSpec(model=str(gguf), dtype="float32")
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
     target = models.load_model(locate(spec, "target", torch.float32), spec, "cpu", torch.float32)
-    lm = llamacpp.load_draft(gguf, 1)
+    lm = llamacpp.load_draft(gguf, 1, room=8)  # outgrown: llama.cpp's cache made again, bigger
     ids = torch.tensor([[5, 9, 11, 3, 7]])
     plain = target.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24)
     result = SpeculativeGenerator(target, lm, 4).generate(ids, max_new_tokens=24)
     assert result.token_ids == plain[0, 5:].tolist()
     assert result.stats.accepted > 0  # the same weights: llama.cpp's guesses hold
+    assert lm.room() >= 29 and lm.limit() == 128  # grown; the file's training context

@@ -161,6 +161,7 @@ class FakeLlama:
         self.n_tokens = 0
         self.ctx = self  # the handle llama_get_logits_ith receives
         self.buffer = np.zeros(model.config.vocab_size, dtype=np.float32)
+        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)  # as Llama's: one slot a position
         self.evals: list[int] = []  # tokens per eval call
 
     def n_vocab(self) -> int:
@@ -173,6 +174,9 @@ class FakeLlama:
         return self._n_ctx
 
     def eval(self, tokens: list[int]) -> None:
+        if self.n_tokens + len(tokens) > self._n_ctx:  # Llama fails where its slots end
+            raise ValueError(f"{self.n_tokens + len(tokens)} tokens in a context of {self._n_ctx}")
+        self.input_ids[self.n_tokens:self.n_tokens + len(tokens)] = tokens
         extra = self.cache.get_seq_length() - self.n_tokens
         if extra > 0:
             self.cache.crop(-extra)
@@ -187,7 +191,7 @@ class FakeLlama:
 
 
 def fake_llama_cpp():
-    """A stand-in for the llama_cpp module: only llama_get_logits_ith, as LlamaCppDraft calls it."""
+    """A stand-in for the llama_cpp module: what LlamaCppDraft calls of it."""
     import ctypes
     import importlib.machinery
     import types
@@ -196,9 +200,13 @@ def fake_llama_cpp():
         assert i == -1  # LlamaCppDraft reads the last position's row only
         return ctx.buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
+    def llama_model_n_ctx_train(model) -> int:  # FakeLlama.model: the transformers model
+        return model.config.max_position_embeddings
+
     module = types.ModuleType("llama_cpp")
     module.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)  # for find_spec
     module.llama_get_logits_ith = llama_get_logits_ith
+    module.llama_model_n_ctx_train = llama_model_n_ctx_train
     return module
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +51,24 @@ def load(gguf: Path, threads: int, n_ctx: int):
                          "the model in transformers (draft.runtime = \"transformers\").") from None
 
 
+# A draft's first cache room, in tokens. llama.cpp allocates (and clears) a context's whole
+# cache when it makes it: for a model's whole training context that is most of the draft's
+# start. A context that outgrows the room gets a bigger one (`LlamaCppDraft.logits`).
+ROOM = 4096
+
+
 class LlamaCppDraft:
     """A draft model run by llama.cpp, with the interface drafters.ModelDrafter drafts with:
     `logits(ids)`, `crop(length)`, `reset()` and `length`. Its KV cache holds the first
     `length` tokens of the context; cropping only moves that mark, and llama.cpp drops the
-    cache entries past it before its next evaluation."""
+    cache entries past it before its next evaluation. `reload(n_ctx)`, where given, makes the
+    same model with room for n_ctx tokens: a context that outgrows the room moves to a model
+    with twice as much (or more), which reads the tokens held so far again."""
 
     device = torch.device("cpu")
 
-    def __init__(self, llm) -> None:
-        self.llm = llm
+    def __init__(self, llm, reload: Callable[[int], object] | None = None) -> None:
+        self.llm, self.reload = llm, reload
         self.vocab_size = self.input_vocab = llm.n_vocab()
         self.eos_token_id = llm.token_eos()
 
@@ -68,13 +76,38 @@ class LlamaCppDraft:
     def length(self) -> int:
         return self.llm.n_tokens
 
+    def limit(self) -> int:
+        """The most positions it takes: its training context where its room can grow."""
+        if self.reload is None:
+            return self.room()
+        import llama_cpp
+
+        return max(self.room(), llama_cpp.llama_model_n_ctx_train(self.llm.model))
+
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
         import llama_cpp
 
+        if self.reload is not None and self.length + len(ids) > self.room():
+            self._grow(self.length + len(ids))
         self.llm.eval(ids.tolist())
         row = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)  # llama.cpp's buffer: copy it
         return torch.from_numpy(np.ctypeslib.as_array(row, shape=(self.vocab_size,)).copy())
+
+    def room(self) -> int:
+        """The tokens its cache holds. llama.cpp may make a cache with more room than asked,
+        but the binding keeps the context's token ids for as many as were asked."""
+        return min(self.llm.n_ctx(), len(self.llm.input_ids))
+
+    def _grow(self, need: int) -> None:
+        held = self.llm.input_ids[:self.length].tolist()
+        room = self.room()
+        while room < need:
+            room *= 2
+        self.llm = None  # the old cache goes before the new one is allocated
+        self.llm = self.reload(room)
+        if held:
+            self.llm.eval(held)
 
     def crop(self, length: int) -> None:
         self.llm.n_tokens = min(self.llm.n_tokens, length)
@@ -83,10 +116,13 @@ class LlamaCppDraft:
         self.llm.reset()
 
 
-def load_draft(gguf: Path, threads: int) -> LlamaCppDraft:
-    """A LlamaCppDraft on `gguf`, with room for the model's whole training context (the
-    target's context limits the answer, never the draft's cache)."""
-    return LlamaCppDraft(load(gguf, threads, n_ctx=0))
+def load_draft(gguf: Path, threads: int, room: int = ROOM) -> LlamaCppDraft:
+    """A LlamaCppDraft on `gguf` with a cache for `room` tokens, grown when a context outgrows
+    it (the target's context limits the answer, never the draft's cache)."""
+    def reload(n_ctx: int):
+        return load(gguf, threads, n_ctx)
+
+    return LlamaCppDraft(reload(room), reload)
 
 
 def generate(llm, input_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int]

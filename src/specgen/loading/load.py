@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class LoadedPair:
 def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None:
     """The most positions the model takes (None when its config does not say)."""
     if isinstance(model, llamacpp.LlamaCppDraft):
-        return model.llm.n_ctx()
+        return model.limit()
     return model.config.get_text_config().max_position_embeddings
 
 
@@ -195,6 +196,30 @@ def _weights_key(source: Source, dtype: torch.dtype) -> str:
     return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
 
 
+class Background:
+    """fn(*args) on a daemon thread; `result()` waits for it and returns what it returned, or
+    raises what it raised."""
+
+    def __init__(self, fn, *args) -> None:
+        self._out: tuple[bool, object] | None = None
+
+        def run() -> None:
+            try:
+                self._out = (True, fn(*args))
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller
+                self._out = (False, e)
+
+        self._thread = threading.Thread(target=run, name=f"specgen-{fn.__name__}", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        ok, value = self._out
+        if not ok:
+            raise value
+        return value
+
+
 def load_llama_draft(source: Source, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
     """The GGUF draft on llama.cpp's CPU kernels, with as many threads as torch uses."""
     say(progress, f"Loading draft {source.name} in llama.cpp on cpu")
@@ -280,18 +305,6 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             sources[role] = locate_gguf(spec, role, progress, base)
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
-        if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
-            tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
-        elif role == "draft" and llama and tokenizer_cache.matched(sources["target"].path,
-                                                                   sources[role].gguf_path):
-            tokenizers[role] = tokenizers["target"]  # this file matched on an earlier run
-        else:
-            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code, lean)
-    if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
-        check_tokenizers(tokenizers["target"], tokenizers["draft"],
-                         sources["target"].name, sources["draft"].name)
-        if llama:
-            tokenizer_cache.remember_match(sources["target"].path, sources["draft"].gguf_path)
 
     needs, loads = [], []
     for role, spec in roles:
@@ -317,10 +330,29 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             free = free_bytes(devices["target"])
             raise ResourceError(f"{e} {smaller_profiles(free, profile.name)}") from None
 
+    # llama.cpp loads the draft on a thread of its own (its C calls let go of the GIL) while
+    # the tokenizers are read and the target is mapped here: it mostly waits on memory.
+    draft_load = (Background(load_llama_draft, sources["draft"], progress)
+                  if llama and "draft" in sources else None)
+    for role, spec in roles:
+        if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
+            tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
+        elif role == "draft" and llama and tokenizer_cache.matched(sources["target"].path,
+                                                                   sources[role].gguf_path):
+            tokenizers[role] = tokenizers["target"]  # this file matched on an earlier run
+        else:
+            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code, lean)
+    if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
+        check_tokenizers(tokenizers["target"], tokenizers["draft"],
+                         sources["target"].name, sources["draft"].name)
+        if llama:
+            tokenizer_cache.remember_match(sources["target"].path, sources["draft"].gguf_path)
+
     key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
-    models = {role: load_llama_draft(sources[role], progress) if llama and role == "draft"
-              else load_model(sources[role], spec, devices[role], dtypes[role], progress, role, lean)
-              for role, spec in roles}
+    models = {role: load_model(sources[role], spec, devices[role], dtypes[role], progress, role, lean)
+              for role, spec in roles if not (llama and role == "draft")}
+    if draft_load is not None:
+        models["draft"] = draft_load.result()
     draft_spec = profile.draft if "draft" in models else None
     head = None
     if profile.draft is not None and profile.draft.head and (
