@@ -4,13 +4,16 @@ of the demo target's forward (a prompt pass, one token, a verify pass of 5).
 
     python bench/kernel_ab.py int4 --rev HEAD~1 [--scheme int4-dyn] [--rounds 6]
     python bench/kernel_ab.py rows --rev HEAD~1 [--scheme int4-dyn]
-    python bench/kernel_ab.py linear --rev HEAD~1 [--scheme none]
+    python bench/kernel_ab.py linear --rev HEAD~1 [--scheme none] [--dtype float32]
+    python bench/kernel_ab.py linear --rev registers16 --dtype float32
     python bench/kernel_ab.py int8 --rev fbgemm [--scheme int8-dyn]
 
 The other revision's source (with the header beside it) is compiled with today's flags and
 swapped in through kernels.build.swapped, so REV must share today's function signatures and
 scratch sizes. `--rev fbgemm` (int8 only) is PyTorch's fbgemm dynamic linear, which int8-dyn
-falls back to where its kernel cannot be built, instead of another revision. Prints medians
+falls back to where its kernel cannot be built, instead of another revision; `--rev
+registers16` (linear only) is today's library with the AVX2 path's 16-register tiles (fp32,
+and bf16 where the CPU has nothing faster) against its 32-register ones. Prints medians
 of interleaved calls and new over old.
 """
 
@@ -27,6 +30,16 @@ from harness import demo_target, interleaved, library_at, rotating  # bench/, be
 from specgen.kernels import build
 
 PROMPT = 300
+REGISTERS16 = "registers16"  # --rev: linear.c's AVX2 tiles in 16 registers, today's source
+DTYPE = torch.bfloat16  # the linear kernel's layers (--dtype)
+
+
+def using(stem: str, lib, mod):
+    """Where calls take `lib`: swapped in for the kernel's library, or (REGISTERS16) today's
+    linear library with its AVX2 tiles held to 16 registers."""
+    if lib == REGISTERS16:
+        return mod.avx2_registers(16)
+    return build.swapped(stem, lib, mod.declare)
 
 
 def same_bits(stem: str, old, new) -> str:
@@ -43,14 +56,14 @@ def same_bits(stem: str, old, new) -> str:
             layer = int8_layer(torch.randn(n, k) * 0.02)
             call = lambda: layer.dyn(x)  # noqa: E731
         elif stem == "linear":
-            w = (torch.randn(n, k) * 0.02).bfloat16()
-            call = lambda: mod.linear(x.bfloat16(), w, None)  # noqa: E731
+            w = (torch.randn(n, k) * 0.02).to(DTYPE)
+            call = lambda: mod.linear(x.to(DTYPE), w, None)  # noqa: E731
         else:
             weight = torch.rand(k) + 0.5
             call = lambda: mod.rms_norm(x, weight, 1e-6)  # noqa: E731
         outs = []
         for lib in (old, new):
-            with build.swapped(stem, lib, mod.declare):
+            with using(stem, lib, mod):
                 outs.append(call())
         results.append(torch.equal(*outs))
     return f"the same bits on {sum(results)} of {len(results)} calls"
@@ -85,15 +98,15 @@ def layer_calls(stem: str, libs: dict, rounds: int) -> None:
             weights = rotating(lambda: int8_layer(w), n * k)
             call = lambda x: weights().dyn(x)  # noqa: E731
         else:
-            wb = w.bfloat16()
+            wb = w.to(DTYPE)
             weights = rotating(lambda: wb.clone(), wb.nbytes)
-            call = lambda x: mod.linear(x.bfloat16(), weights(), None)  # noqa: E731
+            call = lambda x: mod.linear(x.to(DTYPE), weights(), None)  # noqa: E731
         for m in (1, 5):
             x = torch.randn(m, k)
             variants = {}
             for name, lib in libs.items():
                 def run(lib=lib):
-                    with build.swapped(stem, lib, mod.declare):
+                    with using(stem, lib, mod):
                         call(x)
                 variants[name] = run
             report(f"{k}->{n}, {m} row(s)", interleaved(variants, 20 * rounds))
@@ -116,7 +129,7 @@ def model_passes(stem: str, libs: dict, target, rounds: int) -> None:
 
     def with_lib(lib, fn):
         def run():
-            with build.swapped(stem, lib, mod.declare):
+            with using(stem, lib, mod):
                 fn()
         return run
 
@@ -146,7 +159,11 @@ def main() -> None:
     ap.add_argument("--scheme", default=None, help="the target's quantization (default: the kernel's)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="the linear kernel's layers and the demo target's dtype (linear only)")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     mod = importlib.import_module(f"specgen.kernels.{args.kernel}")
     new = mod.library()
@@ -155,6 +172,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         if args.rev == "fbgemm" and args.kernel == "int8":
             old = None  # build.swapped: PyTorch's ops
+        elif args.rev == REGISTERS16 and args.kernel == "linear":
+            old = REGISTERS16
         else:
             old = library_at(args.rev, args.kernel, Path(folder))
             mod.declare(old)
@@ -164,7 +183,8 @@ def main() -> None:
         layer_calls(args.kernel, libs, args.rounds)
         scheme = args.scheme or {"int4": "int4-dyn", "rows": "int4-dyn", "linear": "none",
                                  "int8": "int8-dyn"}[args.kernel]
-        model_passes(args.kernel, libs, demo_target(scheme), args.rounds)
+        dtype = args.dtype if args.kernel == "linear" else "auto"
+        model_passes(args.kernel, libs, demo_target(scheme, dtype), args.rounds)
 
 
 if __name__ == "__main__":
