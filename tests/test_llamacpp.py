@@ -183,12 +183,14 @@ def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, 
 
     gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
     loaded = []
+    # llama.cpp on the GGUF: here the same weights in torch, converted before the run (the
+    # draft loads on a thread of its own while the run converts the target from that file)
+    spec = ModelSpec(model=str(gguf), dtype="float32")
+    weights = models.load_model(locate(spec, "draft", torch.float32), spec, "cpu", torch.float32)
 
-    def load(path, threads, n_ctx):  # llama.cpp on the GGUF: here the same weights in torch
+    def load(path, threads, n_ctx):
         loaded.append((path, threads, n_ctx))
-        source = locate(ModelSpec(model=str(path)), "draft", torch.float32)
-        spec = ModelSpec(model=str(path), dtype="float32")
-        return fake_llama(models.load_model(source, spec, "cpu", torch.float32), eos=2)
+        return fake_llama(weights, eos=2)
 
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     monkeypatch.setattr(llamacpp, "load", load)

@@ -104,10 +104,10 @@ class LlamaCppDraft:
         room = self.room()
         while room < need:
             room *= 2
-        self.llm = None  # the old cache goes before the new one is allocated
-        self.llm = self.reload(room)
+        bigger = self.reload(room)  # where it fails, the draft keeps the room it had
         if held:
-            self.llm.eval(held)
+            bigger.eval(held)
+        self.llm = bigger
 
     def crop(self, length: int) -> None:
         self.llm.n_tokens = min(self.llm.n_tokens, length)

@@ -100,32 +100,35 @@ static inline __attribute__((always_inline)) void tile(
             for (int i = 0; i < n; i++) acc_out[(int64_t)(x0 + j) * nw + r + i] = out[j * n + i]; \
     }
 
-// Weight rows [r0, r0 + nw) against all m rows of x (fp32, spread when bf16), in the 16
-// vector registers of AVX2: 4 rows of x with 2 weight rows at a time while 4 are left (each
-// weight vector converted once for 4 rows), then pairs with 4, then a single row with 8
-// (enough independent sums to hide the multiply-add's latency).
-static void rows16(const char *w, int64_t stride, const float *xs, int m, int k, int r0, int nw,
-                   int bf16, float *acc_out /* [m, nw] */) {
+// Weight rows [r0, r0 + nw) against all m rows of x (fp32, spread when bf16). In AVX2's 16
+// vector registers: 4 rows of x with 2 weight rows at a time while 4 are left (each weight
+// vector converted once for 4 rows), then pairs with 4, then a single row with 8 (enough
+// independent sums to hide the multiply-add's latency). `wide`, in the 32 registers AVX512VL
+// gives the same 8-lane instructions: 4 rows with 4 weight rows (16 sums; each weight vector
+// loaded once for 4 rows, each x vector once for 4 weight rows), pairs with 8. Each output is
+// summed by the same instructions in the same order either way.
+static inline __attribute__((always_inline)) void rows(
+        const char *w, int64_t stride, const float *xs, int m, int k, int r0, int nw, int bf16,
+        float *acc_out /* [m, nw] */, int wide) {
     float out[16];
     int64_t xrow = (int64_t)k * sizeof(float);
     int x0 = 0;
-    for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 2, 4)
-    for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 4, 2)
+    if (wide) for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 4, 4)
+    else for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 2, 4)
+    if (wide) for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 8, 2)
+    else for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 4, 2)
     if (x0 < m) SPAN(tile, 8, 1)
 }
 
-// As rows16 in the 32 registers AVX512VL gives the same 8-lane instructions: 4 rows of x with
-// 4 weight rows (16 sums, each weight vector loaded once for 4 rows and each x vector once
-// for 4 weight rows), pairs with 8. The sums are the same instructions in the same order.
+static void rows16(const char *w, int64_t stride, const float *xs, int m, int k, int r0, int nw,
+                   int bf16, float *acc_out) {
+    rows(w, stride, xs, m, k, r0, nw, bf16, acc_out, 0);
+}
+
 #define AVX512VL __attribute__((target("avx2,fma,avx512f,avx512vl")))
 AVX512VL static void rows32(const char *w, int64_t stride, const float *xs, int m, int k, int r0,
-                            int nw, int bf16, float *acc_out /* [m, nw] */) {
-    float out[16];
-    int64_t xrow = (int64_t)k * sizeof(float);
-    int x0 = 0;
-    for (; x0 + 4 <= m; x0 += 4) SPAN(tile, 4, 4)
-    for (; x0 + 2 <= m; x0 += 2) SPAN(tile, 8, 2)
-    if (x0 < m) SPAN(tile, 8, 1)
+                            int nw, int bf16, float *acc_out) {
+    rows(w, stride, xs, m, k, r0, nw, bf16, acc_out, 1);
 }
 
 // The vector registers the AVX2 path's tiles use: 32 where the CPU has AVX512VL, else 16.
