@@ -212,11 +212,11 @@ def test_a_gguf_drafts_tokenizer_is_read_once_then_known_to_match(tmp_path, monk
     from specgen.profiles import ModelSpec
 
     gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
+    spec = ModelSpec(model=str(gguf), dtype="float32")  # converted before the runs, as above
+    weights = models.load_model(locate(spec, "draft", torch.float32), spec, "cpu", torch.float32)
 
     def load(path, threads, n_ctx):
-        source = locate(ModelSpec(model=str(path)), "draft", torch.float32)
-        spec = ModelSpec(model=str(path), dtype="float32")
-        return fake_llama(models.load_model(source, spec, "cpu", torch.float32), eos=2)
+        return fake_llama(weights, eos=2)
 
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     monkeypatch.setattr(llamacpp, "load", load)
@@ -233,7 +233,6 @@ def test_a_gguf_drafts_tokenizer_is_read_once_then_known_to_match(tmp_path, monk
         assert result.exit_code == 0, result.output
         return sum(name is not None for name in read)
 
-    gguf_reads()  # the first run converts the GGUF for the target (whose tokenizer it reads)
     assert gguf_reads() == 1  # the draft's, read and checked against the converted target's
     assert gguf_reads() == 0  # known to match
     os.utime(gguf, ns=(gguf.stat().st_atime_ns, gguf.stat().st_mtime_ns + 10**9))
