@@ -184,6 +184,25 @@ def test_an_untried_guesser_drafts_only_where_it_could_beat_the_tried_ones():
     assert choose_guesser(fresh, ("lookup-3", "model"), 100) == ("lookup-3", 2)  # the first in order
 
 
+def test_a_switched_off_guessers_probe_takes_its_step():
+    """A hybrid's model switched off early is measured again only by its probes: at a probe
+    it drafts even where lookup's free guesses outscore its old yield, and between probes
+    lookup keeps the steps."""
+    costs: dict[int, float] = {}
+    lookup = AdaptiveK(6, verify_cost=costs)
+    feed(lookup, 4, 1, draft_s=0.0, verify_s=0.18)  # free, now and then right
+    model = AdaptiveK(6, verify_cost=costs, self_stopping=True)
+    feed(model, 2, 0, draft_s=0.05, verify_s=0.18)  # every draft of its first steps wrong
+    for _ in range(4):
+        step(model, 2, 0, 0.05, 0.18)
+    step(model, 0, 0, 0.0, 0.17)
+    policies = {"lookup-1": lookup, "model": model}
+    picks = [choose_guesser(policies, ("lookup-1", "model"), 100)[0] for _ in range(model.wait)]
+    assert model.score(6) < lookup.score(lookup.choose(100))  # lookup is expected to yield more
+    assert picks[:-1] == ["lookup-1"] * (len(picks) - 1)
+    assert picks[-1] == "model" and model.probing  # the probe drafts
+
+
 def test_a_probe_not_taken_is_forgotten():
     """A policy may offer a probe on a step another guesser wins; its next real draft that
     fails must not count as a failed probe."""

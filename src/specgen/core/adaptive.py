@@ -23,7 +23,10 @@ self-ended drafts too: no model of a draft whose length it does not choose. Such
 stops where the draft is unsure, so it is cheap and comes after 4 plain steps, not 16.
 
 Between guessers, each step goes to the best measured yield (tokens per second of the
-guesser's own steps; the expected rate of its K until it has drafted a few times).
+guesser's own steps; the expected rate of its K until it has drafted a few times), except
+that a switched-off guesser's probe takes its step: its yield is measured only on the steps
+it drafts, so a hybrid's draft model switched off early would otherwise never be asked again
+while prompt lookup's free guesses outscore its old yield.
 
 A guesser may have to read context before it can guess: a draft model reads the prompt
 when first asked to draft, and catches up on what other guessers drafted. That reading is
@@ -160,12 +163,15 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
                    catch_up: Mapping[str, float] | None = None,
                    saved: Callable[[float], float] | None = None) -> tuple[str | None, int]:
     """Of the `guessers` whose policy drafts this step, the one with the best score (the
-    first of equals), with its K; (None, 0) when none drafts: a plain step. A guesser with
+    first of equals), with its K; (None, 0) when none drafts: a plain step. A switched-off
+    guesser's probe comes before every score: a probe is there to measure, and a guesser
+    measured only when it outscores the others would keep the poor yield that switched it
+    off for the rest of the answer, however its guesses would do now. A guesser with
     `catch_up` seconds of reading to do first drafts only where `saved(its score)`, the
     seconds it is expected to save, is more (a probe excepted): where other guessers
     already make tokens about as fast, it has nothing to repay its reading with."""
     best: tuple[str | None, int] = (None, 0)
-    best_score = -math.inf
+    best_key = (False, -math.inf)
     for guesser in guessers:
         policy = policies[guesser]
         k = policy.choose(limit)
@@ -176,8 +182,8 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
         probe = getattr(policy, "probing", False)
         if seconds > 0.0 and not probe and (saved is None or saved(score) <= seconds):
             continue
-        if score > best_score:
-            best, best_score = (guesser, k), score
+        if (probe, score) > best_key:
+            best, best_key = (guesser, k), (probe, score)
     return best
 
 
