@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import time
@@ -119,9 +120,7 @@ class LlamaCppDraft:
 def load_draft(gguf: Path, threads: int, room: int = ROOM) -> LlamaCppDraft:
     """A LlamaCppDraft on `gguf` with a cache for `room` tokens, grown when a context outgrows
     it (the target's context limits the answer, never the draft's cache)."""
-    def reload(n_ctx: int):
-        return load(gguf, threads, n_ctx)
-
+    reload = functools.partial(load, gguf, threads)
     return LlamaCppDraft(reload(room), reload)
 
 

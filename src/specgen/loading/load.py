@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -196,30 +196,6 @@ def _weights_key(source: Source, dtype: torch.dtype) -> str:
     return hashlib.sha256(f"{ident}|{dtype_name(dtype)}".encode()).hexdigest()[:32]
 
 
-class Background:
-    """fn(*args) on a daemon thread; `result()` waits for it and returns what it returned, or
-    raises what it raised."""
-
-    def __init__(self, fn, *args) -> None:
-        self._out: tuple[bool, object] | None = None
-
-        def run() -> None:
-            try:
-                self._out = (True, fn(*args))
-            except BaseException as e:  # noqa: BLE001 -- handed to the caller
-                self._out = (False, e)
-
-        self._thread = threading.Thread(target=run, name=f"specgen-{fn.__name__}", daemon=True)
-        self._thread.start()
-
-    def result(self):
-        self._thread.join()
-        ok, value = self._out
-        if not ok:
-            raise value
-        return value
-
-
 def load_llama_draft(source: Source, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
     """The GGUF draft on llama.cpp's CPU kernels, with as many threads as torch uses."""
     say(progress, f"Loading draft {source.name} in llama.cpp on cpu")
@@ -331,9 +307,12 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
             raise ResourceError(f"{e} {smaller_profiles(free, profile.name)}") from None
 
     # llama.cpp loads the draft on a thread of its own (its C calls let go of the GIL) while
-    # the tokenizers are read and the target is mapped here: it mostly waits on memory.
-    draft_load = (Background(load_llama_draft, sources["draft"], progress)
-                  if llama and "draft" in sources else None)
+    # the tokenizers are read and the target is mapped here.
+    draft_load = None
+    if llama and "draft" in sources:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="specgen-llama-draft")
+        draft_load = pool.submit(load_llama_draft, sources["draft"], progress)
+        pool.shutdown(wait=False)
     for role, spec in roles:
         if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
             tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
