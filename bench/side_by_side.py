@@ -1,8 +1,7 @@
 """One method with one setting varied, side by side in one process: seconds per answer, per
-prompt. The settings: `k` (K_max), `draft-tile-rows` (kernels.int4.DRAFT_TILE_ROWS: from
+prompt. The settings: `k` (K_max) and `draft-tile-rows` (kernels.int4.DRAFT_TILE_ROWS: from
 how many tokens an int4-dyn draft's passes take the tiles; 49 is row by row up to 48 tokens,
-as a target's) and `judge-rows` (core.adaptive.JUDGE_ROWS: at how many answer tokens a draft's
-catch-up judges its guesses; 0 judges none).
+as a target's).
 
     python bench/side_by_side.py --profile qwen-coder-demo-int8-int4 --vary k=4,8 \
         --prompts all.jsonl --repeats 2
@@ -28,7 +27,6 @@ import torch
 
 from specgen.app.session import encode_messages, messages_for, open_session
 from specgen.bench.runner import builtin_prompts, read_prompts
-from specgen.core import adaptive
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.kernels import int4
@@ -39,8 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="qwen-coder-demo-int8-int4")
     ap.add_argument("--vary", default="k=4,8",
-                    help="SETTING=V1,V2,...: k, draft-tile-rows or judge-rows, the first value the "
-                         "reference")
+                    help="SETTING=V1,V2,...: k or draft-tile-rows, the first value the reference")
     ap.add_argument("--k", type=int, default=4, help="K_max where --vary is not k")
     ap.add_argument("--method", default="hybrid")
     ap.add_argument("--prompts", type=Path, help="a bench prompt file (default: the built-in set)")
@@ -50,16 +47,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     setting, _, values = args.vary.partition("=")
-    if setting not in ("k", "draft-tile-rows", "judge-rows") or not values:
-        ap.error("--vary takes k=V1,V2,..., draft-tile-rows=V1,V2,... or judge-rows=V1,V2,...")
+    if setting not in ("k", "draft-tile-rows") or not values:
+        ap.error("--vary takes k=V1,V2,... or draft-tile-rows=V1,V2,...")
     ks = [int(v) for v in values.split(",")]
-    tag = {"k": "K", "draft-tile-rows": "tiles@", "judge-rows": "judge"}[setting]
+    tag = "K" if setting == "k" else "tiles@"
 
-    def use(v: int) -> None:  # read at every call (kernel) or plan (planner)
+    def use(v: int) -> None:  # the kernel reads DRAFT_TILE_ROWS at every call
         if setting == "draft-tile-rows":
             int4.DRAFT_TILE_ROWS = v
-        elif setting == "judge-rows":
-            adaptive.JUDGE_ROWS = v
     prof = with_overrides(load_profile(args.profile), method="draft-model", temperature=0.0,
                           max_new_tokens=args.max_new_tokens)
     session = open_session(prof)

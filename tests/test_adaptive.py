@@ -6,11 +6,10 @@ import pytest
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    FIRST_K, FIRST_STOP, JUDGE_ROWS, PLAIN, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
+    FIRST_K, FIRST_STOP, PLAIN, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
     Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
-    replay, saving, verify_curve,
+    saving, verify_curve,
 )
-from specgen.core.drafters import Judged
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -202,61 +201,6 @@ def test_a_switched_off_guessers_probe_takes_its_step():
     assert model.score(6) < lookup.score(lookup.choose(100))  # lookup is expected to yield more
     assert picks[:-1] == ["lookup-1"] * (len(picks) - 1)
     assert picks[-1] == "model" and model.probing  # the probe drafts
-
-
-def test_replay_takes_the_steps_a_self_ended_draft_would_have_taken():
-    T, F = True, False
-    # k_max bounds a step, a miss ends what it keeps, and the next starts after the target's token
-    assert replay([T, T, F, T, T, T, T, T], [0.9] * 8, 4, 0.0) == [(4, 2), (4, 4)]
-    # the token that takes the product of confidences below the stop is drafted, then it ends
-    assert replay([T, T, T, T, T], [0.9, 0.5, 0.9, 0.9, 0.9], 4, 0.6) == [(2, 2), (2, 2)]
-    assert replay([F, F, F], [0.9] * 3, 1, 0.0) == [(1, 0)] * 3
-    assert replay([T, T], [0.9] * 2, 4, 0.0) == [(2, 2)]  # cut where the tokens end
-    assert replay([], [], 4, 0.0) == []
-
-
-def first_drafted_step() -> AdaptiveK:
-    """A draft model's policy after a plain step and its first drafted step (1 of 4 kept)."""
-    policy = AdaptiveK(4, self_stopping=True, prior_draft_cost=0.01)
-    step(policy, 0, 0, 0.0, 0.04)
-    assert policy.choose(100) == 4
-    step(policy, 4, 1, 0.04, 0.05)
-    return policy
-
-
-def test_a_drafts_judged_guesses_count_as_its_steps_and_end_its_trial():
-    """What the draft would have kept over the tokens it read decides at once: one that
-    would have kept nothing is switched off after its first drafted step, one that would
-    have kept most stays on. Untold, both would go on with their trial."""
-    untold = first_drafted_step()
-    assert untold.spec_steps < TRIAL_STEPS and untold.choose(100) == 4
-    missed = first_drafted_step()
-    missed.witness([False] * 16, [0.9] * 16)
-    assert missed.spec_steps == 17 and missed.choose(100) == 0
-    assert missed.score(4) < 1 / 0.04  # below a plain step's rate
-    kept = first_drafted_step()
-    kept.witness([True] * 16, [0.95] * 16)
-    assert kept.spec_steps == 5 and kept.choose(100) == 4 and kept.score(4) > 1 / 0.04
-    lookup = AdaptiveK(4)  # a guesser that does not end its own drafts replays nothing
-    lookup.witness([True] * 16, [0.95] * 16)
-    assert lookup.spec_steps == 0
-
-
-def test_the_planner_asks_a_draft_model_to_judge_its_guesses_at_the_answer_so_far():
-    planner = Planner(4)
-    reader = Reader(0)
-    reader.judges = True
-    planner.observe(planner.plan(reader, None, 100, 1), 0, 0, 0.0, 0.04)
-    plan = planner.plan(reader, None, 100, 5)
-    assert plan.drafter is reader and plan.judge == 5  # the answer's tokens only
-    assert planner.plan(reader, None, 100, 500).judge == JUDGE_ROWS
-    reader.judged = Judged([False] * 16, [0.9] * 16)
-    planner.observe(plan, 4, 0, 0.04, 0.05)
-    assert planner.policies["model"].spec_steps == 1 + 16
-    assert Planner(4).plan(Guesser(False, ("lookup-1",)), None, 100, 50).judge == 0
-    unable = Planner(4)  # a llama.cpp draft: no judging
-    unable.observe(unable.plan(Reader(0), None, 100, 1), 0, 0, 0.0, 0.04)
-    assert unable.plan(Reader(0), None, 100, 50).judge == 0
 
 
 def test_a_probe_not_taken_is_forgotten():

@@ -18,7 +18,6 @@ from specgen.core.drafters import (
 from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import ConfigError
 from specgen.core.sampling import SamplingParams
-from specgen.choices import CATCH_UP_TOKENS
 
 GREEDY = SamplingParams()
 
@@ -361,52 +360,6 @@ def test_the_draft_model_reads_the_prompt_only_when_first_asked_to_draft(pair):
     assert result.stats.k_per_step == [0] and seen == []  # the prompt's pass, one plain step
 
 
-def test_a_catch_up_judges_the_drafts_guesses_at_the_tokens_it_reads(pair):
-    """Asked to judge, a draft's reading says whether its greedy guess was each of the last
-    tokens it read, and how sure it was, as a teacher-forced pass says; its drafts are those
-    it makes unasked. Only a greedy reading of CATCH_UP_TOKENS or more judges."""
-    target, draft = pair
-
-    def teacher_forced(ids):
-        with torch.no_grad():
-            return torch.softmax(draft(ids[None]).logits[0, :, :64].float(), -1).max(-1)
-
-    context = repetitive_prompt(0)
-    for _ in range(2):  # two tokens the draft guesses, then one it does not
-        context = torch.cat([context, teacher_forced(context)[1][-1:]])
-    wrong = (teacher_forced(context)[1][-1] + 1) % 64
-    context = torch.cat([context, wrong[None]])
-    sure, guess = teacher_forced(context)
-    hits = (guess[-7:-1] == context[-6:]).tolist()
-    assert hits[-3:] == [True, True, False]
-    asked = ModelDrafter(draft, 64)
-    ids, _ = asked.propose(context, 3, GREEDY, None, judge=6)
-    assert asked.judged.hits == hits
-    assert asked.judged.sure == pytest.approx(sure[-7:-1].tolist(), abs=1e-4)
-    assert ids.tolist() == ModelDrafter(draft, 64).propose(context, 3, GREEDY, None)[0].tolist()
-    sampled = ModelDrafter(draft, 64)
-    sampled.propose(context, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0),
-                    judge=6)
-    short = ModelDrafter(draft, 64)
-    short.propose(context[: CATCH_UP_TOKENS - 1], 3, GREEDY, None, judge=6)
-    assert sampled.judged is None and short.judged is None
-
-
-def test_the_engine_counts_a_catch_ups_judged_guesses_and_stays_exact(pair, expected, monkeypatch):
-    """In a run, the draft model's catch-ups judge its guesses at the answer's tokens and
-    its policy counts them; greedy output is still the target's."""
-    target, draft = pair
-    seen = []
-    witness = AdaptiveK.witness
-    monkeypatch.setattr(AdaptiveK, "witness",
-                        lambda self, hits, sure: (seen.append(len(hits)), witness(self, hits, sure))[1])
-    for method in ("draft-model", "hybrid"):
-        gen = SpeculativeGenerator(target, make_drafter(method, draft, 64), 4, adaptive=True)
-        for seed in PROMPT_SEEDS:
-            assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
-    assert seen and min(seen) >= 1
-
-
 def test_draft_confidence_ends_drafts_early_and_stays_exact(pair, expected):
     """A draft stops after its first token whose draft probability is below the threshold;
     what it proposes is a prefix of the uncut draft, and greedy output stays the target's."""
@@ -472,7 +425,7 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
     drafter = ModelDrafter(draft, 64)
     asked = []
     propose = drafter.propose
-    drafter.propose = lambda *a, **kw: (asked.append((a[1], a[4])), propose(*a, **kw))[1]
+    drafter.propose = lambda *a: (asked.append((a[1], a[4])), propose(*a))[1]
     SpeculativeGenerator(target, drafter, 8).generate(repetitive_prompt(0), max_new_tokens=12)
     assert made == {0: True} and asked[0] == (8, 0.25)
 

@@ -28,14 +28,6 @@ that a switched-off guesser's probe takes its step: its yield is measured only o
 it drafts, so a hybrid's draft model switched off early would otherwise never be asked again
 while prompt lookup's free guesses outscore its old yield.
 
-A draft model's trial and probes are drafted steps, each a bit of evidence bought with a
-draft and a wider pass. Where it reads the answer's tokens in a catch-up, the same forward
-says what it would have guessed at each of them (greedy: `judge`), and the steps it would
-have taken there are replayed (`replay`) and counted as its own (`AdaptiveK.witness`): a draft
-that would have kept little over the answer so far is switched off after one step, not a
-trial of several, and one that would have kept much is switched back on by its probe's
-reading whatever the probe's own guess did.
-
 A guesser may have to read context before it can guess: a draft model reads the prompt
 when first asked to draft, and catches up on what other guessers drafted. That reading is
 paid before any of its guesses, and whether they will be worth it on this text is not known
@@ -75,7 +67,6 @@ TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is j
 YIELD_STEPS = 2  # steps after which a guesser is compared with others by its measured yield
 READ_SAMPLE = 32  # a read at least this long measures the seconds per token read
 RECENT_STEPS = 256  # steps whose tokens and seconds say what a catch-up would save
-JUDGE_ROWS = 16  # answer tokens a catch-up judges the draft's guesses at (output-layer rows)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -129,31 +120,6 @@ def saving(steps: Iterable[tuple[int, float]], rate: float, tokens: int) -> floa
         made += n
         spent += max(0.0, seconds - n / rate)
     return tokens * spent / made if made and rate > 0.0 else 0.0
-
-
-def replay(hits: Sequence[bool], sure: Sequence[float], k_max: int, stop: float
-           ) -> list[tuple[int, int]]:
-    """The steps a greedy self-ended draft would have taken over tokens where its guesses
-    were `hits`, `sure` of each: (drafted, kept) a step. A step starts after the last one's
-    target token and drafts until k_max, or until the product of its confidences falls below
-    `stop` (that token drafted, as ModelDrafter does); it keeps its leading hits. Past a miss
-    the draft would have read its own wrong token, whose confidences are unknown: the right
-    path's stand in, as they only decide how many passes the rejected tail costs. The last
-    step is cut where the tokens end."""
-    steps, i = [], 0
-    while i < len(hits):
-        drafted = kept = 0
-        product, right = 1.0, True
-        for j in range(i, min(i + k_max, len(hits))):
-            drafted += 1
-            right = right and hits[j]
-            kept += right
-            product *= sure[j]
-            if product < stop:
-                break
-        steps.append((drafted, kept))
-        i += kept + 1
-    return steps
 
 
 def moving_average(old: float | None, new: float) -> float:
@@ -325,16 +291,15 @@ class AdaptiveK:
             # A plain step first: the cost speculation has to beat, never assumed; and an
             # answer that ends here never pays for the draft reading the prompt.
             return 0
-        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
-            # A self-ended draft is short where it is unsure by itself, and long where it
-            # is sure (a passage to copy). The yield of two or three steps is noise: one
-            # confidently wrong draft would switch off a draft that pays. (Steps replayed
-            # from its judged guesses count: `witness`.)
-            return top
-        if self.draft_cost is None and not self.self_stopping:
+        if self.draft_cost is None:
             # Then short speculative steps: cheap if the draft is useless, and wider drafts
-            # look cheap until measured (verify_curve).
-            return min(top, FIRST_K)
+            # look cheap until measured (verify_curve). A self-ended draft is short where
+            # it is unsure by itself, and long where it is sure (a passage to copy).
+            return top if self.self_stopping else min(top, FIRST_K)
+        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
+            # The yield of two or three steps is noise: one confidently wrong draft would
+            # switch off a draft that pays.
+            return top
         best = max(range(top + 1), key=self.rate)
         if best == 0:
             self.plain_steps += 1
@@ -372,31 +337,17 @@ class AdaptiveK:
         self.warm = True
         # A kept probe says the text has changed since speculation went off: the yield
         # starts again from it, or a long bad stretch would outvote it for many probes.
-        self._count(k, n_accepted, 0.0 if self.probing and n_accepted else self.decay)
+        # The first step's draft time is unknown: taken as free.
+        self.spec_steps += 1
+        keep = 0.0 if self.probing and n_accepted else self.decay
+        self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
+        self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
+                              + k * self._draft_cost())
         if n_accepted:
             self.wait = self.probe_every
         elif self.probing:  # a failed probe: wait twice as long before the next
             self.wait = min(2 * self.wait, self.max_probe_every)
         self.probing = False
-
-    def witness(self, hits: Sequence[bool], sure: Sequence[float]) -> None:
-        """Count the steps a self-ended draft would have taken over tokens it has just read
-        (its judged guesses, `replay`) as steps it drafted: its yield and acceptance learn
-        from them, priced as a drafted step's are, and they count toward its trial. Probe
-        waits are a drafted probe's business: left alone."""
-        if not self.self_stopping:
-            return
-        for drafted, kept in replay(hits, sure, self.k_max, self.stop_below(self.k_max)):
-            self._count(drafted, kept, self.decay)
-
-    def _count(self, k: int, n_accepted: int, keep: float) -> None:
-        """One speculative step of k drafts, n_accepted kept, into the yield (the old
-        weighed by `keep`) and the acceptance counts. A step's cost is the estimate of its
-        verify pass and k draft passes (the first step's draft time is unknown: free)."""
-        self.spec_steps += 1
-        self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
-        self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
-                              + k * self._draft_cost())
         rejected = 1.0 if n_accepted < k else 0.0
         self.hits = self.decay * self.hits + n_accepted
         self.misses = self.decay * self.misses + rejected
@@ -405,14 +356,12 @@ class AdaptiveK:
 @dataclass(frozen=True)
 class Plan:
     """What the next step drafts: `drafter` (None: a plain step) up to `k` tokens, stopping
-    early below `stop_below` if it ends its own drafts; `guesser` names its policy; a drafter
-    that can judge its guesses is asked to at up to `judge` tokens it reads."""
+    early below `stop_below` if it ends its own drafts; `guesser` names its policy."""
 
     guesser: str | None
     drafter: Drafter | None
     k: int
     stop_below: float = 0.0
-    judge: int = 0  # answer tokens a catch-up judges its guesses at (ModelDrafter.propose)
 
 
 PLAIN = Plan(None, None, 0)
@@ -511,10 +460,7 @@ class Planner:
             guesser, k = choose_guesser(self.policies, tuple(offered), limit)
         if guesser is None:
             return PLAIN
-        policy, drafter = self.policies[guesser], offered[guesser]
-        judge = (min(made, JUDGE_ROWS) if hasattr(policy, "witness") and policy.self_stopping
-                 and getattr(drafter, "judges", False) else 0)
-        return Plan(guesser, drafter, k, policy.stop_below(k), judge)
+        return Plan(guesser, offered[guesser], k, self.policies[guesser].stop_below(k))
 
     def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
@@ -533,8 +479,5 @@ class Planner:
             return
         policy = self.policies[plan.guesser]
         policy.update(k, n_accepted, draft_seconds, passes)
-        judged = getattr(plan.drafter, "judged", None) if plan.judge else None
-        if judged is not None:
-            policy.witness(*judged)
         if getattr(policy, "draft_cost", None) is not None:
             self.book.draft_cost[plan.guesser] = policy.draft_cost

@@ -18,12 +18,6 @@ much: `unread(tokens)`, the tokens it would read, and after a propose `catch_up`
 planner charges and measures that reading apart from drafting. Drafters that read nothing
 of their own (prompt lookup) need neither.
 
-A draft model reading the answer's tokens in a catch-up can also say, in the same forward,
-what it would have guessed at each of them: asked to `judge` the last n tokens it reads
-(greedy only), it leaves `judged`, whether its greedy guess was each token and how sure it
-was. Greedy verification keeps a draft token exactly when it is the target's token, so this
-is what drafting over those tokens would have kept, learnt without drafting them.
-
 Four drafters: a small draft model (ModelDrafter), the target itself with some sub-layers
 skipped (SelfDrafter: no second model, no extra weights), prompt lookup (PromptLookupDrafter:
 the guess is already in the context, e.g. code being edited; no model, no forward passes),
@@ -40,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
@@ -60,14 +54,6 @@ if TYPE_CHECKING:
 
 MODEL = "model"  # the draft model's guesser name
 SELF = "self"  # the self-speculative drafter's guesser name
-
-
-class Judged(NamedTuple):
-    """A draft's greedy guesses at tokens it read: `hits[i]` whether it guessed the i-th
-    token, `sure[i]` its probability of what it guessed there."""
-
-    hits: list[bool]
-    sure: list[float]
 
 
 class Drafter(Protocol):
@@ -172,7 +158,6 @@ class TorchDraft:
         self.vocab_size = vocab_size(model)
         self.head = trimmed_head(model, head_rows)
         self.decoder = make_decoder(model)  # made once: it may prepare joined weights
-        self.out = self.head if self.head is not None else model.get_output_embeddings()
 
     @property
     def length(self) -> int:
@@ -183,13 +168,6 @@ class TorchDraft:
         if self.head is None:
             return self.decoder.logits(ids)[0]
         return self.head(self.decoder.hidden(ids)[0])
-
-    def guesses(self, ids: Tensor, rows: int) -> tuple[Tensor, Tensor]:
-        """`logits(ids)`, and the logits [rows, V] at the `rows` positions before the last:
-        what the draft would have guessed for `ids[-rows:]`. The last row's output layer is
-        called apart, as `logits` calls it (a wider call may take another kernel path)."""
-        hidden = self.decoder.hidden(ids, rows + 1)
-        return self.out(hidden[-1:])[0], self.out(hidden[:-1])
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)
@@ -246,13 +224,6 @@ class ModelDrafter:
         self.vocab_size = min(vocab_size, self.lm.vocab_size)
         self._passes = 0
         self.catch_up = (0, 0.0)  # the last propose's reading: (tokens, seconds)
-        self.judged: Judged | None = None  # the last propose's judged guesses, if asked
-
-    @property
-    def judges(self) -> bool:
-        """Whether a catch-up can judge its guesses (a llama.cpp draft keeps one row of
-        logits a pass)."""
-        return hasattr(self.lm, "guesses")
 
     def reset(self) -> None:
         self.lm.reset()
@@ -287,37 +258,22 @@ class ModelDrafter:
     def _logits(self, ids: Tensor) -> Tensor:
         return self.lm.logits(ids)[: self.vocab_size]
 
-    def _judged_logits(self, ids: Tensor, judge: int) -> Tensor:
-        """`_logits(ids)`, leaving in `judged` what the draft would have guessed for the last
-        `judge` tokens of `ids` (fewer where `ids` is shorter)."""
-        rows = min(judge, ids.numel() - 1)
-        if rows < 1:
-            return self._logits(ids)
-        logits, before = self.lm.guesses(ids, rows)
-        sure, guess = torch.softmax(before[:, : self.vocab_size].float(), -1).max(-1)
-        self.judged = Judged((guess == ids[-rows:]).tolist(), sure.tolist())
-        return logits[: self.vocab_size]
-
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         return {MODEL: self}
 
     @torch.no_grad()  # when called outside the engine's inference mode, as tests do
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        stop_below: float = 0.0, judge: int = 0,
+        stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
-        """Up to k drafts. `judge`: judge the guesses at the last `judge` tokens a catch-up
-        reads (greedy, and a reading of CATCH_UP_TOKENS or more, only), left in `judged`."""
         pending = self._missing(tokens)
         reading = pending.numel() >= CATCH_UP_TOKENS and k > 0
-        self.catch_up, self.judged = (0, 0.0), None
-        judge = judge if reading and params.greedy and self.judges else 0
+        self.catch_up = (0, 0.0)
         start = self._clock() if reading else 0.0
         ids, qs = [], []
         sure = 1.0  # the draft's probability of its whole draft so far
         for _ in range(k):
-            logits = self._judged_logits(pending, judge) if judge else self._logits(pending)
-            judge = 0
+            logits = self._logits(pending)
             self._passes += 1
             if reading:
                 self.catch_up, reading = (pending.numel(), self._clock() - start), False
@@ -450,7 +406,7 @@ class SelfDrafter(ModelDrafter):
         self._passes = 0
         # ModelDrafter's reading: the target's cache holds the whole context, so no window.
         self.window = self.head = self.skip_at = self.skipped = 0
-        self.catch_up, self.judged = (0, 0.0), None
+        self.catch_up = (0, 0.0)
 
     @property
     def device(self) -> torch.device:

@@ -216,10 +216,7 @@ class SpeculativeGenerator:
         """The plan's drafts [k] on the target's device and their q (None: one-hot)."""
         if plan.drafter is None:
             return tokens.new_empty(0), None
-        # Only drafters that judge their guesses take `judge` (the planner asks no other).
-        judge = {"judge": plan.judge} if plan.judge else {}
-        drafts, q = plan.drafter.propose(tokens, plan.k, params, generator, plan.stop_below,
-                                         **judge)
+        drafts, q = plan.drafter.propose(tokens, plan.k, params, generator, plan.stop_below)
         return drafts.to(self.device), q
 
     def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
