@@ -6,7 +6,7 @@ import pytest
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    FIRST_K, FIRST_STOP, PLAIN, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
+    FIRST_K, FIRST_STOP, PLAIN, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
     Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
     saving, verify_curve,
 )
@@ -389,7 +389,7 @@ def test_a_draft_whose_catch_up_cannot_be_repaid_within_what_is_left_is_not_star
     """A 700-token prompt the draft would read at 2 ms a token (1.4 s), plain steps of 0.2 s,
     a draft yielding about 2.5 tokens per step: it saves about 0.12 s a token, so it starts
     only once the answer has run about 12 tokens, and never with fewer than that left."""
-    book = Book(prefill_cost=0.002, read_cost={"model": 0.002}, draft_cost={"model": 0.01})
+    book = Book(prefill_cost=0.002, read_share={"model": 0.002 / 0.2}, draft_share={"model": 0.01 / 0.2})
     reader = Reader(700)
 
     def first_draft(left: int) -> int | None:
@@ -419,31 +419,31 @@ def test_the_reading_is_measured_apart_from_drafting_and_kept_across_answers():
     plan = Plan("model", reader, 8)
     reader.catch_up = (700, 2.1)  # its first forward read 700 tokens, warming up
     planner.observe(plan, 4, 4, 2.1 + 3 * 0.02, 0.25)
-    assert "model" not in book.read_cost  # a first read is not the reading's cost
+    assert "model" not in book.read_share  # a first read is not the reading's cost
     reader.catch_up = (700, 0.7)  # a later one read 700 tokens in 0.7 s
     planner.observe(plan, 4, 4, 0.7 + 3 * 0.02, 0.25)  # then 3 draft passes of 0.02 s
-    assert book.read_cost["model"] == pytest.approx(0.001)
+    assert book.read_share["model"] == pytest.approx(0.001 / 0.2)  # per second of a plain pass
     reader.catch_up = (0, 0.0)
     planner.observe(plan, 4, 4, 4 * 0.02, 0.25)
     assert planner.policies["model"].draft_cost == pytest.approx(0.02)  # the reading left out
-    assert book.draft_cost["model"] == pytest.approx(0.02)
-    nxt = Planner(8, book=book)  # the next answer prices the draft before it drafts
-    assert nxt.catch_up("model", Reader(500), None) == pytest.approx(0.5)
-    nxt._policy("model", reader)
-    assert nxt.policies["model"].prior_draft_cost == pytest.approx(0.02)
+    assert book.draft_share["model"] == pytest.approx(0.02 / 0.2)
+    nxt = Planner(8, book=book)  # the next answer prices the draft before it drafts,
+    nxt.observe(nxt.plan(reader, None, 100, 1), 0, 0, 0.0, 0.1)  # on a machine twice as fast
+    assert nxt.catch_up("model", Reader(500), None) == pytest.approx(0.25)
+    nxt.plan(reader, None, 100, 2)
+    assert nxt.policies["model"].prior_draft_cost == pytest.approx(0.01)
 
 
 def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pass():
     """Priced as the target's own prompt pass, a draft a third its target's size would be
     priced at three times its reading: where it pays, it would never read."""
-    book = Book(prefill_cost=0.003, draft_cost={"model": 0.015})
+    book = Book(prefill_cost=0.003, draft_share={"model": 1 / 3, "big": 1.5})
     assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.1)
-    assert book.catch_up("model", 100) == pytest.approx(0.3)  # no plain pass measured yet
-    assert book.catch_up("model", 100, plain_pass=0.01) == pytest.approx(0.3)  # never above
+    assert book.catch_up("big", 100, plain_pass=0.045) == pytest.approx(0.3)  # never above
     assert book.catch_up("self", 100, plain_pass=0.045) == pytest.approx(0.3)  # no pass known
-    book.read_cost["model"] = 0.002
+    book.read_share["model"] = 0.002 / 0.045
     assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.2)  # measured wins
-    planner = Planner(4, book=Book(prefill_cost=0.003, draft_cost={"model": 0.015}))
+    planner = Planner(4, book=Book(prefill_cost=0.003, draft_share={"model": 1 / 3}))
     planner.observe(PLAIN, 0, 0, 0.0, 0.045)
     assert planner.catch_up("model", Reader(100), None) == pytest.approx(0.1)
 
@@ -542,7 +542,7 @@ def test_a_draft_model_whose_reading_is_not_repaid_leaves_plain_decoding_as_it_w
 def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
     """A probe asks whether the draft has become useful again; what it has to read to catch
     up is part of asking, not a start-up to be repaid."""
-    book = Book(read_cost={"model": 0.001}, prefill_cost=0.001)
+    book = Book(read_share={"model": 0.001 / 0.17}, prefill_cost=0.001)
     planner = Planner(6, book=book)
     reader = Reader(20)
     planner.observe(planner.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.17)
@@ -566,7 +566,7 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
     starts once the seconds it would have saved on the answer so far pay for its reading:
     the first plan where saving(steps, rate, horizon) exceeds 1 s."""
     def run(kept: int, every: int) -> tuple[list[str], Planner]:
-        book = Book(read_cost={"model": 0.002}, draft_cost={"model": 0.01})
+        book = Book(read_share={"model": 0.002 / 0.2}, draft_share={"model": 0.01 / 0.2})
         planner = Planner(6, book=book)
         model, lookup = Reader(500), Guesser(False, ("lookup-3",))
         hybrid = Guesser(True, ())
@@ -595,3 +595,83 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
     assert saving(planner.steps, rate, made) > 500 * 0.002  # repaid now
     before = list(planner.steps)[:-1]
     assert saving(before, rate, made - 1) <= 500 * 0.002  # and not a step sooner
+
+
+def test_an_untried_draft_models_acceptance_is_how_sure_the_target_has_been():
+    """A draft model approximates the target, so it agrees with the target's choice about
+    as often as the target is sure of it; prompt lookup copies the context, whose repeats
+    the target's confidence says nothing about: its prior stays PRIOR_ALPHA."""
+    planner = Planner(4)
+    model, lookup = Guesser(True, ("model",)), Guesser(False, ("lookup-2",))
+    planner.plan(model, None, 100)
+    planner.plan(lookup, None, 100)
+    assert planner.policies["model"].alpha == pytest.approx(PRIOR_ALPHA)  # nothing heard yet
+    for _ in range(40):
+        planner.sure(0.95)
+    planner.plan(model, None, 100)
+    planner.plan(lookup, None, 100)
+    assert planner.policies["model"].alpha == pytest.approx(0.95, abs=1e-3)
+    assert planner.policies["lookup-2"].alpha == pytest.approx(PRIOR_ALPHA)
+    policy = planner.policies["model"]
+    step(policy, 4, 0, 0.0, 0.25)  # then what the draft does counts, the prior fading as it goes
+    assert policy.alpha < 0.95 * 0.7
+
+
+def test_a_draft_model_starts_sooner_where_the_target_is_sure():
+    """The same answer, plain steps of 0.2 s, a 200-token prompt the draft reads at 2 ms a
+    token: where the target is sure of its tokens the draft is expected to keep most of its
+    guesses, so what it would save pays for its reading in fewer steps; where the target
+    hesitates it is expected to save little, and starts later."""
+    def first_draft(sure: float) -> int:
+        planner = Planner(6, book=Book(read_share={"model": 0.002 / 0.2}, draft_share={"model": 0.1}))
+        reader = Reader(200)
+        for made in range(1, 200):
+            planner.sure(sure)
+            plan = planner.plan(reader, None, 1000, made)
+            if plan.guesser == "model":
+                return made
+            planner.observe(plan, 0, 0, 0.0, 0.2)
+            reader.to_read += 1
+        return 200
+
+    assert first_draft(0.95) < first_draft(0.7) < first_draft(0.5)
+
+
+def test_a_busy_spell_of_the_machine_does_not_price_the_draft_out_of_later_answers():
+    """Another job takes the cores for one answer: the target's plain pass, the draft's
+    passes and its reading all take twice as long. The next answer, on a quiet machine,
+    prices the draft as it costs there, not as it cost then; in seconds the busy spell
+    would double its price, and a draft priced too dear is never started, so never
+    measured again."""
+    book = Book()
+    reader = Reader(500)
+
+    def answer(plain: float) -> Planner:
+        planner = Planner(6, book=book)
+        planner.observe(planner.plan(reader, None, 1000, 1), 0, 0, 0.0, plain)
+        plan = Plan("model", reader, 4)
+        for read in (500, 500):  # the second read is measured (the first is warm-up)
+            reader.catch_up = (read, read * 0.01 * plain)
+            planner.observe(plan, 4, 4, read * 0.01 * plain + 3 * 0.1 * plain, 1.25 * plain)
+        reader.catch_up = (0, 0.0)
+        for _ in range(3):
+            planner.observe(plan, 4, 4, 4 * 0.1 * plain, 1.25 * plain)
+        return planner
+
+    answer(plain=0.4)  # busy
+    quiet = Planner(6, book=book)
+    quiet.observe(quiet.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.2)
+    assert quiet.catch_up("model", Reader(500), None) == pytest.approx(500 * 0.01 * 0.2)
+    quiet.plan(reader, None, 1000, 2)
+    assert quiet.policies["model"].prior_draft_cost == pytest.approx(0.1 * 0.2)
+
+
+def test_one_slow_reading_moves_its_price_by_a_fifth_at_most():
+    book = Book()
+    for seconds in (1.0, 0.5):  # warm-up, then 100 tokens in 0.5 s at a 0.1 s plain pass
+        book.read("model", 100, seconds, 0.1)
+    assert book.read_share["model"] == pytest.approx(0.05)
+    book.read("model", 100, 5.0, 0.1)  # ten times as slow, once
+    assert book.read_share["model"] == pytest.approx(0.05 * 1.2)
+    book.read("model", 100, 0.5, None)  # no plain pass measured: nothing to share it by
+    assert book.read_share["model"] == pytest.approx(0.05 * 1.2)

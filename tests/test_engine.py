@@ -300,14 +300,35 @@ def test_bad_inputs(tiny_pair):
 def test_the_generator_measures_reading_and_keeps_it_across_answers(tiny_pair):
     """The target's prompt pass and the draft's readings of the prompt are timed into the
     generator's book, which a new conversation keeps: they are the machine's costs. The
-    draft's first reading, its warm-up in it, is not."""
+    draft's first reading, its warm-up in it, is not; a reading is kept as a share of the
+    answer's plain step, which a fixed K never takes."""
     target, draft = tiny_pair()
     gen = SpeculativeGenerator(target, draft, 4, adaptive=False)  # fixed K: the draft reads at once
     prompt = torch.arange(3, 63) % 60  # 60 tokens
     gen.generate(prompt, max_new_tokens=8)
     assert gen.book.prefill_cost is not None and gen.book.prefill_cost > 0
-    assert "model" in gen.book.warm and "model" not in gen.book.read_cost
+    assert "model" in gen.book.warm and "model" not in gen.book.read_share
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=True)
     book = gen.book
+    book.warm.add("model")  # as if it had read once: the next read is measured
+    book.read_share["model"] = 1e-9  # priced as free: it reads the prompt at its first chance
+    gen.generate(prompt, max_new_tokens=8)
     gen.reset()
     gen.generate(prompt, max_new_tokens=8)
-    assert gen.book is book and gen.book.read_cost["model"] > 0  # read the prompt again
+    assert gen.book is book and book.read_share["model"] > 1e-9  # measured, and kept
+
+def test_the_planner_hears_how_sure_the_target_was_at_each_step(tiny_pair, monkeypatch):
+    """The target's top probability at each step's first position reaches the planner with
+    the step's one transfer: the prompt's pass first, then one per step."""
+    from specgen.core.adaptive import Planner
+
+    target, draft = tiny_pair()
+    heard = []
+    monkeypatch.setattr(Planner, "sure", lambda self, p: heard.append(p))
+    ids = prompt()
+    result = SpeculativeGenerator(target, draft, 3, adaptive=False).generate(ids, max_new_tokens=12)
+    assert len(heard) == result.stats.target_passes
+    with torch.no_grad():
+        first = target(ids).logits[0, -1].float().softmax(-1).max().item()
+    assert heard[0] == pytest.approx(first, abs=1e-5)
+    assert all(0.0 < p <= 1.0 for p in heard)

@@ -11,6 +11,7 @@ from specgen.core.sampling import (
     rejection_verify,
     residual,
     sample,
+    top_probability,
     warp_logits,
 )
 
@@ -148,3 +149,12 @@ def test_rejection_with_one_hot_draft():
         n, nxt = rejection_verify(p, q, torch.tensor([1]), g)
         counts[1 if n == 1 else nxt.item()] += 1
     assert torch.allclose(counts / counts.sum(), p[0], atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_top_probability_is_the_softmax_of_the_likeliest_token(dtype):
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0)).mul(4).to(dtype)
+    expected = logits.float().softmax(-1).max()
+    assert top_probability(logits).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert top_probability(torch.zeros(4)).item() == pytest.approx(0.25)
+    assert top_probability(torch.tensor([0.0, 1e4, -1e4])).item() == pytest.approx(1.0)

@@ -22,6 +22,15 @@ such drafts (tokens per second of their steps) against a plain step, and probes 
 self-ended drafts too: no model of a draft whose length it does not choose. Such a probe
 stops where the draft is unsure, so it is cheap and comes after 4 plain steps, not 16.
 
+Until a guesser has drafted, its acceptance is a prior. A draft model (any guesser that ends
+its own drafts: a smaller model, a head, the target with layers skipped) approximates the
+target, so it picks the target's token about as often as the target is sure of it: its
+prior is the target's recent top probability (`Planner.sure`, read with each step's
+outcome). In code or JSON that is near one, and the draft is expected to pay well; in prose
+it is lower. Prompt lookup copies the context, and how sure the target is says nothing of
+whether the text repeats: its prior is PRIOR_ALPHA. Either prior fades as guesses are kept
+or rejected.
+
 Between guessers, each step goes to the best measured yield (tokens per second of the
 guesser's own steps; the expected rate of its K until it has drafted a few times), except
 that a switched-off guesser's probe takes its step: its yield is measured only on the steps
@@ -38,8 +47,10 @@ pays for it, and one that goes on pays at most twice what starting at once would
 Steps that already made tokens faster than it would (prompt lookup copying a passage) save
 it nothing, so on a long prompt lookup drafts first and the draft model joins where plain
 steps or poor guesses leave it something to save. What reading costs per token, and what a
-draft pass costs, are measured on this machine (`Book`, kept across answers); until then
-the target's own prompt pass stands in for the reading, scaled by what a draft pass costs
+draft pass costs, are measured on this machine and kept across answers as shares of the
+target's plain pass (`Book`), which each answer measures first: a busy spell of the machine
+slows both, and must not price the draft out of every later answer. Until then the
+target's own prompt pass stands in for the reading, scaled by what a draft pass costs
 against a plain one (a draft reads no slower than its target); a guesser's first read,
 with its warm-up, is not measured. A probe of a switched-off guesser pays its reading: that
 is part of asking.
@@ -67,6 +78,8 @@ TRIAL_STEPS = 4  # a self-ended draft's first steps, taken before its yield is j
 YIELD_STEPS = 2  # steps after which a guesser is compared with others by its measured yield
 READ_SAMPLE = 32  # a read at least this long measures the seconds per token read
 RECENT_STEPS = 256  # steps whose tokens and seconds say what a catch-up would save
+PRIOR_ALPHA = 0.7  # an untried guesser's acceptance, where nothing better is known
+PRIOR_WEIGHT = 2.0  # draft tokens the prior acceptance counts for
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -216,7 +229,7 @@ class AdaptiveK:
     when speculation pays it is offered k_max."""
 
     def __init__(
-        self, k_max: int, decay: float = 0.9, prior_alpha: float = 0.7,
+        self, k_max: int, decay: float = 0.9, prior_alpha: float = PRIOR_ALPHA,
         probe_every: int | None = None, max_probe_every: int = 128,
         verify_cost: dict[int, float] | None = None, self_stopping: bool = False,
         prior_draft_cost: float | None = None,
@@ -230,8 +243,11 @@ class AdaptiveK:
             probe_every = 4 if self_stopping else 16
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.wait = probe_every  # plain steps before the next probe
-        # Decayed counts of accepted / rejected draft tokens, seeded with a weak prior.
-        self.hits, self.misses = 2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha)
+        # Decayed counts of accepted / rejected draft tokens, and a weak prior of
+        # PRIOR_WEIGHT tokens at `prior_alpha`, decayed as they are: the prior may change
+        # while it still counts (a draft model's follows the target's confidence).
+        self.hits = self.misses = 0.0
+        self.prior_alpha, self.prior_weight = prior_alpha, PRIOR_WEIGHT
         self.draft_cost: float | None = None  # seconds per draft forward, this answer
         self.prior_draft_cost = prior_draft_cost  # the same, from earlier answers
         self.warm = False  # drafted once: the first step's cost includes warming up
@@ -247,7 +263,8 @@ class AdaptiveK:
 
     @property
     def alpha(self) -> float:
-        return self.hits / (self.hits + self.misses)
+        prior = self.prior_weight
+        return (self.hits + prior * self.prior_alpha) / (self.hits + self.misses + prior)
 
     def _verify_cost(self, k: int) -> float:
         if k in self.verify_cost:
@@ -351,6 +368,7 @@ class AdaptiveK:
         rejected = 1.0 if n_accepted < k else 0.0
         self.hits = self.decay * self.hits + n_accepted
         self.misses = self.decay * self.misses + rejected
+        self.prior_weight *= self.decay
 
 
 @dataclass(frozen=True)
@@ -370,44 +388,63 @@ PLAIN = Plan(None, None, 0)
 @dataclass
 class Book:
     """What a generator measures about its machine that outlives one answer: the seconds per
-    token a guesser's catch-up reads (`read_cost`, by guesser) and the target's prompt pass
-    (`prefill_cost`), and a guesser's seconds per draft pass (`draft_cost`). These are needed
-    before a guesser's first draft of an answer, to price what starting it would cost; each
-    answer measures its step costs afresh, since they change with the context's length."""
+    token a guesser's catch-up reads (`read_share`, by guesser) and a guesser's seconds per
+    draft pass (`draft_share`), both per second of the target's plain pass, and the target's
+    seconds per prompt token (`prefill_cost`). These are needed before a guesser's first
+    draft of an answer, to price what starting it would cost.
 
-    read_cost: dict[str, float] = field(default_factory=dict)
+    Invariant: what outlives an answer is a share of a cost that every answer measures
+    afresh (its first step is a plain one), never seconds. A stretch of a busy machine
+    (another job, a throttled CPU) slows the draft and the target alike; a price kept in
+    seconds from it would make the draft look dear to every later answer, and a guesser
+    priced too dear is never started, so never measured again."""
+
+    read_share: dict[str, float] = field(default_factory=dict)
     prefill_cost: float | None = None
-    draft_cost: dict[str, float] = field(default_factory=dict)  # seconds per draft pass
+    draft_share: dict[str, float] = field(default_factory=dict)
     warm: set[str] = field(default_factory=set)  # guessers that have read once
 
     def catch_up(self, guesser: str, unread: int, plain_pass: float | None = None) -> float:
-        """Seconds `guesser` would spend reading `unread` tokens before its first guess; 0
-        for a read no longer than a pass's, or while nothing is measured. Until its reading
-        is measured, the target's prompt pass stands in, scaled by what the guesser's draft
-        pass costs against the target's `plain_pass` (at most 1: a draft reads no slower
-        than its target): a draft whose pass is a third of its target's reads in about a
-        third of the time, and priced as the target it would not read where it pays."""
+        """Seconds `guesser` would spend reading `unread` tokens before its first guess, at
+        this answer's `plain_pass`; 0 for a read no longer than a pass's, or while nothing
+        is measured. Until its reading is measured, the target's prompt pass stands in,
+        scaled by the guesser's draft pass against the target's (at most 1: a draft reads no
+        slower than its target): a draft whose pass is a third of its target's reads in
+        about a third of the time, and priced as the target it would not read where it
+        pays."""
         if unread < CATCH_UP_TOKENS:
             return 0.0
-        per_token = self.read_cost.get(guesser)
-        if per_token is None and self.prefill_cost is not None:
-            draft = self.draft_cost.get(guesser)
-            share = min(1.0, draft / plain_pass) if draft is not None and plain_pass else 1.0
-            per_token = self.prefill_cost * share
-        return 0.0 if per_token is None else unread * per_token
+        share = self.read_share.get(guesser)
+        if share is not None and plain_pass:
+            return unread * share * plain_pass
+        if self.prefill_cost is None:
+            return 0.0
+        return unread * self.prefill_cost * min(1.0, self.draft_share.get(guesser, 1.0))
 
-    def read(self, guesser: str, tokens: int, seconds: float) -> None:
-        """A catch-up of `tokens` took `seconds`. A guesser's first read is not its cost: it
-        includes its first call's warm-up, and a price set too high would never be
-        corrected, since a guesser whose reading is not repaid does not read again."""
+    def read(self, guesser: str, tokens: int, seconds: float, plain_pass: float | None) -> None:
+        """A catch-up of `tokens` took `seconds` in an answer whose plain pass takes
+        `plain_pass`. A guesser's first read is not its cost: it includes its first call's
+        warm-up. One slow read counts for at most SPIKE times the price (as a pass does)."""
         if guesser not in self.warm:
             self.warm.add(guesser)
-        elif tokens >= READ_SAMPLE:
-            self.read_cost[guesser] = moving_average(self.read_cost.get(guesser), seconds / tokens)
+        elif tokens >= READ_SAMPLE and plain_pass:
+            self.read_share[guesser] = _fold(self.read_share.get(guesser),
+                                             seconds / tokens / plain_pass)
+
+    def drafted(self, guesser: str, seconds: float, plain_pass: float | None) -> None:
+        """This answer's estimate of a draft pass of `guesser` is `seconds`."""
+        if plain_pass:
+            self.draft_share[guesser] = seconds / plain_pass
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         if tokens >= READ_SAMPLE:
             self.prefill_cost = moving_average(self.prefill_cost, seconds / tokens)
+
+
+def _fold(old: float | None, new: float) -> float:
+    """A measurement folded into a kept estimate, one spike counting for at most SPIKE
+    times the estimate (record_pass's rule)."""
+    return moving_average(old, new if old is None else min(new, SPIKE * old))
 
 
 class Planner:
@@ -423,19 +460,36 @@ class Planner:
         self.k_max, self.adaptive = k_max, adaptive
         self.book = Book() if book is None else book
         self.steps: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS)  # (tokens, seconds)
+        self.confidence: float | None = None  # the target's recent top probability
 
     def _policy(self, guesser: str, drafter: Drafter) -> Policy:
         if guesser not in self.policies:
             self.policies[guesser] = (
                 AdaptiveK(self.k_max, verify_cost=self.verify_cost,
-                          self_stopping=drafter.ends_own_drafts,
-                          prior_draft_cost=self.book.draft_cost.get(guesser))
+                          self_stopping=drafter.ends_own_drafts)
                 if self.adaptive else FixedK(self.k_max))
         return self.policies[guesser]
+
+    def _priors(self, guesser: str, drafter: Drafter, policy: Policy) -> None:
+        """What an untried guesser is taken to do, from what this answer has measured: its
+        pass at its kept share of this answer's plain pass, and, for a draft model, its
+        acceptance at the target's recent confidence."""
+        if not isinstance(policy, AdaptiveK):
+            return
+        share, plain = self.book.draft_share.get(guesser), self.verify_cost.get(0)
+        if share is not None and plain is not None:
+            policy.prior_draft_cost = share * plain
+        if drafter.ends_own_drafts and self.confidence is not None:
+            policy.prior_alpha = self.confidence
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         """The target's pass over `tokens` prompt tokens took `seconds`."""
         self.book.prefilled(tokens, seconds)
+
+    def sure(self, probability: float) -> None:
+        """The target's pass gave its likeliest token `probability` at the step's first
+        position: a sample of how predictable this text is to the target."""
+        self.confidence = moving_average(self.confidence, probability)
 
     def catch_up(self, guesser: str, drafter: Drafter, tokens: Tensor) -> float:
         """Seconds `drafter` would read before guessing for `guesser` (drafters that read
@@ -450,7 +504,7 @@ class Planner:
         answer."""
         offered = drafter.guessers(tokens)
         for guesser, who in offered.items():
-            self._policy(guesser, who)
+            self._priors(guesser, who, self._policy(guesser, who))
         if self.adaptive:
             catch_up = {g: self.catch_up(g, who, tokens) for g, who in offered.items()}
             ahead = horizon(made, limit + 1)
@@ -472,7 +526,7 @@ class Planner:
         read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:
-            self.book.read(plan.guesser, read, read_seconds)
+            self.book.read(plan.guesser, read, read_seconds, self.verify_cost.get(0))
             draft_seconds, passes = max(0.0, draft_seconds - read_seconds), k - 1
         self.steps.append((n_accepted + 1, draft_seconds + verify_seconds))
         if not k:
@@ -480,4 +534,4 @@ class Planner:
         policy = self.policies[plan.guesser]
         policy.update(k, n_accepted, draft_seconds, passes)
         if getattr(policy, "draft_cost", None) is not None:
-            self.book.draft_cost[plan.guesser] = policy.draft_cost
+            self.book.drafted(plan.guesser, policy.draft_cost, self.verify_cost.get(0))

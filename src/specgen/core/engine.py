@@ -22,7 +22,8 @@ from specgen import kernels
 from specgen.choices import MAX_K, MIN_K
 from specgen.core.adaptive import Book, Plan, Planner
 from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
-from specgen.core.sampling import SamplingParams, greedy_accept, probs_from_logits, rejection_accept
+from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
+                                   top_probability)
 from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 # torch's generators take seeds below 2**64; the draft's is the seed + 1.
 SEED_LIMIT = 2**64 - 1
+# The target's top probability travels with a step's token ids, as an integer in these units.
+SURE_SCALE = 1 << 20
 
 
 @dataclass
@@ -163,10 +166,11 @@ class SpeculativeGenerator:
 
             # 0. The prompt's pass already gives the first token: a step with no drafts.
             no_drafts = tokens.new_empty(0)
-            _, new, ids = self._settle(*self._verify(logits, no_drafts, None, params, gen_t),
-                                       no_drafts)
+            _, new, ids, sure = self._settle(*self._verify(logits, no_drafts, None, params, gen_t),
+                                             no_drafts)
             stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
             planner.prefilled(stats.prefill_tokens, stats.prefill_seconds)
+            planner.sure(sure)
             tokens = self._tokens = torch.cat([tokens, new])
             stats.target_passes = 1
             if (yield from self._emit(ids, 0, 0, stop, stats)):
@@ -186,7 +190,7 @@ class SpeculativeGenerator:
                 logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
                 verdict = self._verify(logits, drafts, q, params, gen_t)
                 t2 = self._clock.mark()
-                n, new, ids = self._settle(*verdict, drafts)
+                n, new, ids, sure = self._settle(*verdict, drafts)
 
                 # 3. Accept d1..dn and the target's token; forget the rejected drafts.
                 tokens = self._tokens = self._accept(tokens, new)
@@ -194,6 +198,7 @@ class SpeculativeGenerator:
                 # 4. Observe: the planner learns what the step kept and what it cost.
                 draft_s, verify_s = self._clock.seconds(t0, t1), self._clock.seconds(t1, t2)
                 planner.observe(plan, k, n, draft_s, verify_s)
+                planner.sure(sure)
                 stats.record_step(k, n)
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
                 stats.draft_seconds += draft_s
@@ -220,21 +225,27 @@ class SpeculativeGenerator:
         return drafts.to(self.device), q
 
     def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
-                generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """How many drafts the target keeps, and its own token after them (on the device)."""
+                generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        """How many drafts the target keeps, its own token after them, and how sure it was
+        of the step's first position (its top probability, which the planner reads as the
+        odds of a draft model's guesses), all on the device."""
         if params.greedy:
-            return greedy_accept(logits, drafts)
+            return (*greedy_accept(logits, drafts), top_probability(logits[0]))
         p = probs_from_logits(logits, params)
-        return rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+        n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
+        return n, token, p[0].max()
 
-    def _settle(self, n: Tensor | int, token: Tensor, drafts: Tensor
-                ) -> tuple[int, Tensor, list[int]]:
+    def _settle(self, n: Tensor | int, token: Tensor, sure: Tensor, drafts: Tensor
+                ) -> tuple[int, Tensor, list[int], float]:
         """A step's outcome read on the host in one transfer (its one sync with the device):
-        n, the kept tokens [d1..dn, token] on the device, and their ids."""
+        n, the kept tokens [d1..dn, token] on the device, their ids, and the target's top
+        probability (carried in the same integer transfer in units of 1/SURE_SCALE)."""
         n = torch.as_tensor(n, device=self.device).view(1)
-        values = torch.cat([n, drafts, token.view(1)]).tolist()
+        sure = (sure * SURE_SCALE).round().long().view(1)
+        values = torch.cat([n, drafts, token.view(1), sure]).tolist()
         kept = values[0]
-        return kept, torch.cat([drafts[:kept], token.view(1)]), values[1 : 1 + kept] + values[-1:]
+        ids = values[1 : 1 + kept] + values[-2:-1]
+        return kept, torch.cat([drafts[:kept], token.view(1)]), ids, values[-1] / SURE_SCALE
 
     def _accept(self, tokens: Tensor, new: Tensor) -> Tensor:
         """The context with a step's kept tokens; both caches rolled back to hold all of it

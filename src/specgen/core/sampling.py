@@ -66,6 +66,12 @@ def probs_from_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     return warp_logits(logits, params).softmax(-1)
 
 
+def top_probability(logits: Tensor) -> Tensor:
+    """How sure a model is at one position: the softmax probability of its likeliest token,
+    0-dim, on the logits' device (no host sync). logits [V]."""
+    return (logits.max().float() - logits.float().logsumexp(-1)).exp()
+
+
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Draw one index per row of `probs` [..., V] -> [...], without a host sync.
 
