@@ -393,11 +393,12 @@ class Book:
     seconds per prompt token (`prefill_cost`). These are needed before a guesser's first
     draft of an answer, to price what starting it would cost.
 
-    Invariant: what outlives an answer is a share of a cost that every answer measures
-    afresh (its first step is a plain one), never seconds. A stretch of a busy machine
-    (another job, a throttled CPU) slows the draft and the target alike; a price kept in
-    seconds from it would make the draft look dear to every later answer, and a guesser
-    priced too dear is never started, so never measured again."""
+    Invariant: a cost that only drafting measures outlives an answer as a share of one that
+    every answer measures afresh (its first step is a plain one), never in seconds. A
+    stretch of a busy machine (another job, a throttled CPU) slows the draft and the target
+    alike; a price kept in seconds from it would make the draft look dear to every later
+    answer, and a guesser priced too dear is never started, so never measured again. The
+    target's prompt pass, which every answer takes, is kept in seconds."""
 
     read_share: dict[str, float] = field(default_factory=dict)
     prefill_cost: float | None = None
