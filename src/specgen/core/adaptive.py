@@ -143,6 +143,12 @@ def moving_average(old: float | None, new: float) -> float:
 SPIKE = 2.0  # a pass measured at more than this times its estimate counts as this much
 
 
+def _fold(old: float | None, new: float) -> float:
+    """A measurement folded into a kept estimate, one spike counting for at most SPIKE
+    times the estimate (a busy moment, a first call warming up)."""
+    return moving_average(old, new if old is None else min(new, SPIKE * old))
+
+
 def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
     """Fold one measured target pass over k+1 tokens into `costs`. Two invariants keep one
     slow pass (the machine busy for a moment, a first call warming up) from deciding many
@@ -152,8 +158,7 @@ def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
     above this one is lowered to it. Without the second, a plain step's cost inflated once
     would stay so for as long as speculation looks better than it: plain steps, the only
     ones that measure it, would not be taken again."""
-    old = costs.get(k)
-    costs[k] = moving_average(old, seconds if old is None else min(seconds, SPIKE * old))
+    costs[k] = _fold(costs.get(k), seconds)
     for width in costs:
         if width < k and costs[width] > costs[k]:
             costs[width] = costs[k]
@@ -440,12 +445,6 @@ class Book:
     def prefilled(self, tokens: int, seconds: float) -> None:
         if tokens >= READ_SAMPLE:
             self.prefill_cost = moving_average(self.prefill_cost, seconds / tokens)
-
-
-def _fold(old: float | None, new: float) -> float:
-    """A measurement folded into a kept estimate, one spike counting for at most SPIKE
-    times the estimate (record_pass's rule)."""
-    return moving_average(old, new if old is None else min(new, SPIKE * old))
 
 
 class Planner:
