@@ -1,8 +1,8 @@
 """The CPU kernels' costs on this machine, side by side in one run: what a pass over M tokens
 costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per scheme.
 
-    python bench/kernels.py layers [--reps 15]
-    python bench/kernels.py model [--schemes none int8-dyn int4-dyn] [--rounds 5]
+    python bench/kernel_costs.py layers [--reps 15]
+    python bench/kernel_costs.py model [--schemes none int8-dyn int4-dyn] [--rounds 5]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
