@@ -440,3 +440,25 @@ def test_gguf_then_bitsandbytes(tmp_path, tiny_gguf):
     pair = load(profile(tmp_path, f'model = "{gguf_file}"\nquantization = "nf4"'))
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
     assert torch.isfinite(pair.target(torch.tensor([[3, 4, 5]])).logits).all()
+
+
+def test_loads_ask_transformers_for_no_hub_kernels(tmp_path, pair_dirs, monkeypatch):
+    """transformers 5.25 kernelizes every from_pretrained model with hub kernels unless told
+    not to (and fails to load without the `kernels` package): specgen always tells it not to."""
+    from transformers import PreTrainedModel
+
+    from specgen.loading import sources
+
+    asked = []
+    original = PreTrainedModel.set_use_kernels
+
+    def record(self, use_kernels, *args, **kwargs):
+        asked.append(bool(use_kernels))
+        return original(self, False, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", record)
+    t, d = pair_dirs
+    sources.pretrained(t)
+    n = len(asked)
+    load(profile(tmp_path, f'model = "{t}"', f'model = "{d}"'))
+    assert n == 1 and len(asked) > n and not any(asked)

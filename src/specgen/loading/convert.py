@@ -15,8 +15,8 @@ from specgen.choices import CPU_SCHEMES
 from specgen.errors import ModelError
 from specgen.loading import cache, demo
 from specgen.loading.devices import dtype_name
-from specgen.loading.sources import (Progress, Source, auto_model, fetch_weights, find, is_gguf,
-                                     load_tokenizer, say)
+from specgen.loading.sources import (Progress, Source, fetch_weights, find, is_gguf,
+                                     load_tokenizer, pretrained, say)
 from specgen.profiles import ModelSpec
 
 ABSENT = "absent"
@@ -133,7 +133,7 @@ def _dequantised(source: Source, dtype: torch.dtype, trust_remote_code: bool):
 
     _quiet_gguf_progress()
 
-    model = auto_model().from_pretrained(
+    model = pretrained(
         source.path, gguf_file=source.gguf, dtype=dtype, trust_remote_code=trust_remote_code,
         quantization_config=GgufConfig(dequantize=True))
     tokenizer = load_tokenizer(source, trust_remote_code)
@@ -189,7 +189,7 @@ def ensure_packed(source: Source, spec: ModelSpec, dtype: torch.dtype,
         model, tokenizer = _dequantised(source, dtype, spec.trust_remote_code)
     else:
         try:
-            model = auto_model().from_pretrained(
+            model = pretrained(
                 folder.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                 device_map={"": "cpu"})
         except (OSError, ValueError) as e:

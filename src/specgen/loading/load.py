@@ -25,8 +25,8 @@ from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate,
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, auto_model, fetch_weights, find_head,
-                                     load_config, load_tokenizer, refused_code, say)
+from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
+                                     load_tokenizer, pretrained, refused_code, say)
 from specgen.profiles import ModelSpec, Profile
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
@@ -178,7 +178,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
                 model.generation_config = mapped.generation_config(source.path, config)
                 return prepare(model, role, "none").eval()
     try:
-        model = auto_model().from_pretrained(source.path, **kwargs)
+        model = pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise refused_code(source.name, e) or ModelError(f"Cannot load {source.name}: {e}") from None
     return prepare(model, role, "none").eval()
@@ -222,7 +222,7 @@ def load_for_training(profile: Profile, progress: Progress | None = None
     fetch_weights(source, progress)
     say(progress, f"Loading target {source.name} on {device}")
     try:
-        model = auto_model().from_pretrained(
+        model = pretrained(
             source.path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
             device_map=_device_map(device))
     except (OSError, ValueError) as e:

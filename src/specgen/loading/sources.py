@@ -231,14 +231,18 @@ def load_tokenizer(source: Source, trust_remote_code: bool = False, lean: bool =
     return tok
 
 
-def auto_model():
-    """transformers' AutoModelForCausalLM with its progress bars off (specgen's status line
-    says what is loading): imported only where a model loads through transformers."""
+def pretrained(path, **kwargs):
+    """`AutoModelForCausalLM.from_pretrained(path, **kwargs)` as specgen loads every model:
+    transformers' progress bars off (specgen's status line says what is loading), and its hub
+    kernels off. transformers 5.25 turns `use_kernels` on by default: it would swap layers for
+    kernels fetched from the model hub (a different model's arithmetic, a download at load), and
+    without the `kernels` package it refuses to load at all. specgen's decoders call the model's
+    own layers, so it asks for none. Imported only where a model loads through transformers."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    return AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, use_kernels=False, **kwargs)
 
 
 def _from_pretrained(auto, source: Source, trust_remote_code: bool, what: str):
