@@ -60,7 +60,9 @@ test-latest:
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q $(PIP)
 	$(LATEST_VENV)/bin/python -m pip install -q $(TORCH)
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[$(EXTRAS)]"
+	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE '^(torch|triton)==' > $(LATEST_VENV)/torch.txt
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager \
+	  -c $(LATEST_VENV)/torch.txt -e ".[$(EXTRAS)]"
 	$(LATEST_VENV)/bin/python -m pip list --format=freeze > $(LATEST_VENV)/versions.txt
 	$(call pytest,$(LATEST_VENV)/bin)
 
