@@ -14,7 +14,7 @@ from specgen.cli import app
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.errors import ConfigError, ModelError
-from specgen.heads.layout import guess_kind, load_head
+from specgen.heads.layout import check_head, guess_kind, load_head
 from specgen.heads.modules import Eagle3Head, HeadConfig
 from specgen.heads.train import new_head
 from specgen.profiles import load_profile
@@ -39,6 +39,7 @@ def test_a_reference_checkpoint_loads_and_drafts_exactly(
     folder = save_reference(head, target, tmp_path / "head", file, state=state)
     loaded = load_head(folder, kind, target.config)
     assert loaded.kind == kind
+    assert check_head(folder, kind, target.config) == loaded.config  # from the headers alone
     for key, value in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     if kind == "medusa":  # counted from the keys: the published config says 2
@@ -133,7 +134,45 @@ def test_a_head_for_another_hidden_size_is_refused(
     target = fitted_head("eagle")[0]  # hidden 64
     file = "medusa_lm_head.pt" if kind == "medusa" else "pytorch_model.bin"
     msg = refusal(save_reference, tmp_path, kind, file, lambda: (other, head), target.config)
-    assert "hidden size 32" in msg and "this target's is 64" in msg
+    tensor, found, needed = {"eagle": ("fc.weight", [32, 64], [64, 128]),
+                             "eagle3": ("fc.weight", [32, 96], [64, 192]),
+                             "medusa": ("0.0.linear.weight", [32, 32], [64, 64])}[kind]
+    assert f"{tensor} has shape {found}, but on this target it must be {needed}" in msg, msg
+    assert "trained for a target of hidden size 32; the profile's target has 64" in msg
+
+
+# A tensor to remove, one to add, and one to cut short, per kind: every tensor is checked, in
+# every Medusa head (not only the first), whatever its role.
+DAMAGE = {
+    "eagle": ("layers.0.mlp.up_proj.weight", "layers.0.input_layernorm.weight",
+              "layers.0.mlp.down_proj.weight"),
+    "eagle3": ("midlayer.hidden_norm.weight", "midlayer.self_attn.rotary_emb.inv_freq",
+               "lm_head.weight"),
+    "medusa": ("3.0.linear.bias", "2.0.linear.scale", "2.0.linear.weight"),
+}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+def test_a_missing_an_unexpected_or_a_misshapen_tensor_is_refused(
+        tmp_path, kind, fitted_head, reference_state, save_reference):
+    target, head = fitted_head(kind, draft_vocab=48 if kind == "eagle3" else None)
+    gone, added, cut = DAMAGE[kind]
+    file = "medusa_lm_head.safetensors" if kind == "medusa" else "model.safetensors"
+    make = lambda: (target, head)  # noqa: E731
+    state = reference_state(head)
+    shape = list(state.pop(gone).shape)
+    msg = refusal(save_reference, tmp_path / "gone", kind, file, make, target.config, state=state)
+    assert f"lacks {gone} (shape {shape} for this target)" in msg and "incomplete" in msg, msg
+    state = {**reference_state(head), added: torch.ones(8)}
+    msg = refusal(save_reference, tmp_path / "added", kind, file, make, target.config, state=state)
+    assert f"has {added} (shape [8]), which a" in msg and "does not have" in msg, msg
+    state = reference_state(head)
+    whole = list(state[cut].shape)
+    state[cut] = state[cut][:, :-1].contiguous()
+    msg = refusal(save_reference, tmp_path / "cut", kind, file, make, target.config, state=state)
+    short = [whole[0], whole[1] - 1]
+    assert f"{cut} has shape {short}, but on this target it must be {whole}" in msg
+    assert "config.json and its weights disagree" in msg, msg
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
@@ -210,7 +249,7 @@ def test_profile_head_fields_are_validated(tmp_path):
 
 
 @pytest.fixture
-def head_profile(tiny_profile, tmp_path, monkeypatch, save_reference):
+def head_profile(tiny_profile, tmp_path, monkeypatch, save_reference, tiny_model):
     """A tiny profile drafting with an EAGLE head saved as a trained head's name."""
     monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
     monkeypatch.setenv("SPECGEN_HEADS_DIR", str(tmp_path / "heads"))
@@ -219,6 +258,12 @@ def head_profile(tiny_profile, tmp_path, monkeypatch, save_reference):
     target = AutoModelForCausalLM.from_pretrained(tiny_profile.parent / "target", dtype=torch.float32)
     head = new_head("eagle", target, intermediate=64)
     save_reference(head, target, tmp_path / "heads" / "tiny-eagle", "model.safetensors")
+    # A head of another model: hidden size 128 (config.json and weights), on this 64-wide target.
+    wide = tiny_model("llama", vocab=target.config.vocab_size, hidden=128, layers=2, seed=5)
+    save_reference(new_head("eagle", wide, intermediate=64), wide,
+                   tmp_path / "heads" / "wide-eagle", "model.safetensors")
+    state = {k: v for k, v in head.state_dict().items() if k != "layers.0.mlp.up_proj.weight"}
+    save_reference(head, target, tmp_path / "heads" / "cut-eagle", "model.safetensors", state=state)
 
     def profile(head="tiny-eagle", kind="eagle"):
         return write(tmp_path, f"p-{kind}", f'extends = "{tiny_profile}"\n[draft]\nhead = "{head}"\n'
@@ -243,6 +288,26 @@ def test_a_bad_head_is_one_line_and_exit_2(head_profile, head, kind, message):
     result = CliRunner().invoke(app, ["run", "-p", str(head_profile(head, kind)), "hello"])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("head, message", [
+    ("wide-eagle", "fc.weight has shape [128, 256], but on this target it must be [64, 128]: "
+                   "this head was trained for a target of hidden size 128; the profile's target "
+                   "has 64: use a head made for "),
+    ("cut-eagle", "lacks layers.0.mlp.up_proj.weight (shape [64, 64] for this target)"),
+])
+def test_a_head_of_another_model_is_refused_before_the_target_loads(
+        head_profile, monkeypatch, head, message):
+    from specgen.loading import load
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the target's weights were loaded")
+
+    monkeypatch.setattr(load, "load_model", no_weights)
+    result = CliRunner().invoke(app, ["run", "-p", str(head_profile(head)), "hello"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())  # as one line, however the console wraps it
+    assert message in said and "Traceback" not in said, said
 
 
 def test_bench_runs_the_profiles_head_beside_the_draft_model(head_profile, tmp_path):

@@ -78,6 +78,13 @@ def test_ctrl_c_keeps_a_checkpoint_and_the_next_run_resumes(tiny_profile, corpus
     result = train(tiny_profile, corpus, out, "--kind", "eagle", "--steps", "3")
     assert result.exit_code == 0, result.output
     assert json.loads((out / "state.json").read_text())["steps"] == 10
+    # a checkpoint whose head is not the one this run builds is refused, not half restored
+    saved = torch.load(out / "trainer.pt", weights_only=True)
+    del saved["head"]["fc.weight"]
+    torch.save(saved, out / "trainer.pt")
+    result = train(tiny_profile, corpus, out, "--kind", "eagle", "--steps", "1")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "other shapes than this run builds" in said, said
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,6 +1,7 @@
 """The heads' forward math as small torch modules whose parameter names are the reference
 checkpoints' (SafeAILab/EAGLE `cnets1.Model` and `cnets.Model`, FasterDecoding/Medusa's
-`medusa_head`), so a published state dict loads with `load_state_dict(strict=True)`.
+`medusa_head`), so a published state dict loads with `load_state_dict(strict=True)` once
+heads.layout has checked every tensor's shape against the target.
 
 - EagleHead (EAGLE-1/2): x = fc(cat[embed(token_{t+1}), f_t]); one decoder layer without an
   input norm; its output is the predicted next feature, scored by the target's own output layer.
@@ -46,6 +47,7 @@ class HeadConfig:
     medusa_heads: int = 0
     medusa_layers: int = 1
     own_embedding: bool = False  # the file carries an embedding the head uses (not the target's)
+    embed_rows: int = 0  # that embedding's rows (0: vocab)
     extra: dict = field(default_factory=dict, compare=False)  # config fields kept as they were
 
 
@@ -235,6 +237,8 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(h, config.rms_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
         self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        if config.own_embedding:  # narrower than the target: it cannot read the target's
+            self.embed_tokens = nn.Embedding(config.embed_rows or config.vocab, h)
         self.rotary = Rotary(config)
 
     def forward(self, hidden: Tensor, embeds: Tensor, positions: Tensor,

@@ -343,7 +343,12 @@ class Trainer:
         path = self.out / "trainer.pt"
         if path.is_file():
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            self.head.load_state_dict(saved["head"], strict=False)
+            try:  # the head this run builds must be the one saved: every tensor, same shapes
+                self.head.load_state_dict(saved["head"], strict=True)
+            except RuntimeError:
+                raise ConfigError(f"{path} holds a head of other shapes than this run builds "
+                                  "(another target, or other settings): give another --out."
+                                  ) from None
             self.optimizer.load_state_dict(saved["optimizer"])
 
     def save(self) -> None:

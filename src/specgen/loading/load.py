@@ -30,6 +30,8 @@ from specgen.loading.sources import (Progress, Source, fetch_weights, find_head,
 from specgen.profiles import ModelSpec, Profile
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
+    from pathlib import Path
+
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
@@ -230,15 +232,29 @@ def load_for_training(profile: Profile, progress: Progress | None = None
     return model.eval().requires_grad_(False), tokenizer, source.name
 
 
-def load_head(profile: Profile, target: PreTrainedModel, progress: Progress | None = None
-              ) -> torch.nn.Module:
-    """The profile's draft head (heads/), checked against the loaded target."""
-    from specgen.heads.layout import KIND_NAMES, load_head as read_head
+def check_head(profile: Profile, target_config, target_name: str,
+               progress: Progress | None = None) -> Path:
+    """The folder of the profile's draft head, its every tensor checked against the target's
+    config from the files' headers: a head of another model is refused before the target's
+    weights load."""
+    from specgen.heads.layout import check_head as check
 
     spec = profile.draft
     folder = find_head(spec, profile.name, progress, profile.path.parent if profile.path else None)
+    check(folder, spec.kind, target_config.get_text_config(), where=spec.head, target=target_name)
+    return folder
+
+
+def load_head(profile: Profile, folder: Path, target: PreTrainedModel, target_name: str,
+              progress: Progress | None = None) -> torch.nn.Module:
+    """The profile's draft head from `folder` (check_head's), checked again tensor by tensor
+    against the loaded target as it is built."""
+    from specgen.heads.layout import KIND_NAMES, load_head as read_head
+
+    spec = profile.draft
     say(progress, f"Loading the {KIND_NAMES[spec.kind]} head {spec.head}")
-    return read_head(folder, spec.kind, target.config.get_text_config(), where=spec.head)
+    return read_head(folder, spec.kind, target.config.get_text_config(), where=spec.head,
+                     target=target_name)
 
 
 def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bool = False,
@@ -282,6 +298,11 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
 
+    head_folder = None  # a head of another model is refused from the files, before any weights
+    if profile.draft is not None and profile.draft.head and (
+            with_head or profile.speculation.method in HEAD_KINDS):
+        target_config = load_config(sources["target"], profile.target.trust_remote_code, lean)
+        head_folder = check_head(profile, target_config, sources["target"].name, progress)
     needs, loads = [], []
     for role, spec in roles:
         if llama and role == "draft":  # mapped from the file as it is
@@ -334,9 +355,8 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         models["draft"] = draft_load.result()
     draft_spec = profile.draft if "draft" in models else None
     head = None
-    if profile.draft is not None and profile.draft.head and (
-            with_head or profile.speculation.method in HEAD_KINDS):
-        head = load_head(profile, models["target"], progress)
+    if head_folder is not None:
+        head = load_head(profile, head_folder, models["target"], sources["target"].name, progress)
     peer = None
     if peer_draft and llama and draft_spec is not None:  # transformers' copy of the same draft
         source = locate(draft_spec, "draft", dtypes["draft"], progress, base)
