@@ -13,8 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from specgen.core.engine import SpeculativeGenerator
-from specgen.decoding.cuda import (DEFAULT_VARIANTS, GRAPH_WIDTH, CudaDecoder, graph_keys,
-                                   retried)
+from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys, retried
 from specgen.errors import SpecgenWarning
 
 
@@ -42,10 +41,10 @@ def test_a_capture_is_tried_twice_with_a_reset_between():
 
 
 def test_the_graph_keys_cover_every_width_of_every_kind_once():
-    keys = list(graph_keys(set(DEFAULT_VARIANTS)))
-    assert len(keys) == len(set(keys)) == 2 * GRAPH_WIDTH - 1  # (1, 1) serves both kinds
-    assert {(m, m) for m in range(1, GRAPH_WIDTH + 1)} | {(m, 1) for m in range(1, GRAPH_WIDTH + 1)} \
-        == {(m, n) for m, n, _, _ in keys}
+    keys = list(graph_keys(set(DEFAULT_VARIANTS), 5))
+    assert len(keys) == len(set(keys)) == 2 * 5 - 1  # (1, 1) serves both kinds
+    assert {(m, n) for m, n, _, _ in keys} == {(m, m) for m in range(1, 6)} | {
+        (m, 1) for m in range(1, 6)}
 
 
 @torch.inference_mode()
@@ -54,26 +53,29 @@ def test_reserve_captures_every_width_before_the_first_pass(tiny_model, fake_gra
     ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(3))
     decoder, eager = CudaDecoder(model), CudaDecoder(model, static=True)
     captured = fake_graphs(decoder)
-    decoder.reserve(40)
-    assert captured == list(graph_keys(set(DEFAULT_VARIANTS)))
+    decoder.reserve(40, 5)
+    assert captured == list(graph_keys(set(DEFAULT_VARIANTS), 5))
     before = len(captured)
     # A target's life and a draft's catching up replay graphs, capturing nothing more, with
     # the captured form's results.
-    for d in (decoder, eager):
-        d.reserve(40)
-    for width in range(1, GRAPH_WIDTH + 1):
+    eager.reserve(40)
+    for width in range(1, 6):
         for rows in (width, 1):
             a, b = decoder.logits(ids[:width], rows), eager.logits(ids[:width], rows)
             assert torch.equal(a, b)
             decoder.crop(0), eager.crop(0)
     assert len(captured) == before
-    # Growth moves the cache: every graph is captured again, at once.
-    decoder.logits(ids[:30], 1)
+    # A pass wider than reserved: that pass alone. Growth moves the cache: every graph is
+    # captured again, at once.
+    assert torch.equal(decoder.logits(ids[:30], 1), eager.logits(ids[:30], 1))
+    assert len(captured) == before + 1 and decoder.widest == 5
     decoder.reserve(600)
-    assert decoder.capacity >= 600 and len(captured) == 2 * before
-    # A new kind of pass (hidden states, two rows) gets every width of its kind.
-    decoder.hidden(ids[30:33], 2)
-    assert len(captured) == 2 * before + GRAPH_WIDTH - 1
+    assert decoder.capacity >= 600 and len(captured) == 2 * (before + 1)
+    # A new kind of pass (hidden states, two rows) gets every reserved width of its kind.
+    assert torch.equal(decoder.hidden(ids[30:33], 2), eager.hidden(ids[30:33], 2))
+    assert len(captured) == 2 * (before + 1) + 4  # widths 2..5
+    assert torch.equal(decoder.logits(ids[33:34], 1), eager.logits(ids[33:34], 1))
+    assert len(captured) == 2 * (before + 1) + 4
 
 
 @torch.inference_mode()
@@ -82,9 +84,9 @@ def test_a_capture_that_fails_once_is_retried(tiny_model, fake_graphs):
     captured = fake_graphs(decoder, failures=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning: nothing went wrong in the end
-        decoder.reserve(40)
+        decoder.reserve(40, 5)
     assert decoder.graphs and decoder.graph_error is None and decoder.graphs_off is None
-    assert len(captured) == 1 + len(list(graph_keys(set(DEFAULT_VARIANTS))))
+    assert len(captured) == 1 + len(list(graph_keys(set(DEFAULT_VARIANTS), 5)))
     assert len(decoder._captured) == len(captured) - 1
 
 
@@ -144,3 +146,32 @@ def test_specgen_run_prints_and_records_graphs_off_once(monkeypatch, tmp_path, t
     assert json.loads(result.stdout)["stats"]["graphs_off"] == line
     (row,) = load_runs(tmp_path / "history.sqlite3")
     assert row["graphs_off"] == line
+
+
+def test_a_generation_captures_target_and_draft_graphs_before_its_first_pass(monkeypatch, tiny_pair,
+                                                                            fake_graphs):
+    """The engine reserves both caches, for passes of up to K + 1 tokens, before the prompt's
+    pass; every pass after replays a graph captured then (none is captured among the timed
+    tokens), and the output is greedy decoding's."""
+    import specgen.core.drafters as drafters
+    import specgen.core.engine as engine
+
+    captures: dict[str, list] = {}
+
+    def maker(role):
+        def make(model, exact=False):
+            decoder = CudaDecoder(model)
+            captures[role] = fake_graphs(decoder)
+            return decoder
+        return make
+
+    monkeypatch.setattr(engine, "make_decoder", maker("target"))
+    monkeypatch.setattr(drafters, "make_decoder", maker("draft"))
+    target, draft = tiny_pair("llama")
+    prompt = torch.tensor([3, 17, 5, 9])
+    expected = target.generate(prompt[None], do_sample=False, max_new_tokens=20)[0, 4:].tolist()
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=False)
+    assert gen.generate(prompt, max_new_tokens=20).token_ids == expected
+    assert gen.stats.accepted > 0 and gen.stats.graphs_off is None
+    reserved = list(graph_keys(set(DEFAULT_VARIANTS), 5))
+    assert captures["target"] == reserved and captures["draft"] == reserved

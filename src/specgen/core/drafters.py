@@ -175,11 +175,12 @@ class TorchDraft:
     def reset(self) -> None:
         self.decoder.reset()
 
-    def reserve(self, positions: int) -> None:
-        """Room in a static cache (the CUDA decoder's: its graphs are captured then)."""
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room in a static cache, and its passes of up to `widest` tokens made ready (the
+        CUDA decoder's graphs are captured then)."""
         reserve = getattr(self.decoder, "reserve", None)
         if reserve is not None:
-            reserve(positions)
+            reserve(positions, widest)
 
     @property
     def graphs_off(self) -> str | None:
@@ -240,12 +241,12 @@ class ModelDrafter:
         self.skip_at = self.skipped = 0
         self._passes = 0
 
-    def reserve(self, positions: int) -> None:
+    def reserve(self, positions: int, widest: int = 1) -> None:
         """Room for a generation of `positions` in the draft's cache, before its first pass
         (a draft that never drafts reserves nothing it would not have grown to)."""
         reserve = getattr(self.lm, "reserve", None)
         if reserve is not None:
-            reserve(positions)
+            reserve(positions, widest)
 
     @property
     def graphs_off(self) -> str | None:
@@ -567,8 +568,8 @@ class HybridDrafter:
         self.model_drafter.reset()
         self.lookup_drafter.reset()
 
-    def reserve(self, positions: int) -> None:
-        self.model_drafter.reserve(positions)
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        self.model_drafter.reserve(positions, widest)
 
     @property
     def graphs_off(self) -> str | None:

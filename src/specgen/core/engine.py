@@ -126,12 +126,12 @@ class SpeculativeGenerator:
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         self._decoder.crop(same)
-        # Static caches (the CUDA decoder's): room for it all, graphs captured before the
-        # first timed pass.
+        # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
+        # to K + 1 tokens captured before the first timed pass.
         for owner in (self._decoder, self.drafter):
             reserve = getattr(owner, "reserve", None)
             if reserve is not None:
-                reserve(len(tokens) + max_new_tokens + self.k_max + 1)
+                reserve(len(tokens) + max_new_tokens + self.k_max + 1, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)

@@ -16,8 +16,8 @@ a pass no longer depends on the model's depth. What makes a pass capturable:
   CUDA's memory-efficient kernel takes the mask, which it does not with `enable_gqa`).
 
 One graph per (width, output rows, head, skip set), all captured when the cache is reserved
-(before a generation's first pass): width 1 for drafting and plain decoding, 2..K+1 for
-verification and for a draft catching up. Wider passes (a prompt) run eagerly. Graph inputs
+(before a generation's first pass, for widths up to its K + 1): width 1 for drafting and plain
+decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a prompt) run eagerly. Graph inputs
 are copied into static buffers; outputs are cloned, so a result stays valid after the next
 pass. The decoder itself never waits for the device: the host knows the length, and the
 device learns it through a fill kernel.
@@ -113,6 +113,8 @@ class CudaDecoder:
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
         self._variants: set[tuple] = set(DEFAULT_VARIANTS)
+        self.widest = 1  # every kind of pass has its graphs for widths 1..widest
+        self._wide: set[tuple] = set()  # keys of passes wider than that, met in use
         # For a drafting head (decoding/capture.py). A capturing decoder runs every pass
         # eagerly: a graph's outputs are only the rows it was captured to return.
         self.capture_layers: tuple[int, ...] | None = None
@@ -134,13 +136,15 @@ class CudaDecoder:
         """The one line that says this decoder gave up on graphs, and why (None: it did not)."""
         return None if self.graph_error is None else graphs_off_line(self.graph_error)
 
-    def reserve(self, positions: int) -> None:
-        """Room for `positions` cached positions, and every graph captured for it. Growing
-        moves the cache, so the graphs that read it are dropped and captured again: a
-        generation reserves its whole length before its first pass, so that no capture
-        lands among its timed tokens."""
-        if self.graphs:  # a capture writes GRAPH_WIDTH entries past the length
-            positions = max(positions, self.length + GRAPH_WIDTH)
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room for `positions` cached positions, and a graph captured for every pass of up
+        to `widest` tokens (K + 1 for a generation of up to K drafts a step). Growing moves
+        the cache, so the graphs that read it are dropped and captured again: a generation
+        reserves its whole length before its first pass, so that no capture lands among its
+        timed tokens. A pass of a kind or width not met before is captured on first use."""
+        self.widest = max(self.widest, min(widest, GRAPH_WIDTH))
+        if self.graphs:  # a capture writes `widest` entries past the length
+            positions = max(positions, self.length + self.widest)
         if positions > self.capacity:
             self._grow(positions)
         if self.graphs and self.capture_layers is None:
@@ -226,13 +230,15 @@ class CudaDecoder:
 
     def _replay(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor | None:
         """The pass replayed from its graph; None if graphs are off (capture failed twice),
-        after which this decoder runs eagerly. A pass of a kind not seen before has every
-        width of its kind captured first."""
+        after which this decoder runs eagerly. A pass of a kind not met before has every
+        reserved width of its kind captured first; a wider pass, its own width."""
         m = ids.shape[0]
         key = (m, n, head, skip)
         if key not in self._captured:
             self._variants.add((0 if n == m else n, head, skip))
-            self.reserve(self.length)  # room for the captures' writes, then every width
+            if m > self.widest:  # a width no reserve asked for: that pass alone
+                self._wide.add(key)
+            self.reserve(self.length + m)  # room for the captures' writes, then the graphs
             if not self.graphs:
                 return None
         self._ids[:m].copy_(ids, non_blocking=True)
@@ -244,7 +250,7 @@ class CudaDecoder:
         """Every graph of every kind of pass served so far, those not captured yet; tried
         twice, from an empty pool the second time; a second failure turns graphs off."""
         def attempt() -> None:
-            for key in graph_keys(self._variants):
+            for key in [*graph_keys(self._variants, self.widest), *sorted(self._wide, key=repr)]:
                 if key not in self._captured:
                     self._captured[key] = self._capture_graph(key)
 
@@ -285,12 +291,12 @@ class CudaDecoder:
         return graph, out
 
 
-def graph_keys(variants: set[tuple]) -> Iterator[tuple]:
+def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
     """(width, rows out, head, skip) of every graph the kinds of pass in `variants` need:
-    widths 1..GRAPH_WIDTH for every row out (rows 0), rows..GRAPH_WIDTH otherwise."""
+    widths 1..widest for every row out (rows 0), rows..widest otherwise."""
     seen = set()
     for rows, head, skip in sorted(variants, key=repr):
-        for m in range(max(rows, 1), GRAPH_WIDTH + 1):
+        for m in range(max(rows, 1), widest + 1):
             key = (m, rows or m, head, skip)
             if key not in seen:
                 seen.add(key)
