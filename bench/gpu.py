@@ -30,12 +30,18 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   decoder whose capture failed costs); the ideal speedup of a K-token step from these;
 - the contestants, each warmed up first, then prompt by prompt every contestant once in an order
   rotated per prompt: transformers `generate` eager (DynamicCache; the exactness reference, run
-  on the first EAGER_PROMPTS prompts only, as are the other eager loops), with a static cache
+  on the first EAGER_PROMPTS prompts only (EAGER_PROMPTS_70B for the 70B), as are the other
+  eager loops), with a static cache
   (compiled on a GPU, first pair), and assisted generation; specgen plain (K = 0), fixed K and
   adaptive (up to K_MAX) on the CUDA decoder, with the target in bf16 and in int4-gpu (and
   `generate` eager on the int4-gpu target, the reference for those rows); the 70B pair runs
   specgen only, with each of its drafts;
-- per contestant: tokens per second (128 new tokens), tokens per target pass, whether its
+- a head contestant (`head-k4`): a random one-layer EAGLE-style head on each target (specgen's
+  EagleHead), its layer damped so that its guess is the target's next token HEAD_AGREEMENT of
+  the time, drafting K a step: tau, tok/s and the head's cost per drafted token as a share of
+  a target pass. It measures the machinery at a set agreement, not a trained head;
+- per contestant: tokens per second (128 new tokens), tokens per target pass, a drafting
+  pass's milliseconds and their share of a one-token target pass, whether its
   output equals specgen plain (one-token greedy on the same target and scheme) and transformers'
   eager `generate`, and whether each of its CUDA decoders ran with graphs (the one line of one
   that gave up);
@@ -69,6 +75,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT / "src"))
 
 GOAL_AGREEMENT = 0.8  # target-draft greedy agreement per position the damping aims at
+HEAD_AGREEMENT = 0.7  # the EAGLE head's agreement with its target, set the same way
 RANK = 64  # of the shared bigram map
 WIDTHS = tuple(range(1, 10))  # verify-cost curve: passes of 1..9 tokens
 CONTEXT = 256  # tokens cached before a curve's passes
@@ -98,10 +105,11 @@ PAIRS = {
 SECOND_DRAFT = {"llama-70b": "llama-3.2-1b"}
 # Seconds each pair may take on an H200, in one call of at most 8 minutes with the start-up;
 # time a pair leaves unused passes to the next. The first pair's includes generate's compilation.
-PAIR_BUDGET = {"qwen-1.5b": 200, "llama-8b": 110, "llama-70b": 130}
+PAIR_BUDGET = {"qwen-1.5b": 190, "llama-8b": 110, "llama-70b": 140}
 # Seconds a stage needs on an H200, a guess used only to skip what cannot fit the budget.
 NEEDS = {"build": 15, "compile": 100, "runs": 60, "curves": 20, "fp32": 25, "build-70b": 30}
 EAGER_PROMPTS = 2  # prompts transformers' eager loops (generate, assisted) run: the slowest
+EAGER_PROMPTS_70B = 1  # the same for the 70B (its eager generate: the exactness reference)
 PROFILED_PASSES = 5  # replays per width under torch.profiler
 
 
@@ -308,15 +316,28 @@ def calibrate(target, draft, seqs: torch.Tensor, goal: float, steps: int = 7,
     that brings their agreement nearest `goal` (bisection on a log scale); the models are left
     scaled by it."""
     weights = residual_weights(target) + (residual_weights(draft) if damp_draft else [])
+    fixed = None if damp_draft else choices(draft, seqs)
+
+    def measure() -> float:
+        theirs = choices(draft, seqs) if fixed is None else fixed
+        return float((choices(target, seqs) == theirs).float().mean())
+
+    return damped(weights, measure, goal, steps)
+
+
+@torch.inference_mode()
+def damped(weights: list[torch.Tensor], measure: Callable[[], float], goal: float,
+           steps: int = 7) -> tuple[float, float]:
+    """The factor on `weights` (1e-3..1e2) that brings `measure()` (an agreement, falling as
+    the factor grows) nearest `goal`, by bisection on a log scale, and that agreement; the
+    weights are left scaled by it."""
     originals = [w.clone() for w in weights]
     lo, hi, best = -3.0, 2.0, (1.0, 0.0)
-    fixed = None if damp_draft else choices(draft, seqs)
 
     def set_damp(d: float) -> float:
         for w, w0 in zip(weights, originals):
             w.copy_(w0 * d)
-        theirs = choices(draft, seqs) if fixed is None else fixed
-        return float((choices(target, seqs) == theirs).float().mean())
+        return measure()
 
     for _ in range(steps):
         mid = (lo + hi) / 2
@@ -326,6 +347,41 @@ def calibrate(target, draft, seqs: torch.Tensor, goal: float, steps: int = 7,
         lo, hi = (mid, hi) if found > goal else (lo, mid)
     set_damp(best[0])
     return best
+
+
+def build_head(target, device: torch.device, seqs: torch.Tensor, seed: int):
+    """A random one-layer EAGLE head on `target` (specgen's EagleHead, shaped as
+    heads.train.new_head makes one): its fc passes the next token's embedding through (the
+    bigram signal then gives the target's likely next token), and its layer's residual
+    branches are random, damped so that its guess is the target's own next token about
+    HEAD_AGREEMENT of the time; the head and that (damping, agreement)."""
+    from specgen.heads.train import new_head
+
+    with torch.device(device):
+        head = new_head("eagle", target, seed=seed)
+    head = head.to(torch.bfloat16).eval().requires_grad_(False)
+    hidden = head.config.hidden
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden].copy_(torch.eye(hidden))  # the embedding comes first
+        head.fc.bias.zero_()
+    layer = head.layers[0]
+    weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
+    return head, damped(weights, lambda: head_agreement(target, head, seqs), HEAD_AGREEMENT)
+
+
+@torch.inference_mode()
+def head_agreement(target, head, seqs: torch.Tensor) -> float:
+    """How often the head's guess (the target's output layer over the feature it predicts
+    from the true feature f_t and token t+1) is the target's own next token after t+1, over
+    every position of `seqs`."""
+    features = target.model(input_ids=seqs).last_hidden_state  # after the final norm
+    head_out = target.get_output_embeddings()
+    want = head_out(features).argmax(-1)[:, 1:]
+    embeds = target.get_input_embeddings()(seqs[:, 1:])
+    positions = torch.arange(seqs.shape[1] - 1, device=seqs.device)
+    guess = head_out(head(features[:, :-1], embeds, positions)).argmax(-1)
+    return float((guess == want).float().mean())
 
 
 def int4_copy(model):
@@ -363,17 +419,23 @@ def bnb_copy(model, scheme: str):
 # --- contestants ---------------------------------------------------------------------------------
 
 def specgen_generator(target, draft, k: int, adaptive: bool):
-    """specgen's generator as a user gets it on a GPU (CUDA decoders, chosen by make_decoder).
-    On a CPU the decoders are swapped for the CUDA decoder's captured form run eagerly, so
-    that the CPU check runs the same code."""
+    """specgen's generator as a user gets it on a GPU (CUDA decoders, chosen by make_decoder),
+    with a draft model or a drafter (a head). On a CPU its decoders are the CUDA decoder's
+    captured form run eagerly, so that the CPU check runs the same code."""
+    import specgen.core.drafters as drafters
+    import specgen.core.engine as engine
     from specgen.core.engine import SpeculativeGenerator
     from specgen.decoding.cuda import CudaDecoder
 
-    gen = SpeculativeGenerator(target, draft, k, adaptive)
-    if target.device.type == "cpu":
-        gen._decoder = CudaDecoder(target, static=True)
-        gen.drafter.lm.decoder = CudaDecoder(draft, static=True)
-    return gen
+    if target.device.type != "cpu":
+        return SpeculativeGenerator(target, draft, k, adaptive)
+    saved = engine.make_decoder, drafters.make_decoder
+    engine.make_decoder = drafters.make_decoder = (
+        lambda model, exact=False: CudaDecoder(model, static=True))
+    try:
+        return SpeculativeGenerator(target, draft, k, adaptive)
+    finally:
+        engine.make_decoder, drafters.make_decoder = saved
 
 
 class Passes:
@@ -406,8 +468,11 @@ class Contestant:
 
 
 def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, compiled: bool,
-                max_len: int, int4_target=None, assisted: bool = True) -> dict[str, Contestant]:
-    """name -> Contestant. `drafts`: label prefix ("" for the pair's draft) -> draft model."""
+                max_len: int, int4_target=None, assisted: bool = True, head=None,
+                eager_prompts: int = EAGER_PROMPTS) -> dict[str, Contestant]:
+    """name -> Contestant. `drafts`: label prefix ("" for the pair's draft) -> draft model;
+    `head`: an EAGLE head on the target, drafting K a step (`head-k<K>`)."""
+    from specgen.core.drafters import make_drafter
     from transformers import StaticCache
 
     out = {}
@@ -433,18 +498,21 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
         return Contestant(run, gen=gen)
 
     first = next(iter(drafts.values()))
-    out["generate"] = Contestant(hf(target), EAGER_PROMPTS)
+    out["generate"] = Contestant(hf(target), eager_prompts)
     if compiled:
         cache = StaticCache(config=target.config, max_cache_len=max_len)
         out["generate-static"] = Contestant(hf(target, cache=cache))
     if assisted:
-        out["assisted"] = Contestant(hf(target, assistant_model=first), EAGER_PROMPTS)
+        out["assisted"] = Contestant(hf(target, assistant_model=first), eager_prompts)
     out["plain"] = spec(target, first, 0, False)
     for prefix, draft in drafts.items():
         out[f"{prefix}k{k}"] = spec(target, draft, k, False)
         out[f"{prefix}adaptive"] = spec(target, draft, k_max, True)
+    if head is not None:
+        vocab = target.config.vocab_size
+        out[f"head-k{k}"] = spec(target, make_drafter("eagle", None, vocab, head=head), k, False)
     if int4_target is not None:
-        out["int4-generate"] = Contestant(hf(int4_target), EAGER_PROMPTS)
+        out["int4-generate"] = Contestant(hf(int4_target), eager_prompts)
         out["int4-plain"] = spec(int4_target, first, 0, False)
         out[f"int4-k{k}"] = spec(int4_target, first, k, False)
         out["int4-adaptive"] = spec(int4_target, first, k_max, True)
@@ -460,7 +528,9 @@ def graph_status(gen) -> dict[str, str]:
     for role, d in decoders.items():
         if d is None or not hasattr(d, "graph_error"):
             continue
-        status[role] = "on" if d.graphs else d.graphs_off or "eager"
+        status[role] = ("eager: a head reads its passes' hidden states"
+                        if d.capture_layers is not None
+                        else "on" if d.graphs else d.graphs_off or "eager")
     return status
 
 
@@ -498,6 +568,10 @@ def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torc
             tokens, passes, seconds = timed(entries[name].run, ids, n, run_obj.sync)
             raw[name].append({"prompt": i, "seconds": seconds, "new_tokens": len(tokens),
                               "target_passes": passes, "tokens": tokens})
+            gen = entries[name].gen
+            if gen is not None:  # what its drafting cost (CUDA events on a GPU)
+                raw[name][-1].update(draft_seconds=gen.stats.draft_seconds,
+                                     draft_passes=gen.stats.draft_passes)
         print(f"prompt {i}: " + ", ".join(
             f"{name} {raw[name][-1]['new_tokens'] / raw[name][-1]['seconds']:.1f}"
             for name in names if name in ran) + " tok/s", flush=True)
@@ -524,6 +598,9 @@ def summarize(raw: dict[str, list[dict]]) -> dict:
                "tokens_per_target_pass": sum(r["new_tokens"] for r in runs)
                / max(1, sum(r["target_passes"] for r in runs)),
                "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}
+        drafted = sum(r.get("draft_passes", 0) for r in runs)
+        if drafted:
+            row["draft_pass_ms"] = 1e3 * sum(r["draft_seconds"] for r in runs) / drafted
         for label, ref_name in zip(("generate", "plain"), references(name)):
             ref = {r["prompt"]: r["tokens"] for r in raw.get(ref_name, [])}
             pairs = [(r["tokens"], ref[r["prompt"]]) for r in runs if r["prompt"] in ref]
@@ -699,10 +776,12 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
         drafts = {"": draft}
         if name == "llama-8b":
             kept[name] = (target, draft, pair["damping"])
+    head, (pair["head_damping"], pair["head_agreement"]) = build_head(target, device, seqs, seed=6)
     pair["build_s"] = time.perf_counter() - t
     print(f"{name}: built and calibrated in {pair['build_s']:.1f} s, damping {pair['damping']:.3g}, "
           f"agreement {pair['agreement']:.2f}"
-          + (f" (second draft {pair['second_draft_agreement']:.2f})" if second else ""), flush=True)
+          + (f" (second draft {pair['second_draft_agreement']:.2f})" if second else "")
+          + f", head agreement {pair['head_agreement']:.2f}", flush=True)
     run.save()
 
     # The verify-cost curves, the drafts' one-token passes, a one-token pass without graphs.
@@ -750,7 +829,8 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
                 and not args.no_compile and run.fits("compile", name))
     max_len = max(len(p) for p in prompts) + args.new_tokens + 16
     entries = contestants(target, drafts, args.k, args.k_max, device, compiled, max_len,
-                          int4_target, assisted=scheme == "bf16")
+                          int4_target, assisted=scheme == "bf16", head=head,
+                          eager_prompts=EAGER_PROMPTS if scheme == "bf16" else EAGER_PROMPTS_70B)
 
     def warm(entries: dict) -> None:
         """One run of each contestant on the first prompt (graph capture, compilation, kernel
@@ -785,7 +865,9 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
                 draft_ms = pair.get(f"{prefix}draft_one_token_ms")
                 if cost and draft_ms and label.endswith(f"k{args.k}"):
                     row["ideal_vs_plain"] = ideal(row, cost, draft_ms, args.k)
-    entries = int4_target = None  # their generators' caches and graphs: freed before fp32
+                if cost and "draft_pass_ms" in row:  # a head's cost, a draft model's
+                    row["draft_pass_share_of_target_pass"] = row["draft_pass_ms"] / cost[1]
+    entries = int4_target = head = None  # their generators' caches and graphs: freed before fp32
 
     # fp32: greedy speculation against generate, token for token.
     if name == "qwen-1.5b" and run.fits("fp32", name):
@@ -859,7 +941,7 @@ def summary(report: dict) -> str:
                     "null (cpu)" if p["kernels_per_pass"] is None
                     else f"{p['kernels_per_pass']:.0f}, {p['kernel_ms_per_pass']:.2f}" for p in cells)
                     + " |")
-    keys = ("agreement", "second_draft_agreement", "damping", "draft_one_token_ms",
+    keys = ("agreement", "second_draft_agreement", "head_agreement", "damping", "draft_one_token_ms",
             "1b-draft_one_token_ms", "target_one_token_ms_without_graphs", "fp32_equal_to_generate",
             "peak_memory_bytes", "budget_s", "build_s", "curves_s", "warm_up_s", "contestants_s")
     for name, pair in report["pairs"].items():
