@@ -17,10 +17,10 @@ a pass no longer depends on the model's depth. What makes a pass capturable:
 
 One graph per (width, output rows, head, skip set), all captured when the cache is reserved
 (before a generation's first pass, for widths up to its K + 1): width 1 for drafting and plain
-decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a prompt) run eagerly. Graph inputs
-are copied into static buffers; outputs are cloned, so a result stays valid after the next
-pass. The decoder itself never waits for the device: the host knows the length, and the
-device learns it through a fill kernel.
+decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a prompt) run
+eagerly. Graph inputs are copied into static buffers; outputs are kept with their graphs and
+cloned, so a result stays valid after the next pass. The decoder itself never waits for the
+device: the host knows the length, and the device learns it through a fill kernel.
 
 The graphs of one cache share one memory pool, taken when the first of them is captured and
 dropped with them (growth moves the cache; a failed capture). A fresh pool each time is not
@@ -143,8 +143,9 @@ class CudaDecoder:
         reserves its whole length before its first pass, so that no capture lands among its
         timed tokens. A pass of a kind or width not met before is captured on first use."""
         self.widest = max(self.widest, min(widest, GRAPH_WIDTH))
-        if self.graphs:  # a capture writes `widest` entries past the length
-            positions = max(positions, self.length + self.widest)
+        if self.graphs:  # a capture writes as many entries past the length as its width
+            room = max([self.widest, *(key[0] for key in self._wide)])
+            positions = max(positions, self.length + room)
         if positions > self.capacity:
             self._grow(positions)
         if self.graphs and self.capture_layers is None:
@@ -275,7 +276,7 @@ class CudaDecoder:
         ids = self._ids[:m]
         # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
         # pass is idempotent: it rewrites the same cache entries from the same inputs, past
-        # the cached length (reserve keeps GRAPH_WIDTH entries of room there).
+        # the cached length (reserve keeps room there for the widest captured pass).
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
