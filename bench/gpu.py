@@ -4,36 +4,51 @@ models of the real shapes, every figure from one process, contestants interleave
     python bench/gpu.py --out $OUT/gpu.json                          # on the GPU machine
     python bench/gpu.py --device cpu --tiny --out /tmp/gpu-tiny.json  # the same steps, tiny, on a CPU
 
-There is no model hub on the GPU machine and what travels there is capped at 64 MiB, so the
-models are built on the device with random weights, in bf16, in the shapes of three pairs:
-Qwen2.5-Coder 1.5B verified with a 0.5B draft, Llama 3.1 8B with a Llama 3.2 1B draft, and the
-Llama 3.1 70B shape in int4-gpu with the 8B as its draft. A random draft never agrees with a
-random target, so each pair shares a "bigram" signal: a random rank-64 map from a token to the
-next token's logits, carried by every model of the pair in its embeddings and output layer (each
-through its own orthonormal basis, whatever its width). The residual branches of the layers
-(attention and MLP outputs) are damped by one factor per pair, searched at the start so that
-target and draft choose the same next token about GOAL_AGREEMENT of the time on text the target
-itself would write; the acceptance the speculative runs then get is measured, not set.
+(`python3 -P bench/gpu.py ...` runs it the same way.) There is no model hub on the GPU machine
+and what travels there is capped at 64 MiB, so the models are built on the device with random
+weights, in bf16, in the shapes of three pairs: Qwen2.5-Coder 1.5B verified with a 0.5B draft,
+Llama 3.1 8B with a Llama 3.2 1B draft, and the Llama 3.1 70B shape in int4-gpu (built straight
+into int4 on the device, layer by layer) with two drafts: the 8B, and the 1B (Llama 3.2 shares
+Llama 3.1's tokenizer). A random draft never agrees with a random target, so each pair shares a
+"bigram" signal: a random rank-64 map from a token to the next token's logits, carried by every
+model of the pair in its embeddings and output layer (each through its own orthonormal basis,
+whatever its width). The residual branches of the layers (attention and MLP outputs) are damped
+by a factor searched at the start so that target and draft choose the same next token about
+GOAL_AGREEMENT of the time on text the target itself would write: one factor for both models of
+the first two pairs; for the 70B, a factor of its own against the 8B draft (the 8B keeps its
+pair's), the 1B's agreement measured as it falls. The acceptance the speculative runs then get is
+measured, not set.
 
-Per pair, in one process (each contestant warmed up first; then, prompt by prompt, every
-contestant once, in an order rotated per prompt):
-- transformers `generate`, eager (DynamicCache), and with a static cache (compiled on a GPU,
-  where `generate` compiles a static cache's forward itself);
-- transformers' assisted generation (`assistant_model`, its default schedule);
-- specgen plain (K = 0), speculative with fixed K, and adaptive (up to K_MAX), on the CUDA
-  decoder (static caches, CUDA graphs), with the target in bf16 and in int4-gpu;
-- tokens per second (128 new tokens, prompt included), tokens per target pass, and whether each
-  output equals one-token greedy (transformers `generate` eager; and specgen plain, which runs
-  the same kernels as the speculative runs);
+Per pair, in one process, within the pair's time budget (PAIR_BUDGET; stages that would not fit
+are skipped and named; the three fit in one call of at most 8 minutes on an H200):
 - the verify-cost curve: milliseconds of a target pass over 1..9 tokens after a 256-token
-  context, for bf16, int4-gpu and bitsandbytes nf4 and int8 (and transformers' own forward on
-  the smallest pair), each through the CUDA decoder (graphs where the layers can be captured);
-  the draft's one-token pass, and from these the ideal speedup of a K-token step;
+  context, for bf16, int4-gpu and bitsandbytes nf4 (and int8 and transformers' own forward on
+  the smallest pair), each through the CUDA decoder (graphs where the layers can be captured),
+  and per width, from torch.profiler over a few replays, the device kernels a pass launches and
+  their summed time (on a CPU: no device kernels, recorded as null, beside the CPU profiler's
+  count of operators); the draft's one-token pass; the one-token pass without graphs (what a
+  decoder whose capture failed costs); the ideal speedup of a K-token step from these;
+- the contestants, each warmed up first, then prompt by prompt every contestant once in an order
+  rotated per prompt: transformers `generate` eager (DynamicCache; the exactness reference, run
+  on the first EAGER_PROMPTS prompts only (EAGER_PROMPTS_70B for the 70B), as are the other
+  eager loops), with a static cache
+  (compiled on a GPU, first pair), and assisted generation; specgen plain (K = 0), fixed K and
+  adaptive (up to K_MAX) on the CUDA decoder, with the target in bf16 and in int4-gpu (and
+  `generate` eager on the int4-gpu target, the reference for those rows); the 70B pair runs
+  specgen only, with each of its drafts;
+- a head contestant (`head-k4`): a random one-layer EAGLE-style head on each target (specgen's
+  EagleHead), its layer damped so that its guess is the target's next token HEAD_AGREEMENT of
+  the time, drafting K a step: tau, tok/s and the head's cost per drafted token as a share of
+  a target pass. It measures the machinery at a set agreement, not a trained head;
+- per contestant: tokens per second (128 new tokens), tokens per target pass, a drafting
+  pass's milliseconds and their share of a one-token target pass, whether its
+  output equals specgen plain (one-token greedy on the same target and scheme) and transformers'
+  eager `generate`, and whether each of its CUDA decoders ran with graphs (the one line of one
+  that gave up);
 - fp32 on the first pair: greedy speculation against `generate`, token for token;
 - peak GPU memory.
 The JSON is rewritten after every stage, so a run cut short keeps what it measured; a stage that
-fails is recorded and the next one runs; stages that would not fit the time budget are skipped
-and named. The last lines printed are a summary table.
+fails is recorded and the next one runs. The last lines printed are a summary table.
 """
 
 from __future__ import annotations
@@ -47,14 +62,20 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+# bench/ holds scripts, not packages: off the import path (where `python bench/gpu.py` puts it),
+# so that none of them shadows an installed package of the same name.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT / "src"))
 
 GOAL_AGREEMENT = 0.8  # target-draft greedy agreement per position the damping aims at
+HEAD_AGREEMENT = 0.7  # the EAGLE head's agreement with its target, set the same way
 RANK = 64  # of the shared bigram map
 WIDTHS = tuple(range(1, 10))  # verify-cost curve: passes of 1..9 tokens
 CONTEXT = 256  # tokens cached before a curve's passes
@@ -74,14 +95,22 @@ TINY = {  # the same steps in seconds on a CPU; widths divisible by int4-gpu's g
     "llama-3.2-1b": ("llama", 128, 256, 1, 4, 2, None, 384),
     "llama-3.1-70b": ("llama", 256, 512, 3, 8, 2, None, 384),
 }
-# name: (target, draft, target scheme); the 70B pair's draft is the 8B pair's target.
+# name: (target, draft, target scheme); the 70B pair's draft is the 8B pair's target, and its
+# second draft (SECOND_DRAFT) the 8B pair's draft.
 PAIRS = {
     "qwen-1.5b": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "bf16"),
     "llama-8b": ("llama-3.1-8b", "llama-3.2-1b", "bf16"),
     "llama-70b": ("llama-3.1-70b", "llama-3.1-8b", "int4-gpu"),
 }
+SECOND_DRAFT = {"llama-70b": "llama-3.2-1b"}
+# Seconds each pair may take on an H200, in one call of at most 8 minutes with the start-up;
+# time a pair leaves unused passes to the next. The first pair's includes generate's compilation.
+PAIR_BUDGET = {"qwen-1.5b": 190, "llama-8b": 110, "llama-70b": 140}
 # Seconds a stage needs on an H200, a guess used only to skip what cannot fit the budget.
-NEEDS = {"build": 30, "compile": 120, "runs": 90, "curves": 40, "fp32": 30, "build-70b": 60}
+NEEDS = {"build": 15, "compile": 100, "runs": 60, "curves": 20, "fp32": 25, "build-70b": 30}
+EAGER_PROMPTS = 2  # prompts transformers' eager loops (generate, assisted) run: the slowest
+EAGER_PROMPTS_70B = 1  # the same for the 70B (its eager generate: the exactness reference)
+PROFILED_PASSES = 5  # replays per width under torch.profiler
 
 
 # --- the run's bookkeeping ---------------------------------------------------------------------
@@ -92,12 +121,23 @@ class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.device = args, torch.device(args.device)
         self.start = time.perf_counter()
+        self.pair_end = float("inf")  # perf_counter time the current pair's budget ends
         self.report: dict = {"config": {k: str(v) for k, v in vars(args).items()},
                              "machine": machine(self.device), "pairs": {}, "skipped": [],
                              "errors": []}
 
     def left(self) -> float:
-        return self.args.budget - (time.perf_counter() - self.start)
+        now = time.perf_counter()
+        return min(self.args.budget - (now - self.start), self.pair_end - now)
+
+    def begin_pair(self, name: str, later: list[str]) -> None:
+        """The pair's budget: its own, plus what earlier pairs left, less what later pairs
+        need (on a CPU: no limit but the whole run's)."""
+        if self.device.type == "cpu":
+            return
+        reserved = sum(PAIR_BUDGET[p] for p in later)
+        whole_left = self.args.budget - (time.perf_counter() - self.start)
+        self.pair_end = time.perf_counter() + max(PAIR_BUDGET[name], whole_left - reserved)
 
     def fits(self, what: str, where: str) -> bool:
         need = 0 if self.device.type == "cpu" else NEEDS[what]
@@ -184,9 +224,14 @@ def basis(hidden: int, device: torch.device, seed: int) -> torch.Tensor:
 
 
 def residual_weights(model) -> list[torch.Tensor]:
-    """The weights that write into the residual stream (attention and MLP outputs)."""
-    return [w for layer in model.model.layers
-            for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight)]
+    """What scales the layers that write into the residual stream (attention and MLP
+    outputs): a float layer's weight; an int4-gpu layer's scales and zeros (w ~= (q - 8) *
+    scale + zero, so scaling both scales w and leaves q as it is)."""
+    def scaled(linear) -> torch.Tensor:
+        return linear.weight if isinstance(linear, torch.nn.Linear) else linear.scales_and_zeros
+
+    return [scaled(m) for layer in model.model.layers
+            for m in (layer.self_attn.o_proj, layer.mlp.down_proj)]
 
 
 def build(shape: tuple, device: torch.device, signal, seed: int):
@@ -254,25 +299,45 @@ def chains(signal, n: int, length: int, device: torch.device, seed: int) -> torc
 
 
 @torch.inference_mode()
+def choices(model, seqs: torch.Tensor) -> torch.Tensor:
+    """The model's greedy next token at every position of `seqs`."""
+    return model(input_ids=seqs).logits.argmax(-1)
+
+
 def agreement(target, draft, seqs: torch.Tensor) -> float:
     """How often target and draft pick the same next token, over every position of `seqs`."""
-    a = target(input_ids=seqs).logits.argmax(-1)
-    b = draft(input_ids=seqs).logits.argmax(-1)
-    return float((a == b).float().mean())
+    return float((choices(target, seqs) == choices(draft, seqs)).float().mean())
 
 
 @torch.inference_mode()
-def calibrate(target, draft, seqs: torch.Tensor, goal: float, steps: int = 7) -> tuple[float, float]:
-    """The factor on both models' residual branches (1e-3..1e2) that brings their agreement
-    nearest `goal` (bisection on a log scale); the models are left scaled by it."""
-    weights = residual_weights(target) + residual_weights(draft)
+def calibrate(target, draft, seqs: torch.Tensor, goal: float, steps: int = 7,
+              damp_draft: bool = True) -> tuple[float, float]:
+    """The factor on the residual branches (1e-3..1e2) of both models, or of the target only,
+    that brings their agreement nearest `goal` (bisection on a log scale); the models are left
+    scaled by it."""
+    weights = residual_weights(target) + (residual_weights(draft) if damp_draft else [])
+    fixed = None if damp_draft else choices(draft, seqs)
+
+    def measure() -> float:
+        theirs = choices(draft, seqs) if fixed is None else fixed
+        return float((choices(target, seqs) == theirs).float().mean())
+
+    return damped(weights, measure, goal, steps)
+
+
+@torch.inference_mode()
+def damped(weights: list[torch.Tensor], measure: Callable[[], float], goal: float,
+           steps: int = 7) -> tuple[float, float]:
+    """The factor on `weights` (1e-3..1e2) that brings `measure()` (an agreement, falling as
+    the factor grows) nearest `goal`, by bisection on a log scale, and that agreement; the
+    weights are left scaled by it."""
     originals = [w.clone() for w in weights]
     lo, hi, best = -3.0, 2.0, (1.0, 0.0)
 
     def set_damp(d: float) -> float:
         for w, w0 in zip(weights, originals):
             w.copy_(w0 * d)
-        return agreement(target, draft, seqs)
+        return measure()
 
     for _ in range(steps):
         mid = (lo + hi) / 2
@@ -282,6 +347,41 @@ def calibrate(target, draft, seqs: torch.Tensor, goal: float, steps: int = 7) ->
         lo, hi = (mid, hi) if found > goal else (lo, mid)
     set_damp(best[0])
     return best
+
+
+def build_head(target, device: torch.device, seqs: torch.Tensor, seed: int):
+    """A random one-layer EAGLE head on `target` (specgen's EagleHead, shaped as
+    heads.train.new_head makes one): its fc passes the next token's embedding through (the
+    bigram signal then gives the target's likely next token), and its layer's residual
+    branches are random, damped so that its guess is the target's own next token about
+    HEAD_AGREEMENT of the time; the head and that (damping, agreement)."""
+    from specgen.heads.train import new_head
+
+    with torch.device(device):
+        head = new_head("eagle", target, seed=seed)
+    head = head.to(torch.bfloat16).eval().requires_grad_(False)
+    hidden = head.config.hidden
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden].copy_(torch.eye(hidden))  # the embedding comes first
+        head.fc.bias.zero_()
+    layer = head.layers[0]
+    weights = [layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight]
+    return head, damped(weights, lambda: head_agreement(target, head, seqs), HEAD_AGREEMENT)
+
+
+@torch.inference_mode()
+def head_agreement(target, head, seqs: torch.Tensor) -> float:
+    """How often the head's guess (the target's output layer over the feature it predicts
+    from the true feature f_t and token t+1) is the target's own next token after t+1, over
+    every position of `seqs`."""
+    features = target.model(input_ids=seqs).last_hidden_state  # after the final norm
+    head_out = target.get_output_embeddings()
+    want = head_out(features).argmax(-1)[:, 1:]
+    embeds = target.get_input_embeddings()(seqs[:, 1:])
+    positions = torch.arange(seqs.shape[1] - 1, device=seqs.device)
+    guess = head_out(head(features[:, :-1], embeds, positions)).argmax(-1)
+    return float((guess == want).float().mean())
 
 
 def int4_copy(model):
@@ -319,17 +419,23 @@ def bnb_copy(model, scheme: str):
 # --- contestants ---------------------------------------------------------------------------------
 
 def specgen_generator(target, draft, k: int, adaptive: bool):
-    """specgen's generator as a user gets it on a GPU (CUDA decoders, chosen by make_decoder).
-    On a CPU the decoders are swapped for the CUDA decoder's captured form run eagerly, so
-    that the CPU check runs the same code."""
+    """specgen's generator as a user gets it on a GPU (CUDA decoders, chosen by make_decoder),
+    with a draft model or a drafter (a head). On a CPU its decoders are the CUDA decoder's
+    captured form run eagerly, so that the CPU check runs the same code."""
+    import specgen.core.drafters as drafters
+    import specgen.core.engine as engine
     from specgen.core.engine import SpeculativeGenerator
     from specgen.decoding.cuda import CudaDecoder
 
-    gen = SpeculativeGenerator(target, draft, k, adaptive)
-    if target.device.type == "cpu":
-        gen._decoder = CudaDecoder(target, static=True)
-        gen.drafter.lm.decoder = CudaDecoder(draft, static=True)
-    return gen
+    if target.device.type != "cpu":
+        return SpeculativeGenerator(target, draft, k, adaptive)
+    saved = engine.make_decoder, drafters.make_decoder
+    engine.make_decoder = drafters.make_decoder = (
+        lambda model, exact=False: CudaDecoder(model, static=True))
+    try:
+        return SpeculativeGenerator(target, draft, k, adaptive)
+    finally:
+        engine.make_decoder, drafters.make_decoder = saved
 
 
 class Passes:
@@ -350,43 +456,82 @@ class Passes:
         self.calls += 1
 
 
-def contestants(target, draft, k: int, k_max: int, n: int, device, compiled: bool,
-                max_len: int, int4_target=None) -> dict:
-    """name -> run(prompt ids [T]) -> (new token ids, target passes)."""
+@dataclass
+class Contestant:
+    """run(prompt ids [T], new tokens) -> (new token ids, target passes); `prompts`: how many
+    of the prompts it runs (None: all); `gen`: specgen's generator, whose decoders say whether
+    they run with graphs."""
+
+    run: Callable
+    prompts: int | None = None
+    gen: object = None
+
+
+def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, compiled: bool,
+                max_len: int, int4_target=None, assisted: bool = True, head=None,
+                eager_prompts: int = EAGER_PROMPTS) -> dict[str, Contestant]:
+    """name -> Contestant. `drafts`: label prefix ("" for the pair's draft) -> draft model;
+    `head`: an EAGLE head on the target, drafting K a step (`head-k<K>`)."""
+    from specgen.core.drafters import make_drafter
     from transformers import StaticCache
 
     out = {}
 
-    def hf(**kwargs):
-        def run(ids):
+    def hf(model, **kwargs):
+        def run(ids, n):
             cache = kwargs.get("cache")
             if cache is not None:
                 cache.reset()
-            with Passes(target) if "assistant_model" in kwargs else _one_per_token(n) as passes:
-                tokens = target.generate(ids[None], do_sample=False, max_new_tokens=n,
-                                         min_new_tokens=n, **kwargs)[0, len(ids):].tolist()
+            with Passes(model) if "assistant_model" in kwargs else _one_per_token(n) as passes:
+                tokens = model.generate(ids[None], do_sample=False, max_new_tokens=n,
+                                        min_new_tokens=n, **kwargs)[0, len(ids):].tolist()
             return tokens, passes.calls
         return run
 
-    def spec(gen):
-        def run(ids):
+    def spec(model, draft, k, adaptive):
+        gen = specgen_generator(model, draft, k, adaptive)
+
+        def run(ids, n):
             gen.reset()
             result = gen.generate(ids, max_new_tokens=n)
             return result.token_ids, result.stats.target_passes
-        return run
+        return Contestant(run, gen=gen)
 
-    out["generate"] = hf()
+    first = next(iter(drafts.values()))
+    out["generate"] = Contestant(hf(target), eager_prompts)
     if compiled:
-        out["generate-static"] = hf(cache=StaticCache(config=target.config, max_cache_len=max_len))
-    out["assisted"] = hf(assistant_model=draft)
-    out["plain"] = spec(specgen_generator(target, draft, 0, False))
-    out[f"k{k}"] = spec(specgen_generator(target, draft, k, False))
-    out["adaptive"] = spec(specgen_generator(target, draft, k_max, True))
+        cache = StaticCache(config=target.config, max_cache_len=max_len)
+        out["generate-static"] = Contestant(hf(target, cache=cache))
+    if assisted:
+        out["assisted"] = Contestant(hf(target, assistant_model=first), eager_prompts)
+    out["plain"] = spec(target, first, 0, False)
+    for prefix, draft in drafts.items():
+        out[f"{prefix}k{k}"] = spec(target, draft, k, False)
+        out[f"{prefix}adaptive"] = spec(target, draft, k_max, True)
+    if head is not None:
+        vocab = target.config.vocab_size
+        out[f"head-k{k}"] = spec(target, make_drafter("eagle", None, vocab, head=head), k, False)
     if int4_target is not None:
-        out["int4-plain"] = spec(specgen_generator(int4_target, draft, 0, False))
-        out[f"int4-k{k}"] = spec(specgen_generator(int4_target, draft, k, False))
-        out["int4-adaptive"] = spec(specgen_generator(int4_target, draft, k_max, True))
+        out["int4-generate"] = Contestant(hf(int4_target), eager_prompts)
+        out["int4-plain"] = spec(int4_target, first, 0, False)
+        out[f"int4-k{k}"] = spec(int4_target, first, k, False)
+        out["int4-adaptive"] = spec(int4_target, first, k_max, True)
     return out
+
+
+def graph_status(gen) -> dict[str, str]:
+    """Per CUDA decoder of a specgen generator: "on", "off: <its one line>", or "eager"
+    (built without graphs: on a CPU)."""
+    decoders = {"target": gen._decoder, "draft": getattr(getattr(gen.drafter, "lm", None),
+                                                          "decoder", None)}
+    status = {}
+    for role, d in decoders.items():
+        if d is None or not hasattr(d, "graph_error"):
+            continue
+        status[role] = ("eager: a head reads its passes' hidden states"
+                        if d.capture_layers is not None
+                        else "on" if d.graphs else d.graphs_off or "eager")
+    return status
 
 
 class _one_per_token:
@@ -402,52 +547,69 @@ class _one_per_token:
         pass
 
 
-def timed(run, ids, sync) -> tuple[list[int], int, float]:
+def timed(run, ids, n: int, sync) -> tuple[list[int], int, float]:
     sync()
     t = time.perf_counter()
-    tokens, passes = run(ids)
+    tokens, passes = run(ids, n)
     sync()
     return tokens, passes, time.perf_counter() - t
 
 
-def interleaved(run_obj: Run, entries: dict, prompts: list[torch.Tensor], n: int) -> dict:
-    """Each contestant on each prompt once, the order rotated per prompt; then the figures."""
+def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torch.Tensor],
+                n: int) -> dict:
+    """Each contestant on each of its prompts once, the order rotated per prompt; then the
+    figures, and each specgen contestant's graph status."""
     names = list(entries)
     raw: dict[str, list[dict]] = {name: [] for name in names}
     for i, ids in enumerate(prompts):
         order = names[i % len(names):] + names[: i % len(names)]
-        for name in order:
-            tokens, passes, seconds = timed(entries[name], ids, run_obj.sync)
+        ran = [name for name in order if entries[name].prompts is None or i < entries[name].prompts]
+        for name in ran:
+            tokens, passes, seconds = timed(entries[name].run, ids, n, run_obj.sync)
             raw[name].append({"prompt": i, "seconds": seconds, "new_tokens": len(tokens),
                               "target_passes": passes, "tokens": tokens})
+            gen = entries[name].gen
+            if gen is not None:  # what its drafting cost (CUDA events on a GPU)
+                raw[name][-1].update(draft_seconds=gen.stats.draft_seconds,
+                                     draft_passes=gen.stats.draft_passes)
         print(f"prompt {i}: " + ", ".join(
-            f"{name} {raw[name][-1]['new_tokens'] / raw[name][-1]['seconds']:.1f}" for name in names)
-            + " tok/s", flush=True)
-    return summarize(raw, n)
+            f"{name} {raw[name][-1]['new_tokens'] / raw[name][-1]['seconds']:.1f}"
+            for name in names if name in ran) + " tok/s", flush=True)
+    out = summarize(raw)
+    for name, entry in entries.items():
+        if entry.gen is not None:
+            out[name]["graphs"] = graph_status(entry.gen)
+    return out
 
 
-def summarize(raw: dict[str, list[dict]], n: int) -> dict:
+def references(name: str) -> tuple[str, str]:
+    """The contestants a contestant's output is checked against: transformers' eager
+    `generate` and specgen plain, on the same target and scheme."""
+    return ("int4-generate", "int4-plain") if name.startswith("int4") else ("generate", "plain")
+
+
+def summarize(raw: dict[str, list[dict]]) -> dict:
     def common(a: list[int], b: list[int]) -> int:
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
-    refs = {"generate": raw.get("generate"), "plain": raw.get("plain"),
-            "int4-plain": raw.get("int4-plain")}
     out = {}
     for name, runs in raw.items():
-        ref_plain = refs["int4-plain"] if name.startswith("int4") else refs["plain"]
         row = {"tokens_per_second": statistics.mean(r["new_tokens"] / r["seconds"] for r in runs),
                "tokens_per_target_pass": sum(r["new_tokens"] for r in runs)
                / max(1, sum(r["target_passes"] for r in runs)),
                "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}
-        for label, ref in (("generate", refs["generate"]), ("plain", ref_plain)):
-            if ref is not None and not (name.startswith("int4") and label == "generate"):
-                same = [r["tokens"] == s["tokens"] for r, s in zip(runs, ref)]
-                row[f"equal_to_{label}"] = f"{sum(same)}/{len(same)}"
-                row[f"common_prefix_with_{label}"] = [common(r["tokens"], s["tokens"])
-                                                      for r, s in zip(runs, ref)]
+        drafted = sum(r.get("draft_passes", 0) for r in runs)
+        if drafted:
+            row["draft_pass_ms"] = 1e3 * sum(r["draft_seconds"] for r in runs) / drafted
+        for label, ref_name in zip(("generate", "plain"), references(name)):
+            ref = {r["prompt"]: r["tokens"] for r in raw.get(ref_name, [])}
+            pairs = [(r["tokens"], ref[r["prompt"]]) for r in runs if r["prompt"] in ref]
+            if pairs:
+                row[f"equal_to_{label}"] = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+                row[f"common_prefix_with_{label}"] = [common(a, b) for a, b in pairs]
         out[name] = row
     for name, row in out.items():
-        plain = out.get("int4-plain" if name.startswith("int4") else "plain", {})
+        plain = out.get(references(name)[1], {})
         if plain.get("tokens_per_second"):
             row["vs_plain"] = row["tokens_per_second"] / plain["tokens_per_second"]
         if "assisted" in out:
@@ -458,21 +620,25 @@ def summarize(raw: dict[str, list[dict]], n: int) -> dict:
 # --- the verify-cost curve -------------------------------------------------------------------------
 
 @torch.inference_mode()
-def curve(model, context: torch.Tensor, reps: int, device: torch.device, transformers_forward=False
-          ) -> dict:
-    """Milliseconds of a pass over w = 1..9 tokens after `context`, rolled back after each
-    (median of `reps`, CUDA events around each pass on a GPU)."""
+def curve(model, context: torch.Tensor, reps: int, device: torch.device, transformers_forward=False,
+          widths: tuple[int, ...] = WIDTHS, profiled: bool = True) -> dict:
+    """Milliseconds of a pass over w tokens after `context`, rolled back after each (median of
+    `reps`, CUDA events around each pass on a GPU), per width; and per width the profiler's
+    count of the pass (profile_passes). The CUDA decoder reserves its cache and captures
+    every width's graph first, as a generation does."""
     from specgen.decoding import HFDecoder
     from specgen.decoding.cuda import CudaDecoder
 
     decoder = HFDecoder(model) if transformers_forward else CudaDecoder(model)
+    if not transformers_forward:
+        decoder.reserve(len(context) + max(widths), max(widths))
     decoder.logits(context, 1)
     start = decoder.length
-    ms = {}
-    for w in WIDTHS:
+    ms, profile = {}, {}
+    for w in widths:
         ids = context[:w]
         times = []
-        for rep in range(reps + 3):  # 3 warm-ups: graph capture, kernel selection
+        for rep in range(reps + 2):  # 2 warm-ups: kernel selection, caches
             if device.type == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
@@ -486,13 +652,77 @@ def curve(model, context: torch.Tensor, reps: int, device: torch.device, transfo
                 decoder.logits(ids, w)
                 decoder.crop(start)
                 elapsed = 1e3 * (time.perf_counter() - t)
-            if rep >= 3:
+            if rep >= 2:
                 times.append(elapsed)
         ms[w] = statistics.median(times)
-    result = {"ms": ms, "w5_over_w1": ms[5] / ms[1], "w9_over_w1": ms[9] / ms[1]}
+        if profiled:
+            profile[w] = profile_passes(decoder, ids, w, start, device, top=w == 1)
+    result = {"ms": ms, "profile": profile}
+    if len(widths) >= 9:
+        result.update(w5_over_w1=ms[5] / ms[1], w9_over_w1=ms[9] / ms[1])
     if not transformers_forward:
-        result["graphs"], result["graph_error"] = decoder.graphs, decoder.graph_error
+        result["graphs"] = "on" if decoder.graphs else decoder.graphs_off or "eager"
     return result
+
+
+def profile_passes(decoder, ids: torch.Tensor, w: int, start: int, device: torch.device,
+                   top: bool = False) -> dict:
+    """torch.profiler over PROFILED_PASSES passes of `ids`: on a GPU the device kernels a pass
+    launches and their summed device time per pass (against its wall time, the host's share
+    shows), with the costliest kernels if `top`; on a CPU there are no device kernels (null),
+    and the CPU profiler's operator count per pass (nested operators counted) is given
+    instead, labelled as such."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(PROFILED_PASSES):
+            decoder.logits(ids, w)
+            decoder.crop(start)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    if not cuda:
+        cpu_ops = sum(e.device_type == DeviceType.CPU for e in events) / PROFILED_PASSES
+        return {"kernels_per_pass": None, "kernel_ms_per_pass": None,
+                "cpu_profiler_ops_per_pass": cpu_ops}
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    out = {"kernels_per_pass": len(kernels) / PROFILED_PASSES,
+           "kernel_ms_per_pass": sum(e.device_time for e in kernels) / PROFILED_PASSES / 1e3}
+    if top:
+        by_name: dict[str, list] = {}
+        for e in kernels:
+            entry = by_name.setdefault(e.name[:80], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.device_time
+        out["top_kernels"] = [
+            {"name": name, "per_pass": count / PROFILED_PASSES, "us_per_pass": us / PROFILED_PASSES}
+            for name, (count, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:10]]
+    return out
+
+
+@torch.inference_mode()
+def eager_one_token_ms(model, context: torch.Tensor, reps: int, device: torch.device) -> float:
+    """A one-token pass of the CUDA decoder with graphs off (its captured form run eagerly):
+    what every pass costs where capture failed."""
+    from specgen.decoding.cuda import CudaDecoder
+
+    decoder = CudaDecoder(model, graphs=False, static=True)
+    decoder.logits(context, 1)
+    start = decoder.length
+    times = []
+    for rep in range(reps + 2):
+        run_sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        run_sync()
+        t = time.perf_counter()
+        decoder.logits(context[:1], 1)
+        decoder.crop(start)
+        run_sync()
+        if rep >= 2:
+            times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
 
 
 def ideal(row: dict, target_ms: dict, draft_ms: float, k: int) -> float:
@@ -506,53 +736,68 @@ def ideal(row: dict, target_ms: dict, draft_ms: float, k: int) -> float:
 def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
     args, device = run.args, run.device
     target_name, draft_name, scheme = PAIRS[name]
-    pair: dict = {"target": target_name, "draft": draft_name, "target_scheme": scheme}
+    second = SECOND_DRAFT.get(name)
+    pair: dict = {"target": target_name, "draft": draft_name, "target_scheme": scheme,
+                  "budget_s": PAIR_BUDGET[name]}
+    if second:
+        pair["second_draft"] = second
     run.report["pairs"][name] = pair
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     family = shapes[target_name][0]
     signal = kept.setdefault(f"signal-{family}", bigram(shapes[target_name][7], device, 1))
     seqs = chains(signal, 4, 64, device, seed=2)
+    count = args.prompts if scheme == "bf16" else args.prompts_70b
     prompts = [torch.tensor(list(text.encode())[: args.prompt_tokens], device=device)
-               % shapes[target_name][7] for _, text in prompts_set(args.prompts)]
+               % shapes[target_name][7] for _, text in prompts_set(count)]
     pair["prompt_tokens"] = [len(p) for p in prompts]
 
     # Build (and calibrate) the pair.
+    t = time.perf_counter()
+    drafts = {}
     if scheme == "int4-gpu":
         if "llama-8b" not in kept:
-            run.report["skipped"].append(f"{name}: its draft (the llama-8b pair's target) was not built")
+            run.report["skipped"].append(f"{name}: its drafts (the llama-8b pair's models) were not built")
             return
         if not run.fits("build-70b", name):
             return
-        draft, damp = kept["llama-8b"]
-        t = time.perf_counter()
-        target = build_int4(shapes[target_name], device, signal, 3, damp)
-        pair["build_s"] = time.perf_counter() - t
-        pair["damping"] = damp
-        pair["agreement"] = agreement(target, draft, seqs)
+        draft, small, _ = kept["llama-8b"]
+        target = build_int4(shapes[target_name], device, signal, 3, 1.0)
+        pair["damping"], pair["agreement"] = calibrate(target, draft, seqs, GOAL_AGREEMENT,
+                                                       damp_draft=False)
+        pair["second_draft_agreement"] = agreement(target, small, seqs)
+        drafts = {"": draft, "1b-": small}
     else:
         if not run.fits("build", name):
             return
-        t = time.perf_counter()
         target = build(shapes[target_name], device, signal, 3)
         draft = build(shapes[draft_name], device, signal, 4)
         pair["damping"], pair["agreement"] = calibrate(target, draft, seqs, GOAL_AGREEMENT)
-        pair["build_s"] = time.perf_counter() - t
+        drafts = {"": draft}
         if name == "llama-8b":
-            kept[name] = (target, pair["damping"])
-    print(f"{name}: built in {pair['build_s']:.1f} s, damping {pair['damping']:.3g}, "
-          f"agreement {pair['agreement']:.2f}", flush=True)
+            kept[name] = (target, draft, pair["damping"])
+    head, (pair["head_damping"], pair["head_agreement"]) = build_head(target, device, seqs, seed=6)
+    pair["build_s"] = time.perf_counter() - t
+    print(f"{name}: built and calibrated in {pair['build_s']:.1f} s, damping {pair['damping']:.3g}, "
+          f"agreement {pair['agreement']:.2f}"
+          + (f" (second draft {pair['second_draft_agreement']:.2f})" if second else "")
+          + f", head agreement {pair['head_agreement']:.2f}", flush=True)
     run.save()
 
-    # The verify-cost curves and the draft's one-token pass.
+    # The verify-cost curves, the drafts' one-token passes, a one-token pass without graphs.
     context = chains(signal, 1, CONTEXT, device, seed=5)[0]
     reps = args.reps
     curves: dict = {}
     pair["verify_cost"] = curves
 
-    def add_curves(target, draft) -> None:
+    def add_curves() -> None:
+        t = time.perf_counter()
         curves[scheme] = curve(target, context, reps, device)
-        pair["draft_one_token_ms"] = curve(draft, context, reps, device)["ms"][1]
+        for prefix, d in drafts.items():
+            one = curve(d, context, reps, device, widths=(1,))
+            pair[f"{prefix}draft_one_token_ms"] = one["ms"][1]
+            pair[f"{prefix}draft_one_token_profile"] = one["profile"][1]
+        pair["target_one_token_ms_without_graphs"] = eager_one_token_ms(target, context, reps, device)
         if scheme == "bf16":
             q = int4_copy(target)
             curves["int4-gpu"] = curve(q, context, reps, device)
@@ -563,17 +808,19 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
                 schemes = ()
             for s in schemes:
                 q = bnb_copy(target, s)
-                curves[s] = curve(q, context, max(3, reps // 3) if s == "int8" else reps, device)
+                curves[s] = curve(q, context, max(3, reps // 2) if s == "int8" else reps, device,
+                                  profiled=False)
                 del q
             if name == "qwen-1.5b":
-                curves["transformers-bf16"] = curve(target, context, max(3, reps // 3), device,
-                                                    transformers_forward=True)
+                curves["transformers-bf16"] = curve(target, context, max(3, reps // 2), device,
+                                                    transformers_forward=True, profiled=False)
+        pair["curves_s"] = time.perf_counter() - t
         for s, c in curves.items():
             print(f"{name} verify cost {s}: " + " ".join(f"{w}:{v:.2f}" for w, v in c["ms"].items())
-                  + f" ms (w5/w1 {c['w5_over_w1']:.2f})", flush=True)
+                  + f" ms (w5/w1 {c['w5_over_w1']:.2f}; graphs {c.get('graphs', '-')})", flush=True)
 
     if run.fits("curves", name):
-        run.stage(f"{name}: verify-cost curves", add_curves, target, draft)
+        run.stage(f"{name}: verify-cost curves", add_curves)
         empty_cache(device)
 
     # The contestants, interleaved.
@@ -581,36 +828,46 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
     compiled = (scheme == "bf16" and (name == "qwen-1.5b" or args.compile_all)
                 and not args.no_compile and run.fits("compile", name))
     max_len = max(len(p) for p in prompts) + args.new_tokens + 16
-    entries = contestants(target, draft, args.k, args.k_max, args.new_tokens, device, compiled,
-                          max_len, int4_target)
-    if scheme != "bf16":  # the 70B: transformers' eager loop over 80 layers is not worth the time
-        entries = {k: v for k, v in entries.items() if k in ("plain", f"k{args.k}", "adaptive")}
+    entries = contestants(target, drafts, args.k, args.k_max, device, compiled, max_len,
+                          int4_target, assisted=scheme == "bf16", head=head,
+                          eager_prompts=EAGER_PROMPTS if scheme == "bf16" else EAGER_PROMPTS_70B)
 
     def warm(entries: dict) -> None:
-        """One full run of each contestant on the first prompt (graph capture, compilation,
-        kernel selection); a contestant that fails here is dropped and named."""
+        """One run of each contestant on the first prompt (graph capture, compilation, kernel
+        selection; transformers' eager loops on a few tokens only); a contestant that fails
+        here is dropped and named."""
+        t0 = time.perf_counter()
         for label in list(entries):
             t = time.perf_counter()
+            n = args.new_tokens if entries[label].gen is not None or label == "generate-static" \
+                else min(16, args.new_tokens)
             try:
-                timed(entries[label], prompts[0], run.sync)
+                timed(entries[label].run, prompts[0], n, run.sync)
             except Exception as e:
                 traceback.print_exc()
                 run.report["errors"].append(f"{name}: {label}: {type(e).__name__}: {e}".splitlines()[0])
                 del entries[label]
                 continue
             print(f"warm-up {label}: {time.perf_counter() - t:.1f} s", flush=True)
+        pair["warm_up_s"] = time.perf_counter() - t0
 
     if run.fits("runs", name):
         run.stage(f"{name}: warm-up", warm, entries)
+        t = time.perf_counter()
         result = run.stage(f"{name}: contestants", interleaved, run, entries, prompts,
                            args.new_tokens)
+        pair["contestants_s"] = time.perf_counter() - t
         if result:
             pair["contestants"] = result
             for label, row in result.items():
                 cost = curves.get("int4-gpu" if label.startswith("int4") else scheme, {}).get("ms")
-                if cost and "draft_one_token_ms" in pair and label.endswith(f"k{args.k}"):
-                    row["ideal_vs_plain"] = ideal(row, cost, pair["draft_one_token_ms"], args.k)
-    entries = int4_target = None  # their generators' caches and graphs: freed before fp32
+                prefix = label.removesuffix(f"k{args.k}").removeprefix("int4-")
+                draft_ms = pair.get(f"{prefix}draft_one_token_ms")
+                if cost and draft_ms and label.endswith(f"k{args.k}"):
+                    row["ideal_vs_plain"] = ideal(row, cost, draft_ms, args.k)
+                if cost and "draft_pass_ms" in row:  # a head's cost, a draft model's
+                    row["draft_pass_share_of_target_pass"] = row["draft_pass_ms"] / cost[1]
+    entries = int4_target = head = None  # their generators' caches and graphs: freed before fp32
 
     # fp32: greedy speculation against generate, token for token.
     if name == "qwen-1.5b" and run.fits("fp32", name):
@@ -619,7 +876,7 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
     if device.type == "cuda":
         pair["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     run.save()
-    target = draft = None
+    target = draft = drafts = None
     empty_cache(device)
 
 
@@ -657,15 +914,16 @@ def empty_cache(device: torch.device) -> None:
 # --- the summary -----------------------------------------------------------------------------------
 
 def summary(report: dict) -> str:
-    lines = ["", "| pair | contestant | tok/s | tokens/pass | vs plain | vs assisted | = generate | = plain |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["", "| pair | contestant | tok/s | tokens/pass | vs plain | vs assisted | = generate "
+             "| = plain | graphs |", "|---|---|---|---|---|---|---|---|---|"]
     for name, pair in report["pairs"].items():
         for label, row in pair.get("contestants", {}).items():
+            graphs = "; ".join(f"{role} {state}" for role, state in row.get("graphs", {}).items())
             lines.append(
                 f"| {name} | {label} | {row['tokens_per_second']:.1f} | "
                 f"{row['tokens_per_target_pass']:.2f} | {row.get('vs_plain', float('nan')):.2f} | "
                 f"{row.get('vs_assisted', float('nan')):.2f} | {row.get('equal_to_generate', '')} | "
-                f"{row.get('equal_to_plain', '')} |")
+                f"{row.get('equal_to_plain', '')} | {graphs or '-'} |")
     lines += ["", "| pair | scheme | " + " | ".join(f"w{w} ms" for w in WIDTHS) + " | w5/w1 | graphs |",
               "|---|---|" + "---|" * (len(WIDTHS) + 2)]
     for name, pair in report["pairs"].items():
@@ -673,10 +931,21 @@ def summary(report: dict) -> str:
             ms = c["ms"]
             lines.append(f"| {name} | {scheme} | " + " | ".join(f"{ms[w]:.2f}" for w in WIDTHS)
                          + f" | {c['w5_over_w1']:.2f} | {c.get('graphs', '-')} |")
+    lines += ["", "| pair | scheme | " + " | ".join(f"w{w} kernels, ms" for w in WIDTHS) + " |",
+              "|---|---|" + "---|" * len(WIDTHS)]
     for name, pair in report["pairs"].items():
-        extra = {k: pair[k] for k in ("agreement", "damping", "draft_one_token_ms",
-                                      "fp32_equal_to_generate", "peak_memory_bytes") if k in pair}
-        lines.append(f"{name}: {extra}")
+        for scheme, c in pair.get("verify_cost", {}).items():
+            if c.get("profile"):
+                cells = [c["profile"][w] for w in WIDTHS]
+                lines.append(f"| {name} | {scheme} | " + " | ".join(
+                    "null (cpu)" if p["kernels_per_pass"] is None
+                    else f"{p['kernels_per_pass']:.0f}, {p['kernel_ms_per_pass']:.2f}" for p in cells)
+                    + " |")
+    keys = ("agreement", "second_draft_agreement", "head_agreement", "damping", "draft_one_token_ms",
+            "1b-draft_one_token_ms", "target_one_token_ms_without_graphs", "fp32_equal_to_generate",
+            "peak_memory_bytes", "budget_s", "build_s", "curves_s", "warm_up_s", "contestants_s")
+    for name, pair in report["pairs"].items():
+        lines.append(f"{name}: {({k: pair[k] for k in keys if k in pair})}")
     lines.append(f"skipped: {report['skipped']}")
     lines.append(f"errors: {report['errors']}")
     lines.append(f"elapsed: {report.get('elapsed_s')} s")
@@ -689,13 +958,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --tiny)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the script in seconds")
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
-    ap.add_argument("--prompts", type=int, default=4, help="built-in bench prompts to run")
+    ap.add_argument("--prompts", type=int, default=3, help="built-in bench prompts per bf16 pair")
+    ap.add_argument("--prompts-70b", type=int, default=2, help="built-in bench prompts, 70B pair")
     ap.add_argument("--prompt-tokens", type=int, default=160, help="prompt length cap (byte ids)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="the fixed-K contestant's K")
     ap.add_argument("--k-max", type=int, default=8, help="the adaptive contestant's most K")
-    ap.add_argument("--reps", type=int, default=30, help="timed passes per width of a curve")
-    ap.add_argument("--budget", type=float, default=360, help="seconds; later stages are skipped")
+    ap.add_argument("--reps", type=int, default=10, help="timed passes per width of a curve")
+    ap.add_argument("--budget", type=float, default=460,
+                    help="seconds for the whole run (each pair has its own: PAIR_BUDGET); stages "
+                         "that would not fit are skipped")
     ap.add_argument("--no-compile", action="store_true", help="skip generate's compiled contestant")
     ap.add_argument("--compile-all", action="store_true",
                     help="the compiled contestant for every bf16 pair (default: the first only)")
@@ -722,7 +994,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [p for p in PAIRS if p in args.pairs.split(",")]
     if "llama-70b" in names and "llama-8b" not in names:
         names.insert(names.index("llama-70b"), "llama-8b")  # the 70B's draft is the 8B
-    for name in names:
+    for i, name in enumerate(names):
+        run.begin_pair(name, names[i + 1:])
         run.stage(f"pair {name}", run_pair, run, name, shapes, kept)
     kept.clear()
     run.save()

@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 
 # The helpers live in a package of their own that test modules never import: they reach the
 # tests through the fixtures below (tests/test_layout.py checks it).
-from support import distribution as _distribution, heads as _heads, tiny as _tiny  # noqa: E402
+from support import (distribution as _distribution, graphs as _graphs,  # noqa: E402
+                     heads as _heads, tiny as _tiny)
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +78,9 @@ tiny_gguf = _hand_out(_tiny.write_tiny_gguf, "tiny_gguf")
 tiny_tokenizer = _hand_out(_tiny.tiny_tokenizer, "tiny_tokenizer")
 word_tokenizer = _hand_out(_tiny.word_tokenizer, "word_tokenizer")
 chat_greedy = _hand_out(_tiny.chat_greedy, "chat_greedy")
+
+# CUDA graph capture stood in for on a CPU (the decoder's capture seam), failing on request.
+fake_graphs = _hand_out(_graphs.fake_graphs, "fake_graphs")
 
 # The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
 # .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.

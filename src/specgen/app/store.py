@@ -70,6 +70,8 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX runs_created_at ON runs (created_at)",
         "CREATE INDEX runs_profile ON runs (profile, created_at)",
     ),
+    # A run whose CUDA decoder gave up on graphs: its one line (NULL: graphs on, or none).
+    ("ALTER TABLE runs ADD COLUMN graphs_off TEXT",),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Columns every version of the `runs` table has: how a database is known to be specgen's.
@@ -271,6 +273,7 @@ def _row(record: RunRecord) -> dict:
         "wall_seconds": s.get("total_seconds", 0.0),
         "tokens_per_second": s.get("tokens_per_second", 0.0),
         "prompt": record.prompt,
+        "graphs_off": s.get("graphs_off"),
     }
 
 

@@ -219,6 +219,7 @@ class Measurement:
     k_per_step: list[int] = field(default_factory=list, repr=False)
     per_position_proposed: list[int] = field(default_factory=list, repr=False)
     per_position_accepted: list[int] = field(default_factory=list, repr=False)
+    graphs_off: str | None = None  # a CUDA decoder ran without graphs: its one line
 
 
 class Bench:
@@ -342,6 +343,7 @@ class Bench:
             k_per_step=list(stats.k_per_step),
             per_position_proposed=list(stats.per_position_proposed) if specgen else [],
             per_position_accepted=list(stats.per_position_accepted) if specgen else [],
+            graphs_off=stats.graphs_off,
         )
 
 

@@ -175,6 +175,17 @@ class TorchDraft:
     def reset(self) -> None:
         self.decoder.reset()
 
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room in a static cache, and its passes of up to `widest` tokens made ready (the
+        CUDA decoder's graphs are captured then)."""
+        reserve = getattr(self.decoder, "reserve", None)
+        if reserve is not None:
+            reserve(positions, widest)
+
+    @property
+    def graphs_off(self) -> str | None:
+        return getattr(self.decoder, "graphs_off", None)
+
 
 class ModelDrafter:
     """A small causal LM that drafts autoregressively with its own KV cache: a transformers
@@ -229,6 +240,18 @@ class ModelDrafter:
         self.lm.reset()
         self.skip_at = self.skipped = 0
         self._passes = 0
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room for a generation of `positions` in the draft's cache, before its first pass
+        (a draft that never drafts reserves nothing it would not have grown to)."""
+        reserve = getattr(self.lm, "reserve", None)
+        if reserve is not None:
+            reserve(positions, widest)
+
+    @property
+    def graphs_off(self) -> str | None:
+        """The draft decoder's line if it gave up on CUDA graphs (decoding/cuda.py)."""
+        return getattr(self.lm, "graphs_off", None)
 
     @property
     def forward_passes(self) -> int:
@@ -544,6 +567,13 @@ class HybridDrafter:
     def reset(self) -> None:
         self.model_drafter.reset()
         self.lookup_drafter.reset()
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        self.model_drafter.reserve(positions, widest)
+
+    @property
+    def graphs_off(self) -> str | None:
+        return self.model_drafter.graphs_off
 
     @property
     def forward_passes(self) -> int:

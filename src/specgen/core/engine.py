@@ -103,6 +103,13 @@ class SpeculativeGenerator:
         # conversation keeps it (reset), since it is the machine's, not the context's.
         self.book = Book()
 
+    @property
+    def graphs_off(self) -> str | None:
+        """The line of the first decoder (target's, then draft's) that gave up on CUDA graphs
+        and runs eagerly, several times slower; None where none did."""
+        lines = (getattr(owner, "graphs_off", None) for owner in (self._decoder, self.drafter))
+        return next((line for line in lines if line), None)
+
     def reset(self) -> None:
         """Forget the cached context (start a new conversation)."""
         self._tokens = torch.empty(0, dtype=torch.long)
@@ -119,9 +126,12 @@ class SpeculativeGenerator:
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         self._decoder.crop(same)
-        reserve = getattr(self._decoder, "reserve", None)  # a static cache: room for it all
-        if reserve is not None:
-            reserve(len(tokens) + max_new_tokens + self.k_max + 1)
+        # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
+        # to K + 1 tokens captured before the first timed pass.
+        for owner in (self._decoder, self.drafter):
+            reserve = getattr(owner, "reserve", None)
+            if reserve is not None:
+                reserve(len(tokens) + max_new_tokens + self.k_max + 1, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
@@ -215,6 +225,7 @@ class SpeculativeGenerator:
             raise
         finally:
             stats.total_seconds = time.perf_counter() - start
+            stats.graphs_off = self.graphs_off
 
     def _draft(self, plan: Plan, tokens: Tensor, params: SamplingParams,
                generator: torch.Generator) -> tuple[Tensor, Tensor | None]:

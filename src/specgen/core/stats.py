@@ -43,6 +43,7 @@ class Stats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     stop_reason: str = "running"
+    graphs_off: str | None = None  # a CUDA decoder ran without graphs: its one line, why
 
     def __post_init__(self) -> None:
         self.per_position_proposed = self.per_position_proposed or [0] * self.k_max

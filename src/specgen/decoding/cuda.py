@@ -15,11 +15,20 @@ a pass no longer depends on the model's depth. What makes a pass capturable:
   cached length), with the query heads that share a key/value head stacked into one (so that
   CUDA's memory-efficient kernel takes the mask, which it does not with `enable_gqa`).
 
-One graph per (width, output rows, head, skip set), captured on first use: width 1 for drafting
-and plain decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a
-prompt) run eagerly. Graph inputs are copied into static buffers; outputs are cloned, so a
-result stays valid after the next pass. The decoder itself never waits for the device: the host
-knows the length, and the device learns it through a fill kernel.
+One graph per (width, output rows, head, skip set), all captured when the cache is reserved
+(before a generation's first pass, for widths up to its K + 1): width 1 for drafting and plain
+decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a prompt) run
+eagerly. Graph inputs are copied into static buffers; outputs are kept with their graphs and
+cloned, so a result stays valid after the next pass. The decoder itself never waits for the
+device: the host knows the length, and the device learns it through a fill kernel.
+
+The graphs of one cache share one memory pool, taken when the first of them is captured and
+dropped with them (growth moves the cache; a failed capture). A fresh pool each time is not
+a choice: once every graph captured into a pool is released, PyTorch's allocator keeps the
+pool's id with no users until its blocks are freed, and a capture into that id fails its
+assert `use_count > 0`. A capture that fails is retried once from an empty pool; a second
+failure turns graphs off for the decoder, which then runs eagerly and says so in one line
+(`graphs_off`, also a SpecgenWarning).
 
 Without graphs (on a CPU, or where capture fails) the same code runs eagerly and attends over
 exactly the cached positions as transformers does, which tests/test_cuda_decoder.py checks bit
@@ -33,6 +42,7 @@ layers with some skipped over its own cache; the verify pass rewrites every entr
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,6 +52,7 @@ from torch import Tensor
 from specgen.choices import MAX_K
 from specgen.decoding.capture import Capture
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
+from specgen.errors import SpecgenWarning
 from specgen.models.llama import apply_rotary_pos_emb
 
 if TYPE_CHECKING:
@@ -49,6 +60,10 @@ if TYPE_CHECKING:
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this
+CAPTURE_TRIES = 2  # a failed capture is retried once, from an empty pool
+# The passes a decoder serves, as (rows out, head, skip): rows 0 is every row (a target's
+# verify and one-token passes), 1 the last row only (a draft catching up).
+DEFAULT_VARIANTS = ((0, True, NO_SKIP), (1, True, NO_SKIP))
 
 
 def on_one_gpu(model: PreTrainedModel) -> bool:
@@ -94,8 +109,12 @@ class CudaDecoder:
         self._offsets = torch.arange(GRAPH_WIDTH, device=self.device)
         self._ids = torch.zeros(GRAPH_WIDTH, dtype=torch.long, device=self.device)
         self._slots: Tensor | None = None  # arange(capacity)
+        # (width, rows out, head, skip) -> the graph and its static output, alive together
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
-        self._pool = None
+        self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
+        self._variants: set[tuple] = set(DEFAULT_VARIANTS)
+        self.widest = 1  # every kind of pass has its graphs for widths 1..widest
+        self._wide: set[tuple] = set()  # keys of passes wider than that, met in use
         # For a drafting head (decoding/capture.py). A capturing decoder runs every pass
         # eagerly: a graph's outputs are only the rows it was captured to return.
         self.capture_layers: tuple[int, ...] | None = None
@@ -112,12 +131,28 @@ class CudaDecoder:
     def reset(self) -> None:
         self.crop(0)
 
-    def reserve(self, positions: int) -> None:
-        """Room for `positions` cached positions. Growing moves the cache, so the graphs that
-        read it are dropped (and captured again on use): a generation reserves its whole
-        length before its first pass."""
-        if positions <= self.capacity:
-            return
+    @property
+    def graphs_off(self) -> str | None:
+        """The one line that says this decoder gave up on graphs, and why (None: it did not)."""
+        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room for `positions` cached positions, and a graph captured for every pass of up
+        to `widest` tokens (K + 1 for a generation of up to K drafts a step). Growing moves
+        the cache, so the graphs that read it are dropped and captured again: a generation
+        reserves its whole length before its first pass, so that no capture lands among its
+        timed tokens. A pass of a kind or width not met before is captured on first use."""
+        self.widest = max(self.widest, min(widest, GRAPH_WIDTH))
+        if self.graphs:  # a capture writes as many entries past the length as its width
+            room = max([self.widest, *(key[0] for key in self._wide)])
+            positions = max(positions, self.length + room)
+        if positions > self.capacity:
+            self._grow(positions)
+        if self.graphs and self.capture_layers is None:
+            self._capture_all()
+
+    def _grow(self, positions: int) -> None:
+        self._drop_graphs()  # they read the old cache
         size = max(positions, 2 * self.capacity, FIRST_CAPACITY)
         size = -(-size // FIRST_CAPACITY) * FIRST_CAPACITY
         kv = torch.zeros(len(self.layers), 2, 1, self.kv_heads, size, self.head_dim,
@@ -126,7 +161,6 @@ class CudaDecoder:
             kv[..., : self.length, :] = self.kv[..., : self.length, :]
         self.kv = kv
         self._slots = torch.arange(size, device=self.device)
-        self._captured.clear()
 
     @torch.inference_mode()
     def hidden(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
@@ -138,7 +172,8 @@ class CudaDecoder:
 
     def _pass(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor:
         m = ids.shape[0]
-        self.reserve(self.length + m)
+        if self.length + m > self.capacity:
+            self.reserve(self.length + m)
         out = None
         if self.graphs and m <= GRAPH_WIDTH and self.capture_layers is None:
             out = self._replay(ids, n, head, skip)
@@ -195,44 +230,105 @@ class CudaDecoder:
     # --- CUDA graphs -------------------------------------------------------------------------
 
     def _replay(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor | None:
-        """The pass replayed from its graph (captured now if new); None if capture failed,
-        after which this decoder runs eagerly."""
+        """The pass replayed from its graph; None if graphs are off (capture failed twice),
+        after which this decoder runs eagerly. A pass of a kind not met before has every
+        reserved width of its kind captured first; a wider pass, its own width."""
         m = ids.shape[0]
-        self._ids[:m].copy_(ids, non_blocking=True)
         key = (m, n, head, skip)
-        if key not in self._captured and not self._capture(key):
-            return None
+        if key not in self._captured:
+            self._variants.add((0 if n == m else n, head, skip))
+            if m > self.widest:  # a width no reserve asked for: that pass alone
+                self._wide.add(key)
+            self.reserve(self.length + m)  # room for the captures' writes, then the graphs
+            if not self.graphs:
+                return None
+        self._ids[:m].copy_(ids, non_blocking=True)
         graph, out = self._captured[key]
         graph.replay()
         return out.clone()
 
-    def _capture(self, key: tuple) -> bool:
+    def _capture_all(self) -> None:
+        """Every graph of every kind of pass served so far, those not captured yet; tried
+        twice, from an empty pool the second time; a second failure turns graphs off."""
+        def attempt() -> None:
+            for key in [*graph_keys(self._variants, self.widest), *sorted(self._wide, key=repr)]:
+                if key not in self._captured:
+                    self._captured[key] = self._capture_graph(key)
+
+        reason = retried(attempt, self._drop_graphs, CAPTURE_TRIES)
+        if reason is not None:
+            self.graphs = self.static = False
+            self.graph_error = reason
+            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
+
+    def _drop_graphs(self) -> None:
+        """Release every graph and, with them, their pool: one whose graphs are all gone
+        takes no new capture (see the module's docstring); the next capture takes a fresh
+        one. Nothing of theirs may still be running when they go."""
+        if self._captured and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._captured.clear()
+        self._pool = None
+
+    def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """One pass captured as a graph into this cache's pool, with its static output."""
         m, n, head, skip = key
         ids = self._ids[:m]
+        # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
+        # pass is idempotent: it rewrites the same cache entries from the same inputs, past
+        # the cached length (reserve keeps room there for the widest captured pass).
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(ids, n, head, skip, None)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA work (a server's) does not spoil the capture.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self._forward(ids, n, head, skip, None)
+        return graph, out
+
+
+def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
+    """(width, rows out, head, skip) of every graph the kinds of pass in `variants` need:
+    widths 1..widest for every row out (rows 0), rows..widest otherwise."""
+    seen = set()
+    for rows, head, skip in sorted(variants, key=repr):
+        for m in range(max(rows, 1), widest + 1):
+            key = (m, rows or m, head, skip)
+            if key not in seen:
+                seen.add(key)
+                yield key
+
+
+def retried(attempt: Callable[[], None], reset: Callable[[], None], tries: int) -> str | None:
+    """Run `attempt` up to `tries` times, calling `reset` after each failure: None once it
+    succeeds, else the last failure as one line (a failed reset ends the tries)."""
+    reason = None
+    for _ in range(tries):
         try:
-            # Warm-up passes on a side stream (lazy initialisation stays out of the graph).
-            # A pass is idempotent: it rewrites the same cache entries from the same inputs.
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._forward(ids, n, head, skip, None)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._forward(ids, n, head, skip, None)
-        except Exception as e:  # a layer that syncs with the host (e.g. bitsandbytes int8)
-            torch.cuda.synchronize(self.device)
-            self.graphs = self.static = False
-            self.graph_error = f"{type(e).__name__}: {e}".splitlines()[0]
-            self._captured.clear()
-            warnings.warn(f"CUDA graph capture failed ({self.graph_error}); decoding without "
-                          "graphs, which is slower.", stacklevel=4)
-            return False
-        self._captured[key] = (graph, out)
-        return True
+            attempt()
+            return None
+        except Exception as e:  # a layer that syncs with the host; an allocator assert
+            reason = one_line(e)
+        try:
+            reset()
+        except Exception as e:
+            return one_line(e)
+    return reason
+
+
+def one_line(e: BaseException) -> str:
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+
+
+def graphs_off_line(reason: str) -> str:
+    """What a run says, once, when a decoder runs without graphs: how much slower is not
+    measured here, only known to be several times on a GPU (the host's cost per pass)."""
+    return f"graphs off: {reason}; decoding several times slower"
 
 
 def _frozen(skip: Skip) -> Skip:

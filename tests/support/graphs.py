@@ -1,0 +1,38 @@
+"""CUDA graph capture stood in for on a CPU: the CUDA decoder's own capture seam
+(`_capture_graph`) replaced by one that records each capture, can fail the first ones, and
+returns a "graph" whose replay runs the captured form eagerly into the static output."""
+
+from __future__ import annotations
+
+
+class EagerGraph:
+    """What a captured graph does on replay, done eagerly: the pass over the static inputs,
+    written into the static output."""
+
+    def __init__(self, decoder, key: tuple, out) -> None:
+        self.decoder, self.key, self.out = decoder, key, out
+
+    def replay(self) -> None:
+        m, n, head, skip = self.key
+        self.out.copy_(self.decoder._forward(self.decoder._ids[:m], n, head, skip, None))
+
+
+def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> list[tuple]:
+    """Turn `decoder`'s graphs on with a stand-in capture whose first `failures` calls raise
+    `error` (default: the allocator's assert as a RuntimeError); returns the list of the keys
+    it was asked to capture, in order, failed ones included."""
+    error = error or RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED at "
+                                  "\"CUDACachingAllocator.cpp\":2799\nmore lines")
+    keys: list[tuple] = []
+
+    def capture(key: tuple):
+        keys.append(key)
+        if len(keys) <= failures:
+            raise error
+        m, n, head, skip = key
+        out = decoder._forward(decoder._ids[:m], n, head, skip, None)
+        return EagerGraph(decoder, key, out), out
+
+    decoder.graphs = decoder.static = True
+    decoder._capture_graph = capture
+    return keys

@@ -1,0 +1,177 @@
+"""The CUDA decoder's graph machinery on a CPU, with capture stood in for (fake_graphs): every
+width captured when the cache is reserved, captured again after growth, a failed capture
+retried once, and a second failure turning graphs off with one line that reaches the run's
+stats, its JSON and `specgen run`'s output."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specgen.core.engine import SpeculativeGenerator
+from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys, retried
+from specgen.errors import SpecgenWarning
+
+
+def test_a_capture_is_tried_twice_with_a_reset_between():
+    calls = []
+
+    def failing(times):
+        def attempt():
+            calls.append("attempt")
+            if calls.count("attempt") <= times:
+                raise RuntimeError("first line\nsecond line")
+        return attempt
+
+    assert retried(failing(1), lambda: calls.append("reset"), 2) is None
+    assert calls == ["attempt", "reset", "attempt"]
+    calls.clear()
+    assert retried(failing(2), lambda: calls.append("reset"), 2) == "RuntimeError: first line"
+    assert calls == ["attempt", "reset", "attempt", "reset"]
+
+    def bad_reset():
+        raise ValueError("device lost")
+
+    calls.clear()
+    assert retried(failing(1), bad_reset, 2) == "ValueError: device lost"
+
+
+def test_the_graph_keys_cover_every_width_of_every_kind_once():
+    keys = list(graph_keys(set(DEFAULT_VARIANTS), 5))
+    assert len(keys) == len(set(keys)) == 2 * 5 - 1  # (1, 1) serves both kinds
+    assert {(m, n) for m, n, _, _ in keys} == {(m, m) for m in range(1, 6)} | {
+        (m, 1) for m in range(1, 6)}
+
+
+@torch.inference_mode()
+def test_reserve_captures_every_width_before_the_first_pass(tiny_model, fake_graphs):
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(3))
+    decoder, eager = CudaDecoder(model), CudaDecoder(model, static=True)
+    captured = fake_graphs(decoder)
+    decoder.reserve(40, 5)
+    assert captured == list(graph_keys(set(DEFAULT_VARIANTS), 5))
+    before = len(captured)
+    # A target's life and a draft's catching up replay graphs, capturing nothing more, with
+    # the captured form's results.
+    eager.reserve(40)
+    for width in range(1, 6):
+        for rows in (width, 1):
+            a, b = decoder.logits(ids[:width], rows), eager.logits(ids[:width], rows)
+            assert torch.equal(a, b)
+            decoder.crop(0), eager.crop(0)
+    assert len(captured) == before
+    # A pass wider than reserved: that pass alone. Growth moves the cache: every graph is
+    # captured again, at once.
+    assert torch.equal(decoder.logits(ids[:30], 1), eager.logits(ids[:30], 1))
+    assert len(captured) == before + 1 and decoder.widest == 5
+    decoder.reserve(600)
+    assert decoder.capacity >= 600 and len(captured) == 2 * (before + 1)
+    # A new kind of pass (hidden states, two rows) gets every reserved width of its kind.
+    assert torch.equal(decoder.hidden(ids[30:33], 2), eager.hidden(ids[30:33], 2))
+    assert len(captured) == 2 * (before + 1) + 4  # widths 2..5
+    assert torch.equal(decoder.logits(ids[33:34], 1), eager.logits(ids[33:34], 1))
+    assert len(captured) == 2 * (before + 1) + 4
+
+
+@torch.inference_mode()
+def test_a_capture_that_fails_once_is_retried(tiny_model, fake_graphs):
+    decoder = CudaDecoder(tiny_model("llama", vocab=64, hidden=64, layers=2))
+    captured = fake_graphs(decoder, failures=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: nothing went wrong in the end
+        decoder.reserve(40, 5)
+    assert decoder.graphs and decoder.graph_error is None and decoder.graphs_off is None
+    assert len(captured) == 1 + len(list(graph_keys(set(DEFAULT_VARIANTS), 5)))
+    assert len(decoder._captured) == len(captured) - 1
+
+
+@torch.inference_mode()
+def test_a_capture_that_fails_twice_turns_graphs_off_with_one_line(tiny_model, fake_graphs):
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(4))
+    decoder = CudaDecoder(model)
+    fake_graphs(decoder, failures=2)
+    with pytest.warns(SpecgenWarning) as caught:
+        decoder.reserve(40)
+    assert [str(w.message) for w in caught] == [decoder.graphs_off]
+    assert decoder.graphs_off == ("graphs off: RuntimeError: it->second->use_count > 0 INTERNAL "
+                                  "ASSERT FAILED at \"CUDACachingAllocator.cpp\":2799; decoding "
+                                  "several times slower")
+    assert not decoder.graphs and not decoder._captured
+    # It runs eagerly, as transformers does, bit for bit.
+    assert torch.equal(decoder.logits(ids, 1), CudaDecoder(model).logits(ids, 1))
+
+
+def failing_decoders(monkeypatch, fake_graphs):
+    """Every generator's target decoder a CUDA decoder whose captures always fail."""
+    import specgen.core.engine as engine
+
+    def make(model, exact=False):
+        decoder = CudaDecoder(model)
+        fake_graphs(decoder, failures=10**6, error=RuntimeError("capture refused"))
+        return decoder
+
+    monkeypatch.setattr(engine, "make_decoder", make)
+
+
+def test_a_generation_records_graphs_off_in_its_stats(monkeypatch, tiny_pair, fake_graphs):
+    failing_decoders(monkeypatch, fake_graphs)
+    target, draft = tiny_pair("llama")
+    gen = SpeculativeGenerator(target, draft, 3, adaptive=False)
+    with pytest.warns(SpecgenWarning, match="graphs off: RuntimeError: capture refused"):
+        result = gen.generate([3, 17, 5], max_new_tokens=8)
+    line = "graphs off: RuntimeError: capture refused; decoding several times slower"
+    assert result.stats.graphs_off == line and result.stats.to_dict()["graphs_off"] == line
+    assert len(result.token_ids) == 8
+
+
+def test_specgen_run_prints_and_records_graphs_off_once(monkeypatch, tmp_path, tiny_profile,
+                                                         fake_graphs):
+    from specgen.app.store import load_runs
+    from specgen.cli import app
+
+    monkeypatch.setenv("SPECGEN_STATS_DB", str(tmp_path / "history.sqlite3"))
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    failing_decoders(monkeypatch, fake_graphs)
+    line = "graphs off: RuntimeError: capture refused; decoding several times slower"
+    result = CliRunner().invoke(app, ["run", "-p", str(tiny_profile), "--format", "json",
+                                      "--max-new-tokens", "8", "hello"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(line) == 1
+    assert json.loads(result.stdout)["stats"]["graphs_off"] == line
+    (row,) = load_runs(tmp_path / "history.sqlite3")
+    assert row["graphs_off"] == line
+
+
+def test_a_generation_captures_target_and_draft_graphs_before_its_first_pass(monkeypatch, tiny_pair,
+                                                                            fake_graphs):
+    """The engine reserves both caches, for passes of up to K + 1 tokens, before the prompt's
+    pass; every pass after replays a graph captured then (none is captured among the timed
+    tokens), and the output is greedy decoding's."""
+    import specgen.core.drafters as drafters
+    import specgen.core.engine as engine
+
+    captures: dict[str, list] = {}
+
+    def maker(role):
+        def make(model, exact=False):
+            decoder = CudaDecoder(model)
+            captures[role] = fake_graphs(decoder)
+            return decoder
+        return make
+
+    monkeypatch.setattr(engine, "make_decoder", maker("target"))
+    monkeypatch.setattr(drafters, "make_decoder", maker("draft"))
+    target, draft = tiny_pair("llama")
+    prompt = torch.tensor([3, 17, 5, 9])
+    expected = target.generate(prompt[None], do_sample=False, max_new_tokens=20)[0, 4:].tolist()
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=False)
+    assert gen.generate(prompt, max_new_tokens=20).token_ids == expected
+    assert gen.stats.accepted > 0 and gen.stats.graphs_off is None
+    reserved = list(graph_keys(set(DEFAULT_VARIANTS), 5))
+    assert captures["target"] == reserved and captures["draft"] == reserved
