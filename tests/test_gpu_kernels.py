@@ -1,0 +1,154 @@
+"""specgen's Triton kernels (kernels/gpu) in Triton's interpreter on the CPU, in fp32 and
+fp16 (the interpreter's bf16 is unreliable): each op against its PyTorch definition, and the
+rule they exist for: a row's result does not depend on how many rows the call has."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+
+from specgen.kernels import gpu  # noqa: E402
+from specgen.kernels.gpu import reference  # noqa: E402
+from specgen.kernels.quantize import quantize_int4  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not gpu.available("cpu"), reason="Triton's interpreter is off")
+
+WIDTHS = (1, 3, 16, 17)  # one tile, part of one, a full one, and a second tile
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_rows_alone(call, rows: torch.Tensor) -> None:
+    """Row r of call(rows[:m]) equals row r of call(rows[r:r+1]) and of every other width."""
+    full = call(rows)
+    for m in WIDTHS:
+        assert torch.equal(call(rows[:m]), full[:m])
+    for r in (0, 5, len(rows) - 1):
+        assert torch.equal(call(rows[r:r + 1])[0], full[r])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_dense(dtype, bias):
+    x, w = randn(17, 160, dtype=dtype), randn(48, 160, seed=1, dtype=dtype) / 8
+    b = randn(48, seed=2, dtype=dtype) if bias else None
+    weight = gpu.Weight.dense(w, b)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(gpu.linear(x, weight), reference.linear(x, w, b), **tol)
+    assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
+
+
+def test_linear_int4_against_the_dequantized_weight():
+    x, w = randn(17, 256), randn(40, 256, seed=1)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    weight = gpu.Weight.int4(q, sz, randn(40, seed=3))
+    assert torch.equal(gpu.unpack_int4(weight.data), q)
+    torch.testing.assert_close(gpu.linear(x, weight), reference.linear_int4(x, q, sz, weight.bias),
+                               atol=1e-4, rtol=1e-5)
+    assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
+
+
+def test_concatenated_weights_are_one_gemm_of_the_parts():
+    x = randn(4, 128)
+    a, b = randn(32, 128, seed=1), randn(16, 128, seed=2)
+    dense = gpu.Weight.concat([gpu.Weight.dense(a, randn(32, seed=3)), gpu.Weight.dense(b)])
+    assert dense.n == 48 and dense.bias[32:].eq(0).all()
+    torch.testing.assert_close(gpu.linear(x, dense), reference.linear(x, torch.cat([a, b]), dense.bias))
+    quant = gpu.Weight.concat([gpu.Weight.quantize(a), gpu.Weight.quantize(b)])
+    parts = [gpu.linear(x, gpu.Weight.quantize(t)) for t in (a, b)]
+    assert torch.equal(gpu.linear(x, quant), torch.cat(parts, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm(dtype):
+    x, r, w = randn(17, 96, dtype=dtype), randn(17, 96, seed=1, dtype=dtype), randn(96, seed=2, dtype=dtype)
+    for residual in (r, None):
+        normed, summed = gpu.add_rms_norm(x, residual, w, 1e-6)
+        ref_normed, ref_summed = reference.add_rms_norm(x, residual, w, 1e-6)
+        assert torch.equal(summed, ref_summed)
+        torch.testing.assert_close(normed, ref_normed, atol=1e-5, rtol=1e-5)
+        if dtype == torch.float32:
+            assert_rows_alone(lambda rows: torch.cat(gpu.add_rms_norm(
+                rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
+
+
+def rope_tables(capacity: int, d: int):
+    angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
+    angles = torch.cat([angles, angles], 1)
+    return angles.cos(), angles.sin()
+
+
+def test_rope_write_rotates_and_writes_the_cache():
+    hq, hkv, d, capacity = 4, 2, 16, 64
+    cos, sin = rope_tables(capacity, d)
+    qkv = randn(17, (hq + 2 * hkv) * d)
+    kv, ref_kv = randn(2, hkv, capacity, d, seed=4), randn(2, hkv, capacity, d, seed=4)
+    pos = torch.tensor([9])
+    q = gpu.rope_write(qkv, cos, sin, kv, pos, hq, hkv)
+    ref_q = reference.rope_write(qkv, cos, sin, ref_kv, 9, hq, hkv)
+    torch.testing.assert_close(q, ref_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kv, ref_kv, atol=1e-6, rtol=1e-6)  # slots 9..25 written, the rest kept
+
+    def one_pass(rows: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = torch.zeros(2, hkv, capacity, d)
+        out = gpu.rope_write(rows, cos, sin, cache, torch.tensor([start]), hq, hkv)
+        return out, cache[:, :, start:start + len(rows)]
+
+    full_q, full_kv = one_pass(qkv, 9)
+    for m in WIDTHS:  # row r: the same bits wherever its pass starts, whatever its width
+        assert torch.equal(one_pass(qkv[:m], 9)[0], full_q[:m])
+    for r in (0, 6, 16):
+        q_r, kv_r = one_pass(qkv[r:r + 1], 9 + r)
+        assert torch.equal(q_r[0], full_q[r]) and torch.equal(kv_r[:, :, 0], full_kv[:, :, r])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_mul(dtype):
+    gate_up = randn(17, 2 * 80, dtype=dtype) * 3
+    torch.testing.assert_close(gpu.silu_mul(gate_up), reference.silu_mul(gate_up),
+                               atol=1e-6 if dtype == torch.float32 else 1e-3, rtol=1e-5)
+    assert_rows_alone(gpu.silu_mul, gate_up)
+
+
+BLOCKS = dict(chunk=32, block_kv=16)  # several chunks and blocks in a small cache
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 16), (6, 2, 24)])
+def test_attention(hq, hkv, d):
+    capacity = 128
+    kv = randn(2, hkv, capacity, d, seed=1)
+    q = randn(17, hq, d)
+    for start in (0, 40, 100):
+        out = gpu.attention(q, kv, torch.tensor([start]), 0.3, **BLOCKS)
+        torch.testing.assert_close(out, reference.attention(q, kv, start, 0.3), atol=2e-6, rtol=1e-5)
+
+
+def test_attention_rows_alone_across_chunks():
+    """Row r of a pass at pos equals a one-row pass at pos + r, and the same rows of every
+    width: passes that end in another chunk, or span two, leave each row's bits alone."""
+    hq, hkv, d, capacity = 4, 2, 16, 128
+    kv = randn(2, hkv, capacity, d, seed=2)
+    q = randn(17, hq, d, seed=3)
+    for start in (0, 27):  # 27..43 straddles the chunk boundary at 32
+        full = gpu.attention(q, kv, torch.tensor([start]), 0.25, **BLOCKS)
+        for m in WIDTHS:
+            assert torch.equal(gpu.attention(q[:m], kv, torch.tensor([start]), 0.25, **BLOCKS), full[:m])
+        for r in (0, 4, 5, 16):
+            one = gpu.attention(q[r:r + 1], kv, torch.tensor([start + r]), 0.25, **BLOCKS)
+            assert torch.equal(one[0], full[r])
+
+
+def test_available_only_where_the_kernels_run(monkeypatch):
+    assert gpu.available("cpu")  # the interpreter is on in this module
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not gpu.available("cpu")
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
+    assert not gpu.available("cuda")
