@@ -1,0 +1,112 @@
+"""FusedDecoder (decoding/fused.py) on the CPU, its kernels in Triton's interpreter: the
+CUDA decoder's logits within rounding over prompts, widths and rollback; every row of a
+verify pass bit for bit the one-token pass at its position; greedy speculation through it
+equal to its own one-token greedy decoding."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+
+from specgen.core.drafters import ModelDrafter  # noqa: E402
+from specgen.core.engine import SpeculativeGenerator  # noqa: E402
+from specgen.decoding import make_decoder  # noqa: E402
+from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder  # noqa: E402
+from specgen.decoding.fused import FusedDecoder, fused_supported  # noqa: E402
+from specgen.decoding.lean import Skip  # noqa: E402
+from specgen.kernels import gpu  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not gpu.available("cpu"), reason="Triton's interpreter is off")
+
+
+def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
+    """A prompt wider than a graph (PyTorch's path), verify passes, rollback, one-token steps."""
+    out = [decoder.logits(ids[:GRAPH_WIDTH + 3], 2), decoder.logits(ids[36:41], 5)]
+    decoder.crop(38)
+    out += [decoder.logits(ids[38:39], 1), decoder.logits(ids[39:43], 4), decoder.hidden(ids[43:45], 2)]
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@torch.inference_mode()
+def test_logits_match_the_cuda_decoder_within_rounding(family, tiny_model):
+    model = tiny_model(family, vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(1))
+    expected = steps(CudaDecoder(model), ids)
+    fused = FusedDecoder(model)
+    for a, b in zip(steps(fused, ids), expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert fused.length == 45
+
+
+@torch.inference_mode()
+def test_the_model_keeps_one_copy_of_its_weights(tiny_model):
+    """q/k/v and gate/up are concatenated once; the model's layers read slices of it."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1)
+    before = model(torch.arange(5)[None]).logits
+    layer = FusedDecoder(model).fused[0]
+    attn = model.model.layers[0].self_attn
+    assert attn.k_proj.weight.data_ptr() == layer.qkv.data[attn.q_proj.out_features:].data_ptr()
+    assert attn.v_proj.bias.untyped_storage().data_ptr() == layer.qkv.bias.untyped_storage().data_ptr()
+    assert FusedDecoder(model).fused is FusedDecoder(model).fused  # made once per model
+    assert torch.equal(model(torch.arange(5)[None]).logits, before)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@torch.inference_mode()
+def test_every_row_of_a_verify_pass_is_the_one_token_pass(family, tiny_model):
+    model = tiny_model(family, vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(2))
+    one = FusedDecoder(model)
+    one.logits(ids[:20])
+    plain = torch.cat([one.logits(ids[t:t + 1]) for t in range(20, 37)])  # positions 20..36
+    wide = FusedDecoder(model)
+    wide.logits(ids[:20])
+    for width in (2, 5, 17):  # each verified, then rolled back
+        assert torch.equal(wide.logits(ids[20:20 + width], width), plain[:width])
+        wide.crop(20)
+    wide.logits(ids[20:23], 3)
+    skip = Skip(attention={1}, mlp={0})  # a self-drafting pass: rows alone as well
+    assert torch.equal(wide.hidden(ids[23:27], 4, skip),
+                       torch.cat([one.hidden(ids[t:t + 1], 1, skip) for t in range(23, 27)
+                                  if not one.crop(t)]))
+
+
+@pytest.mark.parametrize("k", [3, 6])
+def test_greedy_speculation_equals_its_own_greedy_decoding(k, tiny_pair):
+    target, draft = tiny_pair("llama")
+    prompt = torch.tensor([3, 17, 5, 9, 22])
+    plain = FusedDecoder(target)
+    with torch.inference_mode():
+        token, expected = plain.logits(prompt).argmax(-1), []
+        for _ in range(24):
+            expected.append(int(token))
+            token = plain.logits(token).argmax(-1)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, target.config.vocab_size), k, False)
+    gen._decoder = FusedDecoder(target)
+    gen.drafter.lm.decoder = CudaDecoder(draft)
+    result = gen.generate(prompt, max_new_tokens=24)
+    assert result.token_ids == expected
+    assert result.stats.accepted > 0
+
+
+def test_make_decoder_picks_the_fused_decoder_where_triton_runs(monkeypatch, tiny_model):
+    import specgen.decoding
+
+    model = tiny_model("llama")
+    monkeypatch.setattr(specgen.decoding, "on_one_gpu", lambda model: True)  # as on a GPU
+    assert isinstance(make_decoder(model, exact=True), FusedDecoder)
+    monkeypatch.setattr(specgen.decoding, "available", lambda device: False)  # no Triton
+    decoder = make_decoder(model, exact=True)
+    assert type(decoder) is CudaDecoder
+    monkeypatch.undo()
+    monkeypatch.setattr(specgen.decoding, "on_one_gpu", lambda model: True)
+    monkeypatch.setenv("SPECGEN_FUSED_KERNELS", "0")
+    assert type(make_decoder(model, exact=True)) is CudaDecoder
+    assert not fused_supported(tiny_model("llama", hidden_act="gelu"))
