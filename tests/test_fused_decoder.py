@@ -65,33 +65,32 @@ def test_every_row_of_a_verify_pass_is_the_one_token_pass(family, tiny_model):
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(2))
     one = FusedDecoder(model)
     one.logits(ids[:20])
-    plain = torch.cat([one.logits(ids[t:t + 1]) for t in range(20, 37)])  # positions 20..36
+    plain = torch.cat([one.logits(ids[t:t + 1]) for t in range(20, 26)])  # positions 20..25
     wide = FusedDecoder(model)
     wide.logits(ids[:20])
-    for width in (2, 5, 17):  # each verified, then rolled back
+    for width in (2, 6):  # each verified, then rolled back
         assert torch.equal(wide.logits(ids[20:20 + width], width), plain[:width])
         wide.crop(20)
     wide.logits(ids[20:23], 3)
+    one.crop(23)
     skip = Skip(attention={1}, mlp={0})  # a self-drafting pass: rows alone as well
-    assert torch.equal(wide.hidden(ids[23:27], 4, skip),
-                       torch.cat([one.hidden(ids[t:t + 1], 1, skip) for t in range(23, 27)
-                                  if not one.crop(t)]))
+    assert torch.equal(wide.hidden(ids[23:26], 3, skip),
+                       torch.cat([one.hidden(ids[t:t + 1], 1, skip) for t in range(23, 26)]))
 
 
-@pytest.mark.parametrize("k", [3, 6])
-def test_greedy_speculation_equals_its_own_greedy_decoding(k, tiny_pair):
+def test_greedy_speculation_equals_its_own_greedy_decoding(tiny_pair):
     target, draft = tiny_pair("llama")
     prompt = torch.tensor([3, 17, 5, 9, 22])
     plain = FusedDecoder(target)
     with torch.inference_mode():
         token, expected = plain.logits(prompt).argmax(-1), []
-        for _ in range(24):
+        for _ in range(20):
             expected.append(int(token))
             token = plain.logits(token).argmax(-1)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft, target.config.vocab_size), k, False)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, target.config.vocab_size), 4, False)
     gen._decoder = FusedDecoder(target)
     gen.drafter.lm.decoder = CudaDecoder(draft)
-    result = gen.generate(prompt, max_new_tokens=24)
+    result = gen.generate(prompt, max_new_tokens=20)
     assert result.token_ids == expected
     assert result.stats.accepted > 0
 

@@ -22,9 +22,12 @@ CHUNK = 256  # cache slots per attention program (flash-decoding's split, fixed 
 BLOCK_KV = 64  # cache slots per attention step
 
 
-def block_n(n: int) -> int:
-    """Outputs per linear program, fixed by N alone: narrow blocks give a GEMV at batch 1
-    enough programs to stream the weights from every SM."""
+def block_n(n: int, device: torch.device) -> int:
+    """Outputs per linear program, fixed by N alone (never by M): on a GPU, narrow blocks
+    give a GEMV at batch 1 enough programs to stream the weights from every SM; on a CPU
+    (Triton's interpreter, which runs programs one by one) wide ones, for fewer programs."""
+    if device.type == "cpu":
+        return 64
     return 16 if n <= 8192 else 32 if n <= 32768 else 64
 
 
@@ -79,7 +82,7 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     m, k = x.shape
     x = x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn = block_n(n)
+    bn = block_n(n, x.device)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, BLOCK_M))
     b = bias if bias is not None else out  # any pointer: not read without a bias
     if int4:
@@ -131,32 +134,43 @@ def _rotated(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
 
 @triton.jit
 def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, C, HQ: tl.constexpr,
-                HKV: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """One program per (row, head): heads 0..HQ-1 are q's, the next HKV are k's (whose v is
-    written beside them)."""
-    row, head = tl.program_id(0), tl.program_id(1)
+                HKV: tl.constexpr, D: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """One program per (row, part): part 0 rotates the row's q heads, part 1 its k heads and
+    writes them and the v heads to the cache at the row's position."""
+    row, part = tl.program_id(0), tl.program_id(1)
     p = tl.load(pos_ptr) + row
     i = tl.arange(0, BLOCK_HALF)
-    inside = i < D // 2
+    half = i < D // 2
     dtype = qkv_ptr.dtype.element_ty
-    src = qkv_ptr + row * (HQ + 2 * HKV) * D + head * D
-    x1 = tl.load(src + i, mask=inside, other=0.0).to(tl.float32)
-    x2 = tl.load(src + D // 2 + i, mask=inside, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + p * D + i, mask=inside, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + p * D + D // 2 + i, mask=inside, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + p * D + i, mask=inside, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + p * D + D // 2 + i, mask=inside, other=0.0).to(tl.float32)
-    lo, hi = _rotated(x1, x2, c1, c2, s1, s2, dtype)
-    if head < HQ:
-        dst = q_ptr + (row * HQ + head) * D
+    c1 = tl.load(cos_ptr + p * D + i, mask=half, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + p * D + D // 2 + i, mask=half, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + p * D + i, mask=half, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + p * D + D // 2 + i, mask=half, other=0.0).to(tl.float32)[None, :]
+    src = qkv_ptr + row * (HQ + 2 * HKV) * D
+    if part == 0:
+        heads = tl.arange(0, BLOCK_HQ)
+        inside = (heads < HQ)[:, None] & half[None, :]
+        at = heads[:, None] * D + i[None, :]
+        x1 = tl.load(src + at, mask=inside, other=0.0).to(tl.float32)
+        x2 = tl.load(src + at + D // 2, mask=inside, other=0.0).to(tl.float32)
+        lo, hi = _rotated(x1, x2, c1, c2, s1, s2, dtype)
+        tl.store(q_ptr + row * HQ * D + at, lo, mask=inside)
+        tl.store(q_ptr + row * HQ * D + at + D // 2, hi, mask=inside)
     else:
-        dst = kv_ptr + ((head - HQ) * C + p) * D  # kv[0, head - HQ, p]
-        v = src + HKV * D
-        at = kv_ptr + ((HKV + head - HQ) * C + p) * D  # kv[1, head - HQ, p]
-        tl.store(at + i, tl.load(v + i, mask=inside), mask=inside)
-        tl.store(at + D // 2 + i, tl.load(v + D // 2 + i, mask=inside), mask=inside)
-    tl.store(dst + i, lo, mask=inside)
-    tl.store(dst + D // 2 + i, hi, mask=inside)
+        heads = tl.arange(0, BLOCK_HKV)
+        inside = (heads < HKV)[:, None] & half[None, :]
+        at = (HQ + heads)[:, None] * D + i[None, :]
+        x1 = tl.load(src + at, mask=inside, other=0.0).to(tl.float32)
+        x2 = tl.load(src + at + D // 2, mask=inside, other=0.0).to(tl.float32)
+        lo, hi = _rotated(x1, x2, c1, c2, s1, s2, dtype)
+        k_at = (heads * C + p)[:, None] * D + i[None, :]  # kv[0, head, p]
+        tl.store(kv_ptr + k_at, lo, mask=inside)
+        tl.store(kv_ptr + k_at + D // 2, hi, mask=inside)
+        v_at = k_at + HKV * C * D  # kv[1, head, p]
+        tl.store(kv_ptr + v_at, tl.load(src + at + HKV * D, mask=inside), mask=inside)
+        tl.store(kv_ptr + v_at + D // 2, tl.load(src + at + HKV * D + D // 2, mask=inside),
+                 mask=inside)
 
 
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, hq: int,
@@ -164,8 +178,9 @@ def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, h
     m = qkv.shape[0]
     d = kv.shape[-1]
     q = torch.empty(m, hq, d, dtype=qkv.dtype, device=qkv.device)
-    _rope_write[(m, hq + hkv)](qkv.contiguous(), cos, sin, kv, q, pos, kv.shape[2], hq, hkv, d,
-                               triton.next_power_of_2(d // 2))
+    _rope_write[(m, 2)](qkv.contiguous(), cos, sin, kv, q, pos, kv.shape[2], hq, hkv, d,
+                        triton.next_power_of_2(hq), triton.next_power_of_2(hkv),
+                        triton.next_power_of_2(d // 2))
     return q
 
 
@@ -238,14 +253,15 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale
 def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
                     HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
-    """One program per (row, query head): the chunks merged in slot order. A chunk past the
-    row's own position holds max -inf and sum 0 and leaves the merge's bits as they were."""
-    row, head = tl.program_id(0), tl.program_id(1)
-    h, g = head // GROUPS, head % GROUPS
+    """One program per (row, key/value head), for its query heads: the chunks merged in slot
+    order. A chunk past the row's own position holds max -inf and sum 0, and leaves the
+    merge's bits as they were."""
+    row, h = tl.program_id(0), tl.program_id(1)
+    g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
-    run_max = tl.full((1,), float("-inf"), tl.float32)
-    run_sum = tl.zeros((1,), tl.float32)
-    acc = tl.zeros((BLOCK_D,), tl.float32)
+    run_max = tl.full((GP,), float("-inf"), tl.float32)
+    run_sum = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, BLOCK_D), tl.float32)
     chunks = (tl.load(pos_ptr) + M + CHUNK - 1) // CHUNK
     for chunk in range(0, chunks):
         at = (chunk * HKV + h) * M * GP + row * GP + g
@@ -254,10 +270,11 @@ def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.const
         a_old = tl.exp(run_max - new_max)
         a_new = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - new_max))
         run_sum = run_sum * a_old + tl.load(sum_ptr + at) * a_new
-        acc = acc * a_old + tl.load(acc_ptr + at * BLOCK_D + d) * a_new
+        acc = acc * a_old[:, None] + tl.load(acc_ptr + at[:, None] * BLOCK_D + d[None, :]) * a_new[:, None]
         run_max = new_max
-    tl.store(out_ptr + (row * HQ + head) * D + d, (acc / run_sum).to(out_ptr.dtype.element_ty),
-             mask=d < D)
+    out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (row * HQ + h * GROUPS + g)[:, None] * D + d[None, :], out,
+             mask=(g < GROUPS)[:, None] & (d < D)[None, :])
 
 
 def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHUNK,
@@ -275,5 +292,5 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
     _attend_chunk[(hkv, chunks, triton.cdiv(m, BLOCK_M))](
         q.contiguous(), kv, pos, acc, run_max, run_sum, m, capacity, scale, hq, hkv, groups, gp,
         d, bd, BLOCK_M, chunk, block_kv)
-    _attend_combine[(m, hq)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd, chunk)
+    _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd, chunk)
     return out
