@@ -133,6 +133,22 @@ def _rotated(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
 
 
 @triton.jit
+def _rope_heads(src, dst, dst_stride, c1, c2, s1, s2, COUNT: tl.constexpr, BLOCK: tl.constexpr,
+                D: tl.constexpr, BLOCK_HALF: tl.constexpr, ROTATE: tl.constexpr):
+    """COUNT heads of D at src (contiguous) to dst (heads dst_stride apart), rotated or not."""
+    heads = tl.arange(0, BLOCK)
+    i = tl.arange(0, BLOCK_HALF)
+    inside = (heads < COUNT)[:, None] & (i < D // 2)[None, :]
+    x1 = tl.load(src + heads[:, None] * D + i[None, :], mask=inside, other=0.0)
+    x2 = tl.load(src + heads[:, None] * D + D // 2 + i[None, :], mask=inside, other=0.0)
+    if ROTATE:
+        x1, x2 = _rotated(x1.to(tl.float32), x2.to(tl.float32), c1, c2, s1, s2, src.dtype.element_ty)
+    out = dst + heads[:, None] * dst_stride + i[None, :]
+    tl.store(out, x1, mask=inside)
+    tl.store(out + D // 2, x2, mask=inside)
+
+
+@triton.jit
 def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, C, HQ: tl.constexpr,
                 HKV: tl.constexpr, D: tl.constexpr, BLOCK_HQ: tl.constexpr,
                 BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
@@ -142,35 +158,18 @@ def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, C, HQ: tl.con
     p = tl.load(pos_ptr) + row
     i = tl.arange(0, BLOCK_HALF)
     half = i < D // 2
-    dtype = qkv_ptr.dtype.element_ty
     c1 = tl.load(cos_ptr + p * D + i, mask=half, other=0.0).to(tl.float32)[None, :]
     c2 = tl.load(cos_ptr + p * D + D // 2 + i, mask=half, other=0.0).to(tl.float32)[None, :]
     s1 = tl.load(sin_ptr + p * D + i, mask=half, other=0.0).to(tl.float32)[None, :]
     s2 = tl.load(sin_ptr + p * D + D // 2 + i, mask=half, other=0.0).to(tl.float32)[None, :]
     src = qkv_ptr + row * (HQ + 2 * HKV) * D
     if part == 0:
-        heads = tl.arange(0, BLOCK_HQ)
-        inside = (heads < HQ)[:, None] & half[None, :]
-        at = heads[:, None] * D + i[None, :]
-        x1 = tl.load(src + at, mask=inside, other=0.0).to(tl.float32)
-        x2 = tl.load(src + at + D // 2, mask=inside, other=0.0).to(tl.float32)
-        lo, hi = _rotated(x1, x2, c1, c2, s1, s2, dtype)
-        tl.store(q_ptr + row * HQ * D + at, lo, mask=inside)
-        tl.store(q_ptr + row * HQ * D + at + D // 2, hi, mask=inside)
-    else:
-        heads = tl.arange(0, BLOCK_HKV)
-        inside = (heads < HKV)[:, None] & half[None, :]
-        at = (HQ + heads)[:, None] * D + i[None, :]
-        x1 = tl.load(src + at, mask=inside, other=0.0).to(tl.float32)
-        x2 = tl.load(src + at + D // 2, mask=inside, other=0.0).to(tl.float32)
-        lo, hi = _rotated(x1, x2, c1, c2, s1, s2, dtype)
-        k_at = (heads * C + p)[:, None] * D + i[None, :]  # kv[0, head, p]
-        tl.store(kv_ptr + k_at, lo, mask=inside)
-        tl.store(kv_ptr + k_at + D // 2, hi, mask=inside)
-        v_at = k_at + HKV * C * D  # kv[1, head, p]
-        tl.store(kv_ptr + v_at, tl.load(src + at + HKV * D, mask=inside), mask=inside)
-        tl.store(kv_ptr + v_at + D // 2, tl.load(src + at + HKV * D + D // 2, mask=inside),
-                 mask=inside)
+        _rope_heads(src, q_ptr + row * HQ * D, D, c1, c2, s1, s2, HQ, BLOCK_HQ, D, BLOCK_HALF, True)
+    else:  # kv[0, head, p] and kv[1, head, p]
+        _rope_heads(src + HQ * D, kv_ptr + p * D, C * D, c1, c2, s1, s2, HKV, BLOCK_HKV, D,
+                    BLOCK_HALF, True)
+        _rope_heads(src + (HQ + HKV) * D, kv_ptr + (HKV * C + p) * D, C * D, c1, c2, s1, s2,
+                    HKV, BLOCK_HKV, D, BLOCK_HALF, False)
 
 
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, hq: int,
