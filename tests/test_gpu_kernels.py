@@ -152,3 +152,52 @@ def test_available_only_where_the_kernels_run(monkeypatch):
     assert not gpu.available("cpu")
     monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
     assert not gpu.available("cuda")
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specgen.kernels.gpu import tiles as t
+
+def compile(fn, signature, constants):
+    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
+
+p = "*bf16"
+c = "constexpr"
+compile(t._linear, dict(x_ptr=p, w_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32", K="i32", HAS_BIAS=c,
+        BLOCK_M=c, BLOCK_N=c, BLOCK_K=c), dict(HAS_BIAS=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128))
+compile(t._linear_int4, dict(x_ptr=p, q_ptr="*i32", sz_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32",
+        K="i32", HAS_BIAS=c, BLOCK_M=c, BLOCK_N=c, GROUP=c),
+        dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, GROUP=128))
+compile(t._add_rms_norm, dict(x_ptr=p, r_ptr=p, w_ptr=p, normed_ptr=p, summed_ptr=p, H="i32",
+        eps="fp32", HAS_RESIDUAL=c, BLOCK_H=c), dict(HAS_RESIDUAL=True, BLOCK_H=2048))
+compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64", C="i32",
+        HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c, BLOCK_HALF=c),
+        dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2, BLOCK_HALF=64))
+compile(t._silu_mul, dict(gu_ptr=p, out_ptr=p, I="i32", BLOCK=c), dict(BLOCK=1024))
+compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", acc_ptr="*fp32", max_ptr="*fp32",
+        sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c,
+        BLOCK_M=c, CHUNK=c, BLOCK_KV=c), dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128,
+        BLOCK_M=16, CHUNK=256, BLOCK_KV=64))
+compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
+        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c),
+        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256))
+"""
+
+
+def test_the_kernels_compile_for_hopper(tmp_path):
+    """The interpreter runs code that compiled Triton refuses (an `if` whose branches give a
+    name two types, for one): each kernel compiled for sm_90 in bf16, to the end (ptxas), on
+    this CPU, in a process of its own (the interpreter is off there)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
