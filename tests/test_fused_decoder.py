@@ -5,23 +5,19 @@ equal to its own one-token greedy decoding."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+from specgen.core.drafters import ModelDrafter
+from specgen.core.engine import SpeculativeGenerator
+from specgen.decoding import make_decoder
+from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder
+from specgen.decoding.fused import FusedDecoder, fused_supported
+from specgen.decoding.lean import Skip
+from specgen.kernels import gpu
+
 pytest.importorskip("triton")
-
-import torch  # noqa: E402
-
-from specgen.core.drafters import ModelDrafter  # noqa: E402
-from specgen.core.engine import SpeculativeGenerator  # noqa: E402
-from specgen.decoding import make_decoder  # noqa: E402
-from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder  # noqa: E402
-from specgen.decoding.fused import FusedDecoder, fused_supported  # noqa: E402
-from specgen.decoding.lean import Skip  # noqa: E402
-from specgen.kernels import gpu  # noqa: E402
-
+# conftest.py turns the interpreter on where there is no GPU
 pytestmark = pytest.mark.skipif(not gpu.available("cpu"), reason="Triton's interpreter is off")
 
 

@@ -1,29 +1,40 @@
-"""specgen's Triton kernels (kernels/gpu) in Triton's interpreter on the CPU, in fp32 and
-fp16 (the interpreter's bf16 is unreliable): each op against its PyTorch definition, and the
-rule they exist for: a row's result does not depend on how many rows the call has."""
+"""specgen's Triton kernels (kernels/gpu): each op against its PyTorch definition, and the
+rule they exist for: a row's result does not depend on how many rows the call has. Without a
+GPU they run in Triton's interpreter on the CPU (conftest.py turns it on) in fp32 and fp16
+(the interpreter's bf16 is unreliable); on a GPU in bf16 too."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+from specgen.kernels import gpu
+from specgen.kernels.gpu import reference
+from specgen.kernels.quantize import quantize_int4
+
 pytest.importorskip("triton")
 
-import torch  # noqa: E402
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+pytestmark = pytest.mark.skipif(not gpu.available(DEVICE), reason="Triton cannot run here")
 
-from specgen.kernels import gpu  # noqa: E402
-from specgen.kernels.gpu import reference  # noqa: E402
-from specgen.kernels.quantize import quantize_int4  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not gpu.available("cpu"), reason="Triton's interpreter is off")
+def tol(dtype: torch.dtype) -> dict:
+    return {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
+            torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}[dtype]
+
+
+def at(*values: int) -> torch.Tensor:
+    """A position as the kernels take it: int64 [1] on the device."""
+    return torch.tensor(values, device=DEVICE)
 
 WIDTHS = (1, 3, 16, 17)  # one tile, part of one, a full one, and a second tile
 
 
 def randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
 def assert_rows_alone(call, rows: torch.Tensor) -> None:
@@ -35,14 +46,13 @@ def assert_rows_alone(call, rows: torch.Tensor) -> None:
         assert torch.equal(call(rows[r:r + 1])[0], full[r])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_dense(dtype, bias):
     x, w = randn(17, 160, dtype=dtype), randn(48, 160, seed=1, dtype=dtype) / 8
     b = randn(48, seed=2, dtype=dtype) if bias else None
     weight = gpu.Weight.dense(w, b)
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
-    torch.testing.assert_close(gpu.linear(x, weight), reference.linear(x, w, b), **tol)
+    torch.testing.assert_close(gpu.linear(x, weight), reference.linear(x, w, b), **tol(dtype))
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
@@ -67,14 +77,14 @@ def test_concatenated_weights_are_one_gemm_of_the_parts():
     assert torch.equal(gpu.linear(x, quant), torch.cat(parts, 1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(dtype):
     x, r, w = randn(17, 96, dtype=dtype), randn(17, 96, seed=1, dtype=dtype), randn(96, seed=2, dtype=dtype)
     for residual in (r, None):
         normed, summed = gpu.add_rms_norm(x, residual, w, 1e-6)
         ref_normed, ref_summed = reference.add_rms_norm(x, residual, w, 1e-6)
         assert torch.equal(summed, ref_summed)
-        torch.testing.assert_close(normed, ref_normed, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(normed, ref_normed, **tol(dtype))
         if dtype == torch.float32:
             assert_rows_alone(lambda rows: torch.cat(gpu.add_rms_norm(
                 rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
@@ -83,7 +93,7 @@ def test_add_rms_norm(dtype):
 def rope_tables(capacity: int, d: int):
     angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
     angles = torch.cat([angles, angles], 1)
-    return angles.cos(), angles.sin()
+    return angles.cos().to(DEVICE), angles.sin().to(DEVICE)
 
 
 def test_rope_write_rotates_and_writes_the_cache():
@@ -91,15 +101,14 @@ def test_rope_write_rotates_and_writes_the_cache():
     cos, sin = rope_tables(capacity, d)
     qkv = randn(17, (hq + 2 * hkv) * d)
     kv, ref_kv = randn(2, hkv, capacity, d, seed=4), randn(2, hkv, capacity, d, seed=4)
-    pos = torch.tensor([9])
-    q = gpu.rope_write(qkv, cos, sin, kv, pos, hq, hkv)
+    q = gpu.rope_write(qkv, cos, sin, kv, at(9), hq, hkv)
     ref_q = reference.rope_write(qkv, cos, sin, ref_kv, 9, hq, hkv)
     torch.testing.assert_close(q, ref_q, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(kv, ref_kv, atol=1e-6, rtol=1e-6)  # slots 9..25 written, the rest kept
 
     def one_pass(rows: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cache = torch.zeros(2, hkv, capacity, d)
-        out = gpu.rope_write(rows, cos, sin, cache, torch.tensor([start]), hq, hkv)
+        cache = torch.zeros(2, hkv, capacity, d, device=DEVICE)
+        out = gpu.rope_write(rows, cos, sin, cache, at(start), hq, hkv)
         return out, cache[:, :, start:start + len(rows)]
 
     full_q, full_kv = one_pass(qkv, 9)
@@ -110,11 +119,10 @@ def test_rope_write_rotates_and_writes_the_cache():
         assert torch.equal(q_r[0], full_q[r]) and torch.equal(kv_r[:, :, 0], full_kv[:, :, r])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul(dtype):
     gate_up = randn(17, 2 * 80, dtype=dtype) * 3
-    torch.testing.assert_close(gpu.silu_mul(gate_up), reference.silu_mul(gate_up),
-                               atol=1e-6 if dtype == torch.float32 else 1e-3, rtol=1e-5)
+    torch.testing.assert_close(gpu.silu_mul(gate_up), reference.silu_mul(gate_up), **tol(dtype))
     assert_rows_alone(gpu.silu_mul, gate_up)
 
 
@@ -127,7 +135,7 @@ def test_attention(hq, hkv, d):
     kv = randn(2, hkv, capacity, d, seed=1)
     q = randn(17, hq, d)
     for start in (0, 40, 100):
-        out = gpu.attention(q, kv, torch.tensor([start]), 0.3, **BLOCKS)
+        out = gpu.attention(q, kv, at(start), 0.3, **BLOCKS)
         torch.testing.assert_close(out, reference.attention(q, kv, start, 0.3), atol=2e-6, rtol=1e-5)
 
 
@@ -138,16 +146,17 @@ def test_attention_rows_alone_across_chunks():
     kv = randn(2, hkv, capacity, d, seed=2)
     q = randn(17, hq, d, seed=3)
     for start in (0, 27):  # 27..43 straddles the chunk boundary at 32
-        full = gpu.attention(q, kv, torch.tensor([start]), 0.25, **BLOCKS)
+        full = gpu.attention(q, kv, at(start), 0.25, **BLOCKS)
         for m in WIDTHS:
-            assert torch.equal(gpu.attention(q[:m], kv, torch.tensor([start]), 0.25, **BLOCKS), full[:m])
+            assert torch.equal(gpu.attention(q[:m], kv, at(start), 0.25, **BLOCKS), full[:m])
         for r in (0, 4, 5, 16):
-            one = gpu.attention(q[r:r + 1], kv, torch.tensor([start + r]), 0.25, **BLOCKS)
+            one = gpu.attention(q[r:r + 1], kv, at(start + r), 0.25, **BLOCKS)
             assert torch.equal(one[0], full[r])
 
 
 def test_available_only_where_the_kernels_run(monkeypatch):
-    assert gpu.available("cpu")  # the interpreter is on in this module
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gpu.available("cpu")
     monkeypatch.delenv("TRITON_INTERPRET")
     assert not gpu.available("cpu")
     monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)

@@ -62,7 +62,7 @@ class FusedLayer:
 
 
 def fused_supported(model: PreTrainedModel) -> bool:
-    """Whether FusedDecoder computes this model: plain linear layers, a SiLU MLP, an even
+    """Whether FusedDecoder computes this model: float linear layers, a SiLU MLP, an even
     head size (rotate_half), every layer norm an RMSNorm with its `variance_epsilon`."""
     config = model.config
     if getattr(config, "hidden_act", "silu") != "silu":
@@ -72,7 +72,7 @@ def fused_supported(model: PreTrainedModel) -> bool:
     for layer in model.base_model.layers:
         a, mlp = layer.self_attn, layer.mlp
         linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(m) is not nn.Linear for m in linears):
+        if not all(gpu.takes(m) for m in linears):
             return False
         if not all(hasattr(n, "variance_epsilon")
                    for n in (layer.input_layernorm, layer.post_attention_layernorm)):
@@ -120,7 +120,7 @@ class FusedDecoder(CudaDecoder):
         self.fused = fused_layers(model)
         self.q_heads = model.config.num_attention_heads
         head = self.head
-        self.head_weight = gpu.Weight.from_linear(head) if type(head) is nn.Linear else None
+        self.head_weight = gpu.Weight.from_linear(head) if gpu.takes(head) else None
         self._tables: tuple[Tensor, Tensor] | None = None  # rotary cos, sin [capacity, D]
 
     def reserve(self, positions: int) -> None:

@@ -109,10 +109,11 @@ class Weight:
 
     @classmethod
     def from_linear(cls, module: nn.Module) -> Weight:
-        """A plain nn.Linear's weight as it is. Layers of another kind (int4-gpu's
-        Int4Linear keeps only tinygemm's own layout) are not taken."""
-        if type(module) is not nn.Linear:
-            raise TypeError(f"the fused kernels take nn.Linear layers, not {type(module).__name__}")
+        """A float linear layer's weight as it is (`takes(module)`). Others are not taken:
+        int4-gpu's Int4Linear keeps only tinygemm's own layout, bitsandbytes' layers their
+        own packing."""
+        if not takes(module):
+            raise TypeError(f"the fused kernels take float linear layers, not {module!r}")
         return cls.dense(module.weight, module.bias)
 
     @classmethod
@@ -130,6 +131,14 @@ class Weight:
         sz = torch.cat([w.scales_and_zeros for w in weights], 1) if weights[0].is_int4 else None
         return cls(torch.cat([w.data for w in weights]), sum(w.n for w in weights),
                    weights[0].k, sz, bias)
+
+
+def takes(module: nn.Module) -> bool:
+    """Whether `Weight.from_linear` takes the layer: an nn.Linear (or a subclass that keeps
+    its float weight [out, in], as the CPU's row-alone linears do)."""
+    return (isinstance(module, nn.Linear)
+            and module.weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and tuple(module.weight.shape) == (module.out_features, module.in_features))
 
 
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------

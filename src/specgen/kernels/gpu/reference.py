@@ -75,7 +75,7 @@ def attention(q: Tensor, kv: Tensor, pos: int, scale: float) -> Tensor:
     keys = kv[0, :, :pos + m].float().repeat_interleave(hq // hkv, 0)  # [hq, T, D]
     values = kv[1, :, :pos + m].float().repeat_interleave(hq // hkv, 0)
     scores = torch.einsum("mhd,htd->hmt", q.float(), keys) * scale
-    slots = torch.arange(pos + m)
-    visible = slots[None, :] <= pos + torch.arange(m)[:, None]
+    slots = torch.arange(pos + m, device=q.device)
+    visible = slots[None, :] <= pos + torch.arange(m, device=q.device)[:, None]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return torch.einsum("hmt,htd->mhd", probs, values).to(q.dtype)
