@@ -1,9 +1,12 @@
-"""FusedDecoder (decoding/fused.py) on the CPU, its kernels in Triton's interpreter: the
-CUDA decoder's logits within rounding over prompts, widths and rollback; every row of a
-verify pass bit for bit the one-token pass at its position; greedy speculation through it
-equal to its own one-token greedy decoding."""
+"""FusedDecoder (decoding/fused.py): the CUDA decoder's logits within rounding over
+prompts, widths and rollback; every row of a verify pass bit for bit the one-token pass at its
+position; greedy speculation through it equal to its own one-token greedy decoding. Without a
+GPU, eagerly on the CPU with the kernels in Triton's interpreter (conftest.py turns it on);
+on a GPU, replayed from CUDA graphs, in bf16 too."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -17,8 +20,14 @@ from specgen.decoding.lean import Skip
 from specgen.kernels import gpu
 
 pytest.importorskip("triton")
-# conftest.py turns the interpreter on where there is no GPU
-pytestmark = pytest.mark.skipif(not gpu.available("cpu"), reason="Triton's interpreter is off")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])  # interpreter: no bf16
+pytestmark = pytest.mark.skipif(not gpu.available(DEVICE), reason="Triton cannot run here")
+
+
+def token_ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
 def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -32,33 +41,34 @@ def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
 @torch.inference_mode()
 def test_logits_match_the_cuda_decoder_within_rounding(family, tiny_model):
-    model = tiny_model(family, vocab=64, hidden=64, layers=2)
-    ids = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(1))
+    model = tiny_model(family, vocab=64, hidden=64, layers=2).to(DEVICE)
+    ids = token_ids(60, 1)
     expected = steps(CudaDecoder(model), ids)
     fused = FusedDecoder(model)
     for a, b in zip(steps(fused, ids), expected, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert fused.length == 45
 
 
 @torch.inference_mode()
 def test_the_model_keeps_one_copy_of_its_weights(tiny_model):
     """q/k/v and gate/up are concatenated once; the model's layers read slices of it."""
-    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1)
-    before = model(torch.arange(5)[None]).logits
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1).to(DEVICE)
+    before = model(torch.arange(5, device=DEVICE)[None]).logits
     layer = FusedDecoder(model).fused[0]
     attn = model.model.layers[0].self_attn
     assert attn.k_proj.weight.data_ptr() == layer.qkv.data[attn.q_proj.out_features:].data_ptr()
     assert attn.v_proj.bias.untyped_storage().data_ptr() == layer.qkv.bias.untyped_storage().data_ptr()
     assert FusedDecoder(model).fused is FusedDecoder(model).fused  # made once per model
-    assert torch.equal(model(torch.arange(5)[None]).logits, before)
+    assert torch.equal(model(torch.arange(5, device=DEVICE)[None]).logits, before)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()
-def test_every_row_of_a_verify_pass_is_the_one_token_pass(family, tiny_model):
-    model = tiny_model(family, vocab=64, hidden=64, layers=2)
-    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(2))
+def test_every_row_of_a_verify_pass_is_the_one_token_pass(family, dtype, tiny_model):
+    model = tiny_model(family, vocab=64, hidden=64, layers=2).to(DEVICE, dtype)
+    ids = token_ids(40, 2)
     one = FusedDecoder(model)
     one.logits(ids[:20])
     plain = torch.cat([one.logits(ids[t:t + 1]) for t in range(20, 26)])  # positions 20..25
@@ -76,7 +86,9 @@ def test_every_row_of_a_verify_pass_is_the_one_token_pass(family, tiny_model):
 
 def test_greedy_speculation_equals_its_own_greedy_decoding(tiny_pair):
     target, draft = tiny_pair("llama")
-    prompt = torch.tensor([3, 17, 5, 9, 22])
+    if DEVICE != "cpu":  # the pair is shared by other tests: moved as a copy
+        target, draft = copy.deepcopy(target).to(DEVICE), copy.deepcopy(draft).to(DEVICE)
+    prompt = torch.tensor([3, 17, 5, 9, 22], device=DEVICE)
     plain = FusedDecoder(target)
     with torch.inference_mode():
         token, expected = plain.logits(prompt).argmax(-1), []
@@ -94,7 +106,7 @@ def test_greedy_speculation_equals_its_own_greedy_decoding(tiny_pair):
 def test_make_decoder_picks_the_fused_decoder_where_triton_runs(monkeypatch, tiny_model):
     import specgen.decoding
 
-    model = tiny_model("llama")
+    model = tiny_model("llama").to(DEVICE)
     monkeypatch.setattr(specgen.decoding, "on_one_gpu", lambda model: True)  # as on a GPU
     assert isinstance(make_decoder(model, exact=True), FusedDecoder)
     monkeypatch.setattr(specgen.decoding, "available", lambda device: False)  # no Triton
