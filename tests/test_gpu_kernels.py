@@ -66,6 +66,20 @@ def test_linear_int4_against_the_dequantized_weight():
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
+def test_an_int4_gpu_layer_gives_its_own_values(tiny_model):
+    """Weight.from_linear reads an Int4Linear's values back through tinygemm (here its CPU
+    twin) exactly: the same q and scales as quantizing the float weight."""
+    from specgen.kernels.cuda_int4 import Int4Linear
+
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    layer = Int4Linear.from_weight(w)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    assert torch.equal(layer.int4_values(rows=96), q)  # chunks of rows that do not divide K
+    weight = gpu.Weight.from_linear(layer)
+    assert torch.equal(gpu.unpack_int4(weight.data), q)
+    assert torch.equal(weight.scales_and_zeros.float(), sz.float())
+
+
 def test_concatenated_weights_are_one_gemm_of_the_parts():
     x = randn(4, 128)
     a, b = randn(32, 128, seed=1), randn(16, 128, seed=2)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from specgen.kernels.cuda_int4 import Int4Linear
 from specgen.kernels.gpu import reference
 from specgen.kernels.quantize import quantize_int4
 
@@ -109,9 +110,11 @@ class Weight:
 
     @classmethod
     def from_linear(cls, module: nn.Module) -> Weight:
-        """A float linear layer's weight as it is (`takes(module)`). Others are not taken:
-        int4-gpu's Int4Linear keeps only tinygemm's own layout, bitsandbytes' layers their
-        own packing."""
+        """A float linear layer's weight as it is, or an int4-gpu layer's int4 values and
+        scales (a copy in this kernel's layout: the layer keeps tinygemm's). Other layers
+        (bitsandbytes') are not taken (`takes`)."""
+        if isinstance(module, Int4Linear):
+            return cls.int4(module.int4_values(), module.scales_and_zeros, module.bias)
         if not takes(module):
             raise TypeError(f"the fused kernels take float linear layers, not {module!r}")
         return cls.dense(module.weight, module.bias)
