@@ -117,3 +117,24 @@ def test_make_decoder_picks_the_fused_decoder_where_triton_runs(monkeypatch, tin
     monkeypatch.setenv("SPECGEN_FUSED_KERNELS", "0")
     assert type(make_decoder(model, exact=True)) is CudaDecoder
     assert not fused_supported(tiny_model("llama", hidden_act="gelu"))
+
+
+@torch.inference_mode()
+def test_an_int4_gpu_model_runs_on_its_own_int4_values_kept_once(tiny_model):
+    """int4-gpu layers (here through tinygemm's CPU twin) are read back into the kernels'
+    layout and replaced: the logits are the tinygemm model's to its bf16 activations'
+    rounding, rows alone, and the model's own forward runs on the kernels."""
+    from specgen.kernels import cuda_int4
+
+    model = cuda_int4.apply(tiny_model("llama", vocab=64, hidden=128, layers=1).to(DEVICE))
+    ids = token_ids(24, 3)
+    expected = CudaDecoder(model).logits(ids[:20], 20)  # tinygemm, bf16 activations
+    fused = FusedDecoder(model)
+    assert not any(isinstance(m, cuda_int4.Int4Linear) for m in model.modules())
+    got = fused.logits(ids[:20], 20)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+    one = FusedDecoder(model)
+    one.logits(ids[:16])
+    rows = torch.cat([one.logits(ids[t:t + 1]) for t in range(16, 20)])
+    assert torch.equal(got[16:], rows)
+    torch.testing.assert_close(model(ids[None, :20]).logits[0], got, atol=1e-5, rtol=1e-5)

@@ -66,7 +66,7 @@ def test_linear_int4_against_the_dequantized_weight():
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
-def test_an_int4_gpu_layer_gives_its_own_values(tiny_model):
+def test_an_int4_gpu_layer_gives_its_own_values():
     """Weight.from_linear reads an Int4Linear's values back through tinygemm (here its CPU
     twin) exactly: the same q and scales as quantizing the float weight."""
     from specgen.kernels.cuda_int4 import Int4Linear
@@ -77,7 +77,7 @@ def test_an_int4_gpu_layer_gives_its_own_values(tiny_model):
     assert torch.equal(layer.int4_values(rows=96), q)  # chunks of rows that do not divide K
     weight = gpu.Weight.from_linear(layer)
     assert torch.equal(gpu.unpack_int4(weight.data), q)
-    assert torch.equal(weight.scales_and_zeros.float(), sz.float())
+    assert torch.equal(weight.scales_and_zeros.float(), sz.transpose(0, 1).float())
 
 
 def test_concatenated_weights_are_one_gemm_of_the_parts():
@@ -89,6 +89,7 @@ def test_concatenated_weights_are_one_gemm_of_the_parts():
     quant = gpu.Weight.concat([gpu.Weight.quantize(a), gpu.Weight.quantize(b)])
     parts = [gpu.linear(x, gpu.Weight.quantize(t)) for t in (a, b)]
     assert torch.equal(gpu.linear(x, quant), torch.cat(parts, 1))
+    assert torch.equal(gpu.linear(x, quant.rows(32, 48)), parts[1])  # a slice: views
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -25,7 +25,10 @@ entries are what later rows read, and row invariance between them and later pass
 needed (every pass that verifies is at most GRAPH_WIDTH wide).
 
 Weights: q/k/v and gate/up are concatenated once per model, and the model's own q/k/v and
-gate/up layers are pointed at slices of the concatenation, so the weights stay one copy. The
+gate/up layers are pointed at slices of the concatenation, so the weights stay one copy.
+int4-gpu layers are read back from tinygemm's layout into the kernels' (exactly: the same
+int4 values and scales) and replaced in the model by layers that run these kernels, so they
+too are kept once, and the model's own forward (and a prompt's pass) still runs. The
 rotary cos and sin tables [capacity, head_dim] come from the model's own rotary embedding
 (any rope scaling honoured) and are rebuilt when the cache grows.
 """
@@ -41,8 +44,9 @@ from torch import Tensor, nn
 
 from specgen.decoding.capture import Capture
 from specgen.decoding.cuda import GRAPH_WIDTH, CudaDecoder
-from specgen.decoding.lean import Skip
+from specgen.decoding.lean import Skip, _projections
 from specgen.kernels import gpu
+from specgen.kernels.cuda_int4 import Int4Linear
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -61,34 +65,56 @@ class FusedLayer:
     scale: float
 
 
+def _kind(linear: nn.Module) -> str | None:
+    return "float" if gpu.takes(linear) else "int4" if isinstance(linear, Int4Linear) else None
+
+
+def _groups(layer: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """A layer's linears as the kernels take them: q/k/v, o, gate/up, down (owner, name)."""
+    a, mlp = layer.self_attn, layer.mlp
+    return [[(a, "q_proj"), (a, "k_proj"), (a, "v_proj")], [(a, "o_proj")],
+            [(mlp, "gate_proj"), (mlp, "up_proj")], [(mlp, "down_proj")]]
+
+
 def fused_supported(model: PreTrainedModel) -> bool:
-    """Whether FusedDecoder computes this model: float linear layers, a SiLU MLP, an even
-    head size (rotate_half), every layer norm an RMSNorm with its `variance_epsilon`."""
+    """Whether FusedDecoder computes this model: float or int4-gpu linear layers (each joined
+    group of one kind), a SiLU MLP, an even head size (rotate_half), every norm an RMSNorm
+    with its `variance_epsilon`."""
     config = model.config
-    if getattr(config, "hidden_act", "silu") != "silu":
+    body = model.base_model
+    if getattr(config, "hidden_act", "silu") != "silu" or not hasattr(body.norm, "variance_epsilon"):
         return False
-    if not hasattr(model.base_model.norm, "variance_epsilon"):
-        return False
-    for layer in model.base_model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if not all(gpu.takes(m) for m in linears):
-            return False
+    for layer in body.layers:
+        for group in _groups(layer):
+            kinds = {_kind(getattr(owner, name)) for owner, name in group}
+            if len(kinds) != 1 or None in kinds:
+                return False
         if not all(hasattr(n, "variance_epsilon")
                    for n in (layer.input_layernorm, layer.post_attention_layernorm)):
             return False
-    return a.head_dim % 2 == 0 if hasattr(a, "head_dim") else True
+        if getattr(layer.self_attn, "head_dim", 0) % 2:
+            return False
+    return True
 
 
-def _joined(linears: list[nn.Linear]) -> gpu.Weight:
-    """The layers' weights as one, and the layers pointed at its slices (one copy kept)."""
+def _joined(group: list[tuple[nn.Module, str]]) -> gpu.Weight:
+    """A group's weights as one, its layers then reading slices of it, so that the values
+    are kept once: a float layer's weight (and bias) becomes a view of the joined one; an
+    int4-gpu layer is replaced by a FusedLinear over its slice (tinygemm's copy is freed)."""
+    linears = [getattr(owner, name) for owner, name in group]
+    if len(linears) == 1 and gpu.takes(linears[0]):
+        return gpu.Weight.from_linear(linears[0])
     weight = gpu.Weight.concat([gpu.Weight.from_linear(m) for m in linears])
     at = 0
-    for m in linears:
-        m.weight.data = weight.data[at:at + m.out_features]
-        if m.bias is not None:
-            m.bias.data = weight.bias[at:at + m.out_features]
-        at += m.out_features
+    for (owner, name), m in zip(group, linears):
+        end = at + m.out_features
+        if isinstance(m, Int4Linear):
+            setattr(owner, name, gpu.FusedLinear(weight.rows(at, end)))
+        else:
+            m.weight.data = weight.data[at:end]
+            if m.bias is not None:
+                m.bias.data = weight.bias[at:end]
+        at = end
     return weight
 
 
@@ -97,15 +123,19 @@ _fused: WeakKeyDictionary[PreTrainedModel, list[FusedLayer]] = WeakKeyDictionary
 
 
 def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
+    """Per decoder layer, its joined weights and norms. Int4-gpu layers are replaced in the
+    model (FusedLinear): the lean layer loop's cached projections are dropped to see them."""
     if model not in _fused:
+        layers = []
         with torch.no_grad():
-            _fused[model] = [FusedLayer(
-                _joined([a.q_proj, a.k_proj, a.v_proj]), gpu.Weight.from_linear(a.o_proj),
-                _joined([mlp.gate_proj, mlp.up_proj]), gpu.Weight.from_linear(mlp.down_proj),
-                layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
-                layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
-                a.scaling) for layer, a, mlp in ((layer, layer.self_attn, layer.mlp)
-                                                 for layer in model.base_model.layers)]
+            for layer in model.base_model.layers:
+                qkv, o, gate_up, down = (_joined(g) for g in _groups(layer))
+                layers.append(FusedLayer(
+                    qkv, o, gate_up, down, layer.input_layernorm.weight,
+                    layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.weight,
+                    layer.post_attention_layernorm.variance_epsilon, layer.self_attn.scaling))
+        _fused[model] = layers
+        _projections.pop(model, None)
     return _fused[model]
 
 
@@ -116,8 +146,8 @@ class FusedDecoder(CudaDecoder):
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None,
                  static: bool | None = None) -> None:
+        self.fused = fused_layers(model)  # first: it may replace the model's int4 layers
         super().__init__(model, graphs, static)
-        self.fused = fused_layers(model)
         self.q_heads = model.config.num_attention_heads
         head = self.head
         self.head_weight = gpu.Weight.from_linear(head) if gpu.takes(head) else None

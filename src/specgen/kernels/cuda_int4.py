@@ -126,13 +126,16 @@ class Int4Linear(nn.Module):
         read back through the kernel itself: with every scale 1 and every zero 8 it
         dequantizes q - 8 + 8 = q, and one-hot inputs (`rows` at a time) pick out each input
         column. Exact: every output is one small integer times 1, summed with zeros."""
-        k = self.in_features
+        k, device = self.in_features, self.packed.device
         ones = torch.ones_like(self.scales_and_zeros[..., 0])
         identity_sz = torch.stack([ones, 8 * ones], -1)
-        eye = torch.eye(k, dtype=torch.bfloat16, device=self.packed.device)
-        cols = [int4_mm(eye[at:at + rows].contiguous(), self.packed, identity_sz)
-                for at in range(0, k, rows)]
-        return torch.cat(cols).T.to(torch.int32).contiguous()
+        cols = []
+        for at in range(0, k, rows):
+            n = min(rows, k - at)
+            onehot = torch.zeros(n, k, dtype=torch.bfloat16, device=device)
+            onehot[torch.arange(n, device=device), torch.arange(at, at + n, device=device)] = 1
+            cols.append(int4_mm(onehot, self.packed, identity_sz).to(torch.int32))
+        return torch.cat(cols).T.contiguous()
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

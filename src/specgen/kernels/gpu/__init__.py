@@ -73,7 +73,8 @@ def unpack_int4(packed: Tensor) -> Tensor:
 class Weight:
     """A linear layer's weight as the kernels read it: `data` is the float weight [N, K]
     (a dense one) or the int4 values packed by pack_int4 [N, K / 8] with `scales_and_zeros`
-    [K / GROUP, N, 2] (w ~= (q - 8) * scale + zero, as quantize.quantize_int4); `bias` [N]."""
+    [N, K / GROUP, 2] (w ~= (q - 8) * scale + zero, as quantize.quantize_int4, whose
+    [K / GROUP, N, 2] is transposed so that every part is output-major); `bias` [N]."""
 
     data: Tensor
     n: int
@@ -99,7 +100,7 @@ class Weight:
         if k % GROUP:
             raise ValueError(f"int4 weights need whole groups of {GROUP} inputs, got {k}")
         dtype = torch.bfloat16 if q.device.type == "cuda" else torch.float32
-        return cls(pack_int4(q), n, k, scales_and_zeros.to(dtype).contiguous(),
+        return cls(pack_int4(q), n, k, scales_and_zeros.transpose(0, 1).to(dtype).contiguous(),
                    None if bias is None else bias.detach())
 
     @classmethod
@@ -131,9 +132,32 @@ class Weight:
             like = next(b for b in biases if b is not None)
             bias = torch.cat([b if b is not None else like.new_zeros(w.n)
                               for w, b in zip(weights, biases)])
-        sz = torch.cat([w.scales_and_zeros for w in weights], 1) if weights[0].is_int4 else None
+        sz = torch.cat([w.scales_and_zeros for w in weights]) if weights[0].is_int4 else None
         return cls(torch.cat([w.data for w in weights]), sum(w.n for w in weights),
                    weights[0].k, sz, bias)
+
+
+    def rows(self, start: int, end: int) -> Weight:
+        """Outputs start..end-1 of this weight: views, no copy."""
+        sz = None if self.scales_and_zeros is None else self.scales_and_zeros[start:end]
+        bias = None if self.bias is None else self.bias[start:end]
+        return Weight(self.data[start:end], end - start, self.k, sz, bias)
+
+
+class FusedLinear(nn.Module):
+    """A linear layer computed by `linear` (any number of rows): what an int4-gpu layer
+    becomes once its weight lives in a `Weight` (decoding/fused.py), so that its values are
+    kept once, in this layout, and the model's own forward still runs."""
+
+    def __init__(self, weight: Weight) -> None:
+        super().__init__()
+        self.weight_ = weight
+        self.in_features, self.out_features = weight.k, weight.n
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        return linear(x.reshape(-1, self.in_features), self.weight_).reshape(
+            *shape[:-1], self.out_features)
 
 
 def takes(module: nn.Module) -> bool:

@@ -54,8 +54,9 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
 @triton.jit
 def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """q_ptr: int32 [N, K / 8], input 8j + i in nibble i of word j; sz_ptr: [K / GROUP, N, 2]
-    scale and zero. Each step dequantizes one group of the weight tile in registers."""
+    """q_ptr: int32 [N, K / 8], input 8j + i in nibble i of word j; sz_ptr: [N, K / GROUP, 2]
+    scale and zero (output-major, so that a slice of outputs is a view). Each step
+    dequantizes one group of the weight tile in registers."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, GROUP)
@@ -65,7 +66,7 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.con
         words = tl.load(q_ptr + cols[:, None] * (K // 8) + kk[None, :] // 8,
                         mask=cols[:, None] < N, other=0)
         q = (words >> ((kk[None, :] % 8) * 4)) & 0xF
-        at = sz_ptr + (k0 // GROUP) * N * 2 + cols * 2
+        at = sz_ptr + cols * (K // GROUP) * 2 + (k0 // GROUP) * 2
         scale = tl.load(at, mask=cols < N, other=0.0).to(tl.float32)
         zero = tl.load(at + 1, mask=cols < N, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=rows[:, None] < M, other=0.0)
