@@ -127,7 +127,8 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     model (FusedLinear): the lean layer loop's cached projections are dropped to see them."""
     if model not in _fused:
         layers = []
-        with torch.no_grad():
+        # Plain tensors even when built under inference mode: the model's own layers read them.
+        with torch.inference_mode(False), torch.no_grad():
             for layer in model.base_model.layers:
                 qkv, o, gate_up, down = (_joined(g) for g in _groups(layer))
                 layers.append(FusedLayer(
