@@ -63,6 +63,20 @@ def test_the_model_keeps_one_copy_of_its_weights(tiny_model):
     assert torch.equal(model(torch.arange(5, device=DEVICE)[None]).logits, before)
 
 
+def test_joined_weights_are_of_the_models_kind(tiny_model):
+    """Built under inference mode for a model made outside it, the joined weights stay plain
+    tensors: the model still runs and trains; and inference tensors for a model made inside."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=1).to(DEVICE)
+    with torch.inference_mode():
+        FusedDecoder(model)
+    model(torch.arange(5, device=DEVICE)[None]).logits.sum().backward()
+    assert model.model.layers[0].self_attn.k_proj.weight.grad is not None
+    with torch.inference_mode():
+        inside = tiny_model("qwen2", vocab=64, hidden=64, layers=1).to(DEVICE)
+        FusedDecoder(inside)
+        inside(torch.arange(5, device=DEVICE)[None])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @torch.inference_mode()

@@ -146,21 +146,22 @@ BLOCKS = dict(chunk=32, block_kv=16)  # several chunks and blocks in a small cac
 
 @pytest.mark.parametrize("hq, hkv, d", [(4, 2, 16), (6, 2, 24)])
 def test_attention(hq, hkv, d):
-    capacity = 128
+    capacity = 640
     kv = randn(2, hkv, capacity, d, seed=1)
     q = randn(17, hq, d)
-    for start in (0, 40, 100):
+    for start in (0, 40, 600):  # 600: 19 chunks, merged in two blocks
         out = gpu.attention(q, kv, at(start), 0.3, **BLOCKS)
         torch.testing.assert_close(out, reference.attention(q, kv, start, 0.3), atol=2e-6, rtol=1e-5)
 
 
 def test_attention_rows_alone_across_chunks():
     """Row r of a pass at pos equals a one-row pass at pos + r, and the same rows of every
-    width: passes that end in another chunk, or span two, leave each row's bits alone."""
-    hq, hkv, d, capacity = 4, 2, 16, 128
+    width: passes that end in another chunk, or span two, or another block of merged chunks,
+    leave each row's bits alone."""
+    hq, hkv, d, capacity = 4, 2, 16, 544
     kv = randn(2, hkv, capacity, d, seed=2)
     q = randn(17, hq, d, seed=3)
-    for start in (0, 27):  # 27..43 straddles the chunk boundary at 32
+    for start in (27, 505):  # 27..43: chunks 0 and 1; 505..521: chunk blocks 0 and 1
         full = gpu.attention(q, kv, at(start), 0.25, **BLOCKS)
         for m in WIDTHS:
             assert torch.equal(gpu.attention(q[:m], kv, at(start), 0.25, **BLOCKS), full[:m])
@@ -205,8 +206,8 @@ compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", acc_ptr="*fp32"
         BLOCK_M=c, CHUNK=c, BLOCK_KV=c), dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128,
         BLOCK_M=16, CHUNK=256, BLOCK_KV=64))
 compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
-        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c),
-        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256))
+        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c, BLOCK_C=c),
+        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256, BLOCK_C=16))
 """
 
 

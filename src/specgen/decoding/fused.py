@@ -127,8 +127,10 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     model (FusedLinear): the lean layer loop's cached projections are dropped to see them."""
     if model not in _fused:
         layers = []
-        # Plain tensors even when built under inference mode: the model's own layers read them.
-        with torch.inference_mode(False), torch.no_grad():
+        # Joined tensors of the kind the model's own are (inference tensors or plain ones),
+        # whatever mode this runs in: the model's layers read them.
+        made_in_inference = model.base_model.embed_tokens.weight.is_inference()
+        with torch.inference_mode(made_in_inference), torch.no_grad():
             for layer in model.base_model.layers:
                 qkv, o, gate_up, down = (_joined(g) for g in _groups(layer))
                 layers.append(FusedLayer(

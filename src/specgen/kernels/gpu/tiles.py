@@ -20,6 +20,7 @@ BLOCK_K = 128  # inputs per step of a linear; an int4 step is one quantization g
 GROUP = 128
 CHUNK = 256  # cache slots per attention program (flash-decoding's split, fixed by slot)
 BLOCK_KV = 64  # cache slots per attention step
+BLOCK_C = 16  # chunks merged per step
 
 
 def block_n(n: int, device: torch.device) -> int:
@@ -121,7 +122,7 @@ def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
     summed = x if residual is None else torch.empty_like(x)
     r = x if residual is None else residual.contiguous()
     _add_rms_norm[(m,)](x, r, weight, normed, summed, h, eps, residual is not None,
-                        triton.next_power_of_2(h))
+                        triton.next_power_of_2(h), num_warps=8 if h >= 4096 else 4)
     return normed, summed
 
 
@@ -252,10 +253,11 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale
 @triton.jit
 def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
                     HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
     """One program per (row, key/value head), for its query heads: the chunks merged in slot
-    order. A chunk past the row's own position holds max -inf and sum 0, and leaves the
-    merge's bits as they were."""
+    order, BLOCK_C at a time (a fixed block: its sums' order never depends on the number of
+    chunks). A chunk past the row's own position, or past the pass's, weighs exactly 0 (max
+    -inf, sum 0), which leaves every sum's bits as they were."""
     row, h = tl.program_id(0), tl.program_id(1)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
@@ -263,14 +265,19 @@ def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.const
     run_sum = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, BLOCK_D), tl.float32)
     chunks = (tl.load(pos_ptr) + M + CHUNK - 1) // CHUNK
-    for chunk in range(0, chunks):
-        at = (chunk * HKV + h) * M * GP + row * GP + g
-        c_max = tl.load(max_ptr + at)
-        new_max = tl.maximum(run_max, c_max)
-        a_old = tl.exp(run_max - new_max)
-        a_new = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - new_max))
-        run_sum = run_sum * a_old + tl.load(sum_ptr + at) * a_new
-        acc = acc * a_old[:, None] + tl.load(acc_ptr + at[:, None] * BLOCK_D + d[None, :]) * a_new[:, None]
+    for c0 in range(0, chunks, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        seen = (c < chunks)[:, None]
+        at = (c[:, None] * HKV + h) * M * GP + row * GP + g[None, :]  # [BLOCK_C, GP]
+        c_max = tl.load(max_ptr + at, mask=seen, other=float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(c_max, axis=0))
+        weight = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - new_max[None, :]))
+        a_old = tl.exp(run_max - new_max)  # 0 at the first block; 1 where nothing new was seen
+        c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0)
+        run_sum = run_sum * a_old + tl.sum(c_sum * weight, axis=0)
+        c_acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :], mask=seen[:, :, None],
+                        other=0.0)
+        acc = acc * a_old[:, None] + tl.sum(c_acc * weight[:, :, None], axis=0)
         run_max = new_max
     out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (row * HQ + h * GROUPS + g)[:, None] * D + d[None, :], out,
@@ -291,6 +298,7 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
     out = torch.empty_like(q)
     _attend_chunk[(hkv, chunks, triton.cdiv(m, BLOCK_M))](
         q.contiguous(), kv, pos, acc, run_max, run_sum, m, capacity, scale, hq, hkv, groups, gp,
-        d, bd, BLOCK_M, chunk, block_kv)
-    _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd, chunk)
+        d, bd, BLOCK_M, chunk, block_kv, num_warps=8 if BLOCK_M * gp >= 64 else 4)
+    _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
+                              chunk, BLOCK_C, num_warps=8 if gp >= 4 else 4)
     return out
