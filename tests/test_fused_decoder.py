@@ -38,10 +38,15 @@ def steps(decoder, ids: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("family, config", [("llama", {}), ("qwen2", {}),  # qwen2: q/k/v biases
+                                            ("llama", {"rope_scaling": LLAMA3_ROPE})])
 @torch.inference_mode()
-def test_logits_match_the_cuda_decoder_within_rounding(family, tiny_model):
-    model = tiny_model(family, vocab=64, hidden=64, layers=2).to(DEVICE)
+def test_logits_match_the_cuda_decoder_within_rounding(family, config, tiny_model):
+    model = tiny_model(family, vocab=64, hidden=64, layers=2, **config).to(DEVICE)
     ids = token_ids(60, 1)
     expected = steps(CudaDecoder(model), ids)
     fused = FusedDecoder(model)
@@ -131,6 +136,8 @@ def test_make_decoder_picks_the_fused_decoder_where_triton_runs(monkeypatch, tin
     monkeypatch.setenv("SPECGEN_FUSED_KERNELS", "0")
     assert type(make_decoder(model, exact=True)) is CudaDecoder
     assert not fused_supported(tiny_model("llama", hidden_act="gelu"))
+    assert not fused_supported(tiny_model("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    assert fused_supported(tiny_model("llama", rope_scaling=LLAMA3_ROPE))  # by position alone
 
 
 @torch.inference_mode()

@@ -79,10 +79,14 @@ def _groups(layer: nn.Module) -> list[list[tuple[nn.Module, str]]]:
 def fused_supported(model: PreTrainedModel) -> bool:
     """Whether FusedDecoder computes this model: float or int4-gpu linear layers (each joined
     group of one kind), a SiLU MLP, an even head size (rotate_half), every norm an RMSNorm
-    with its `variance_epsilon`."""
+    with its `variance_epsilon`, and rotary angles that depend on the position alone (the
+    tables are made once per capacity; dynamic and longrope scaling change with the length)."""
     config = model.config
     body = model.base_model
     if getattr(config, "hidden_act", "silu") != "silu" or not hasattr(body.norm, "variance_epsilon"):
+        return False
+    rope = getattr(body.rotary_emb, "rope_type", "default")
+    if "dynamic" in rope or rope == "longrope":
         return False
     for layer in body.layers:
         for group in _groups(layer):
