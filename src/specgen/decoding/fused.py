@@ -83,7 +83,8 @@ def fused_supported(model: PreTrainedModel) -> bool:
     tables are made once per capacity; dynamic and longrope scaling change with the length)."""
     config = model.config
     body = model.base_model
-    if getattr(config, "hidden_act", "silu") != "silu" or not hasattr(body.norm, "variance_epsilon"):
+    if (getattr(config, "hidden_act", "silu") != "silu"
+            or not hasattr(body.norm, "variance_epsilon")):
         return False
     rope = getattr(body.rotary_emb, "rope_type", "default")
     if "dynamic" in rope or rope == "longrope":

@@ -23,7 +23,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y.to(x.dtype)
 
 
-def linear_int4(x: Tensor, q: Tensor, scales_and_zeros: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear_int4(x: Tensor, q: Tensor, scales_and_zeros: Tensor,
+                bias: Tensor | None = None) -> Tensor:
     """linear with the int4 weight dequantized as quantize.dequantize_int4 does."""
     return linear(x, dequantize_int4(q, scales_and_zeros, GROUP), bias)
 

@@ -144,7 +144,8 @@ def _rope_heads(src, dst, dst_stride, c1, c2, s1, s2, COUNT: tl.constexpr, BLOCK
     x1 = tl.load(src + heads[:, None] * D + i[None, :], mask=inside, other=0.0)
     x2 = tl.load(src + heads[:, None] * D + D // 2 + i[None, :], mask=inside, other=0.0)
     if ROTATE:
-        x1, x2 = _rotated(x1.to(tl.float32), x2.to(tl.float32), c1, c2, s1, s2, src.dtype.element_ty)
+        x1, x2 = _rotated(x1.to(tl.float32), x2.to(tl.float32), c1, c2, s1, s2,
+                          src.dtype.element_ty)
     out = dst + heads[:, None] * dst_stride + i[None, :]
     tl.store(out, x1, mask=inside)
     tl.store(out + D // 2, x2, mask=inside)
@@ -275,8 +276,8 @@ def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.const
         a_old = tl.exp(run_max - new_max)  # 0 at the first block; 1 where nothing new was seen
         c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0)
         run_sum = run_sum * a_old + tl.sum(c_sum * weight, axis=0)
-        c_acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :], mask=seen[:, :, None],
-                        other=0.0)
+        c_acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :],
+                        mask=seen[:, :, None], other=0.0)
         acc = acc * a_old[:, None] + tl.sum(c_acc * weight[:, :, None], axis=0)
         run_max = new_max
     out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
