@@ -6,6 +6,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+# Without a GPU, specgen's Triton kernels (kernels/gpu) run in Triton's interpreter on CPU
+# tensors. Set before anything imports Triton (torch may): the interpreter is chosen then.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Tiny models gain nothing from threads, and several OpenMP threads per process thrash a
 # small shared machine (spin-waiting): one thread keeps the suite fast and steady.
 torch.set_num_threads(1)

@@ -11,7 +11,8 @@ pass's hidden states in `captured` (capture.py).
 
 `HFDecoder` is transformers' own forward (any architecture); `LeanDecoder` calls a
 Llama-family model's layers directly (hf.py, lean.py); `CudaDecoder` does so on a GPU over a
-static cache, replaying each small width from a CUDA graph (cuda.py). llama.cpp's draft
+static cache, replaying each small width from a CUDA graph (cuda.py); `FusedDecoder` is
+CudaDecoder with specgen's own Triton kernels for those widths (fused.py). llama.cpp's draft
 runtime answers the same interface (llamacpp.py).
 
 A decoder whose `skips` is true (lean and cuda) also takes `skip` (a `Skip`: attention and MLP
@@ -28,8 +29,10 @@ from torch import Tensor
 
 from specgen.decoding.capture import Capture
 from specgen.decoding.cuda import CudaDecoder, on_one_gpu
+from specgen.decoding.fused import FusedDecoder, fused_supported
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
 from specgen.errors import ModelError
+from specgen.kernels.gpu import available
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
     from transformers import PreTrainedModel
@@ -56,10 +59,15 @@ def make_decoder(model: PreTrainedModel, exact: bool = False
                  ) -> HFDecoder | LeanDecoder | CudaDecoder:
     """The fastest decoder that serves the model. `exact`: on a CPU, it must compute what
     transformers' forward computes, bit for bit (a target's). On one GPU a Llama-family model
-    gets the CUDA decoder in either role: no GPU decoder, transformers' included, gives a
-    verify pass the bits of one-token passes (docs/exactness.md). SPECGEN_CUDA_DECODER=0
-    keeps transformers' forward on a GPU."""
+    gets the CUDA decoder in either role, with specgen's own kernels (FusedDecoder: a verify
+    pass gives each row the bits of a one-token pass) where Triton runs and its layers are
+    plain linears, else with PyTorch's (no verify pass row for row: docs/exactness.md).
+    SPECGEN_FUSED_KERNELS=0 keeps PyTorch's ops; SPECGEN_CUDA_DECODER=0 keeps transformers'
+    forward on a GPU."""
     if on_one_gpu(model) and lean_supported(model) and os.environ.get("SPECGEN_CUDA_DECODER") != "0":
+        if (os.environ.get("SPECGEN_FUSED_KERNELS") != "0" and fused_supported(model)
+                and available(model.device)):
+            return FusedDecoder(model)
         return CudaDecoder(model)
     lean = lean_supported(model) and (attends_by_rows(model) or not exact)
     if lean:

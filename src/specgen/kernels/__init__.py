@@ -6,7 +6,8 @@ this CPU for its role and decides, here and nowhere else, whether a target verif
 (every token of a verify pass gets the bits of a one-token pass).
 
 Beside the CPU backend, `cuda_int4.py` is the `int4-gpu` scheme's linear for CUDA GPUs
-(loading/streamed.py quantizes a model into it as it loads)."""
+(loading/streamed.py quantizes a model into it as it loads), and `gpu/` is specgen's own
+Triton kernels, each row independent of the pass's width (decoding/fused.py runs them)."""
 
 from __future__ import annotations
 

@@ -121,6 +121,22 @@ class Int4Linear(nn.Module):
             y = y + self.bias
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
+    def int4_values(self, rows: int = 1024) -> Tensor:
+        """The int4 values q [N, K] (int32, 0..15) this layer holds in the kernel's layout,
+        read back through the kernel itself: with every scale 1 and every zero 8 it
+        dequantizes q - 8 + 8 = q, and one-hot inputs (`rows` at a time) pick out each input
+        column. Exact: every output is one small integer times 1, summed with zeros."""
+        k, device = self.in_features, self.packed.device
+        ones = torch.ones_like(self.scales_and_zeros[..., 0])
+        identity_sz = torch.stack([ones, 8 * ones], -1)
+        cols = []
+        for at in range(0, k, rows):
+            n = min(rows, k - at)
+            onehot = torch.zeros(n, k, dtype=torch.bfloat16, device=device)
+            onehot[torch.arange(n, device=device), torch.arange(at, at + n, device=device)] = 1
+            cols.append(int4_mm(onehot, self.packed, identity_sz).to(torch.int32))
+        return torch.cat(cols).T.contiguous()
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={GROUP}, bias={self.bias is not None}")

@@ -1,0 +1,201 @@
+"""specgen's own GPU kernels for passes of a few tokens (Triton), the fused decoder's only
+entry point (decoding/fused.py).
+
+Why its own: at batch 1 a layer of a Llama-family model is about nine operations, but
+PyTorch runs it as dozens of kernels (RMSNorm alone as several), and cuBLAS picks a different
+GEMM kernel for each number of rows, so a verify pass of K + 1 tokens rounds differently from
+a one-token pass. These kernels compute every row of a pass of any width with the same tile
+shape (16 rows) and the same reduction order (tiles.py), so a row's result never depends on
+how many rows the call has: a verify pass gives each token the bits of a one-token pass.
+
+The ops, each beside its PyTorch definition in reference.py:
+
+    linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
+    add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
+    rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
+    silu_mul(gate_up)                 silu(gate) * up
+    attention(q, kv, pos, scale)      causal grouped-query attention over the cache (2 kernels)
+
+`pos` is the first row's position as an int64 tensor [1] on the device, so one CUDA graph
+serves every position. Triton is imported on first use: specgen imports without it, and
+`available(device)` says whether these kernels can run (CUDA, or a CPU under Triton's
+interpreter, TRITON_INTERPRET=1, which is how the tests run them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from specgen.kernels.cuda_int4 import Int4Linear
+from specgen.kernels.gpu import reference
+from specgen.kernels.quantize import quantize_int4
+
+GROUP = reference.GROUP
+
+
+def available(device: torch.device | str) -> bool:
+    """Whether the kernels run on `device`: Triton installed, and a CUDA device (or a CPU
+    with Triton's interpreter on)."""
+    device = torch.device(device)
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu"
+                                     and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _tiles():
+    from specgen.kernels.gpu import tiles
+
+    return tiles
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    """int4 values q [N, K] (0..15) as int32 [N, K / 8]: input 8j + i in nibble i of word j
+    (the int4 kernel unpacks a group of a tile with shifts, in registers)."""
+    n, k = q.shape
+    nibbles = q.to(torch.int64).reshape(n, k // 8, 8) << (4 * torch.arange(8, device=q.device))
+    words = nibbles.sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """pack_int4's inverse: int32 [N, K]."""
+    shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
+    return ((packed[..., None] >> shifts) & 0xF).reshape(packed.shape[0], -1)
+
+
+@dataclass
+class Weight:
+    """A linear layer's weight as the kernels read it: `data` is the float weight [N, K]
+    (a dense one) or the int4 values packed by pack_int4 [N, K / 8] with `scales_and_zeros`
+    [N, K / GROUP, 2] (w ~= (q - 8) * scale + zero, as quantize.quantize_int4, whose
+    [K / GROUP, N, 2] is transposed so that every part is output-major); `bias` [N]."""
+
+    data: Tensor
+    n: int
+    k: int
+    scales_and_zeros: Tensor | None = None
+    bias: Tensor | None = None
+
+    @property
+    def is_int4(self) -> bool:
+        return self.scales_and_zeros is not None
+
+    @classmethod
+    def dense(cls, w: Tensor, bias: Tensor | None = None) -> Weight:
+        """The weight itself (no copy where it is contiguous)."""
+        return cls(w.detach().contiguous(), w.shape[0], w.shape[1], None,
+                   None if bias is None else bias.detach())
+
+    @classmethod
+    def int4(cls, q: Tensor, scales_and_zeros: Tensor, bias: Tensor | None = None) -> Weight:
+        """From quantize_int4's output (GROUP inputs per group). Scales are kept in bf16 on
+        a GPU and in fp32 on a CPU (the interpreter's bf16 is unreliable); both exact."""
+        n, k = q.shape
+        if k % GROUP:
+            raise ValueError(f"int4 weights need whole groups of {GROUP} inputs, got {k}")
+        dtype = torch.bfloat16 if q.device.type == "cuda" else torch.float32
+        return cls(pack_int4(q), n, k, scales_and_zeros.transpose(0, 1).to(dtype).contiguous(),
+                   None if bias is None else bias.detach())
+
+    @classmethod
+    def quantize(cls, w: Tensor, bias: Tensor | None = None) -> Weight:
+        """A float weight [N, K] quantized to int4 (quantize.quantize_int4, GROUP)."""
+        q, sz = quantize_int4(w.detach(), GROUP)
+        return cls.int4(q, sz, bias)
+
+    @classmethod
+    def from_linear(cls, module: nn.Module) -> Weight:
+        """A float linear layer's weight as it is, or an int4-gpu layer's int4 values and
+        scales (a copy in this kernel's layout: the layer keeps tinygemm's). Other layers
+        (bitsandbytes') are not taken (`takes`)."""
+        if isinstance(module, Int4Linear):
+            return cls.int4(module.int4_values(), module.scales_and_zeros, module.bias)
+        if not takes(module):
+            raise TypeError(f"the fused kernels take float linear layers, not {module!r}")
+        return cls.dense(module.weight, module.bias)
+
+    @classmethod
+    def concat(cls, weights: list[Weight]) -> Weight:
+        """Weights of one input side by side along N (q/k/v, gate/up: one GEMM each). A copy:
+        the caller may point its layers at slices of it (decoding/fused.py does)."""
+        if len({w.is_int4 for w in weights}) != 1 or len({w.k for w in weights}) != 1:
+            raise ValueError("concatenated weights must share their kind and input size")
+        biases = [w.bias for w in weights]
+        bias = None
+        if any(b is not None for b in biases):
+            like = next(b for b in biases if b is not None)
+            bias = torch.cat([b if b is not None else like.new_zeros(w.n)
+                              for w, b in zip(weights, biases)])
+        sz = torch.cat([w.scales_and_zeros for w in weights]) if weights[0].is_int4 else None
+        return cls(torch.cat([w.data for w in weights]), sum(w.n for w in weights),
+                   weights[0].k, sz, bias)
+
+
+    def rows(self, start: int, end: int) -> Weight:
+        """Outputs start..end-1 of this weight: views, no copy."""
+        sz = None if self.scales_and_zeros is None else self.scales_and_zeros[start:end]
+        bias = None if self.bias is None else self.bias[start:end]
+        return Weight(self.data[start:end], end - start, self.k, sz, bias)
+
+
+class FusedLinear(nn.Module):
+    """A linear layer computed by `linear` (any number of rows): what an int4-gpu layer
+    becomes once its weight lives in a `Weight` (decoding/fused.py), so that its values are
+    kept once, in this layout, and the model's own forward still runs."""
+
+    def __init__(self, weight: Weight) -> None:
+        super().__init__()
+        self.weight_ = weight
+        self.in_features, self.out_features = weight.k, weight.n
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        return linear(x.reshape(-1, self.in_features), self.weight_).reshape(
+            *shape[:-1], self.out_features)
+
+
+def takes(module: nn.Module) -> bool:
+    """Whether `Weight.from_linear` takes the layer: an nn.Linear (or a subclass that keeps
+    its float weight [out, in], as the CPU's row-alone linears do)."""
+    return (isinstance(module, nn.Linear)
+            and module.weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and tuple(module.weight.shape) == (module.out_features, module.in_features))
+
+
+# --- the ops (M <= any width; one tile shape for every M) -------------------------------------
+
+def linear(x: Tensor, w: Weight) -> Tensor:
+    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
+                 eps: float) -> tuple[Tensor, Tensor]:
+    """(normed, summed): summed = x + residual (x where residual is None), normed =
+    RMSNorm(summed) * weight as transformers' LlamaRMSNorm. One kernel."""
+    return _tiles().add_rms_norm(x, residual, weight, eps)
+
+
+def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, hq: int,
+               hkv: int) -> Tensor:
+    """q [M, hq, D] rotated at positions pos..pos+M-1; k (rotated) and v written to the
+    cache kv [2, hkv, capacity, D] there. cos, sin: [capacity, D] tables. One kernel."""
+    return _tiles().rope_write(qkv, cos, sin, kv, pos, hq, hkv)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of gate_up [M, 2I] = [gate | up] -> [M, I]. One kernel."""
+    return _tiles().silu_mul(gate_up)
+
+
+def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, **blocks: int) -> Tensor:
+    """q [M, hq, D]: row r attends cache slots 0..pos+r of kv [2, hkv, capacity, D].
+    Flash-decoding in two kernels: chunks of the cache fixed by slot, merged in slot order.
+    `blocks` (chunk=, block_kv=) changes the fixed split (tests use small ones)."""
+    return _tiles().attention(q, kv, pos, scale, **blocks)

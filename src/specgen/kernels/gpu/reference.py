@@ -1,0 +1,82 @@
+"""The math of each fused GPU op in PyTorch (kernels/gpu/triton.py computes the same): what
+the tests hold each kernel to, and the definition a reader checks a kernel against.
+
+Each function computes in float32 and rounds to the input's dtype where transformers' Llama
+layers round (residual sums, the normed state before its weight, each rotary product, the
+SiLU before the product with `up`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specgen.kernels.quantize import dequantize_int4
+
+GROUP = 128  # int4 inputs per scale and zero (the int4-gpu scheme's)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [M, K] times weight [N, K] transposed, accumulated in fp32, plus bias: x's dtype."""
+    y = x.float() @ weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def linear_int4(x: Tensor, q: Tensor, scales_and_zeros: Tensor,
+                bias: Tensor | None = None) -> Tensor:
+    """linear with the int4 weight dequantized as quantize.dequantize_int4 does."""
+    return linear(x, dequantize_int4(q, scales_and_zeros, GROUP), bias)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
+                 eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual), as transformers' LlamaRMSNorm: the
+    variance in fp32, the normed state cast back to the dtype, then times the weight."""
+    summed = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    s = summed.float()
+    normed = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed.float() * weight.float()).to(x.dtype), summed
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """transformers' apply_rotary_pos_emb for one tensor [M, heads, D] with cos, sin [M, D]
+    (rotate_half convention), each product rounded to the dtype as PyTorch's ops do."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    return ((x.float() * cos.float()).to(x.dtype).float()
+            + (rotated.float() * sin.float()).to(x.dtype).float()).to(x.dtype)
+
+
+def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: int, hq: int,
+               hkv: int) -> Tensor:
+    """Rotate q and k of qkv [M, (hq + 2 hkv) D] at positions pos..pos+M-1 (cos, sin
+    [capacity, D] tables), write k and v into kv [2, hkv, capacity, D] there; rotated q."""
+    m, d = qkv.shape[0], kv.shape[-1]
+    q, k, v = qkv.view(m, hq + 2 * hkv, d).split([hq, hkv, hkv], 1)
+    c, s = cos[pos:pos + m], sin[pos:pos + m]
+    kv[0, :, pos:pos + m] = rotate(k, c, s).transpose(0, 1)
+    kv[1, :, pos:pos + m] = v.transpose(0, 1)
+    return rotate(q, c, s)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of gate_up [M, 2I] = [gate | up], as transformers' MLP."""
+    gate, up = gate_up.float().chunk(2, -1)
+    act = (gate / (1 + torch.exp(-gate))).to(gate_up.dtype)
+    return (act.float() * up).to(gate_up.dtype)
+
+
+def attention(q: Tensor, kv: Tensor, pos: int, scale: float) -> Tensor:
+    """q [M, hq, D] at positions pos..pos+M-1 over kv [2, hkv, capacity, D]: row r attends
+    slots 0..pos+r (grouped-query: hq / hkv query heads per key/value head). [M, hq, D]."""
+    m, hq, d = q.shape
+    hkv = kv.shape[1]
+    keys = kv[0, :, :pos + m].float().repeat_interleave(hq // hkv, 0)  # [hq, T, D]
+    values = kv[1, :, :pos + m].float().repeat_interleave(hq // hkv, 0)
+    scores = torch.einsum("mhd,htd->hmt", q.float(), keys) * scale
+    slots = torch.arange(pos + m, device=q.device)
+    visible = slots[None, :] <= pos + torch.arange(m, device=q.device)[:, None]
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("hmt,htd->mhd", probs, values).to(q.dtype)

@@ -1,0 +1,228 @@
+"""specgen's Triton kernels (kernels/gpu): each op against its PyTorch definition, and the
+rule they exist for: a row's result does not depend on how many rows the call has. Without a
+GPU they run in Triton's interpreter on the CPU (conftest.py turns it on) in fp32 and fp16
+(the interpreter's bf16 is unreliable); on a GPU in bf16 too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from specgen.kernels import gpu
+from specgen.kernels.gpu import reference
+from specgen.kernels.quantize import quantize_int4
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+pytestmark = pytest.mark.skipif(not gpu.available(DEVICE), reason="Triton cannot run here")
+
+
+def tol(dtype: torch.dtype) -> dict:
+    return {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
+            torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}[dtype]
+
+
+def at(*values: int) -> torch.Tensor:
+    """A position as the kernels take it: int64 [1] on the device."""
+    return torch.tensor(values, device=DEVICE)
+
+WIDTHS = (1, 3, 16, 17)  # one tile, part of one, a full one, and a second tile
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+def assert_rows_alone(call, rows: torch.Tensor) -> None:
+    """Row r of call(rows[:m]) equals row r of call(rows[r:r+1]) and of every other width."""
+    full = call(rows)
+    for m in WIDTHS:
+        assert torch.equal(call(rows[:m]), full[:m])
+    for r in (0, 5, len(rows) - 1):
+        assert torch.equal(call(rows[r:r + 1])[0], full[r])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_dense(dtype, bias):
+    x, w = randn(17, 160, dtype=dtype), randn(48, 160, seed=1, dtype=dtype) / 8
+    b = randn(48, seed=2, dtype=dtype) if bias else None
+    weight = gpu.Weight.dense(w, b)
+    torch.testing.assert_close(gpu.linear(x, weight), reference.linear(x, w, b), **tol(dtype))
+    assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
+
+
+def test_linear_int4_against_the_dequantized_weight():
+    x, w = randn(17, 256), randn(40, 256, seed=1)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    weight = gpu.Weight.int4(q, sz, randn(40, seed=3))
+    assert torch.equal(gpu.unpack_int4(weight.data), q)
+    torch.testing.assert_close(gpu.linear(x, weight), reference.linear_int4(x, q, sz, weight.bias),
+                               atol=1e-4, rtol=1e-5)
+    assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
+
+
+def test_an_int4_gpu_layer_gives_its_own_values():
+    """Weight.from_linear reads an Int4Linear's values back through tinygemm (here its CPU
+    twin) exactly: the same q and scales as quantizing the float weight."""
+    from specgen.kernels.cuda_int4 import Int4Linear
+
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    layer = Int4Linear.from_weight(w)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    assert torch.equal(layer.int4_values(rows=96), q)  # chunks of rows that do not divide K
+    weight = gpu.Weight.from_linear(layer)
+    assert torch.equal(gpu.unpack_int4(weight.data), q)
+    assert torch.equal(weight.scales_and_zeros.float(), sz.transpose(0, 1).float())
+
+
+def test_concatenated_weights_are_one_gemm_of_the_parts():
+    x = randn(4, 128)
+    a, b = randn(32, 128, seed=1), randn(16, 128, seed=2)
+    dense = gpu.Weight.concat([gpu.Weight.dense(a, randn(32, seed=3)), gpu.Weight.dense(b)])
+    assert dense.n == 48 and dense.bias[32:].eq(0).all()
+    torch.testing.assert_close(gpu.linear(x, dense), reference.linear(x, torch.cat([a, b]), dense.bias))
+    quant = gpu.Weight.concat([gpu.Weight.quantize(a), gpu.Weight.quantize(b)])
+    parts = [gpu.linear(x, gpu.Weight.quantize(t)) for t in (a, b)]
+    assert torch.equal(gpu.linear(x, quant), torch.cat(parts, 1))
+    assert torch.equal(gpu.linear(x, quant.rows(32, 48)), parts[1])  # a slice: views
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm(dtype):
+    x, r, w = randn(17, 96, dtype=dtype), randn(17, 96, seed=1, dtype=dtype), randn(96, seed=2, dtype=dtype)
+    for residual in (r, None):
+        normed, summed = gpu.add_rms_norm(x, residual, w, 1e-6)
+        ref_normed, ref_summed = reference.add_rms_norm(x, residual, w, 1e-6)
+        assert torch.equal(summed, ref_summed)
+        torch.testing.assert_close(normed, ref_normed, **tol(dtype))
+        if dtype == torch.float32:
+            assert_rows_alone(lambda rows: torch.cat(gpu.add_rms_norm(
+                rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
+
+
+def rope_tables(capacity: int, d: int):
+    angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
+    angles = torch.cat([angles, angles], 1)
+    return angles.cos().to(DEVICE), angles.sin().to(DEVICE)
+
+
+def test_rope_write_rotates_and_writes_the_cache():
+    hq, hkv, d, capacity = 4, 2, 16, 64
+    cos, sin = rope_tables(capacity, d)
+    qkv = randn(17, (hq + 2 * hkv) * d)
+    kv, ref_kv = randn(2, hkv, capacity, d, seed=4), randn(2, hkv, capacity, d, seed=4)
+    q = gpu.rope_write(qkv, cos, sin, kv, at(9), hq, hkv)
+    ref_q = reference.rope_write(qkv, cos, sin, ref_kv, 9, hq, hkv)
+    torch.testing.assert_close(q, ref_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kv, ref_kv, atol=1e-6, rtol=1e-6)  # slots 9..25 written, the rest kept
+
+    def one_pass(rows: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = torch.zeros(2, hkv, capacity, d, device=DEVICE)
+        out = gpu.rope_write(rows, cos, sin, cache, at(start), hq, hkv)
+        return out, cache[:, :, start:start + len(rows)]
+
+    full_q, full_kv = one_pass(qkv, 9)
+    for m in WIDTHS:  # row r: the same bits wherever its pass starts, whatever its width
+        assert torch.equal(one_pass(qkv[:m], 9)[0], full_q[:m])
+    for r in (0, 6, 16):
+        q_r, kv_r = one_pass(qkv[r:r + 1], 9 + r)
+        assert torch.equal(q_r[0], full_q[r]) and torch.equal(kv_r[:, :, 0], full_kv[:, :, r])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    gate_up = randn(17, 2 * 80, dtype=dtype) * 3
+    torch.testing.assert_close(gpu.silu_mul(gate_up), reference.silu_mul(gate_up), **tol(dtype))
+    assert_rows_alone(gpu.silu_mul, gate_up)
+
+
+BLOCKS = dict(chunk=32, block_kv=16)  # several chunks and blocks in a small cache
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 16), (6, 2, 24)])
+def test_attention(hq, hkv, d):
+    capacity = 640
+    kv = randn(2, hkv, capacity, d, seed=1)
+    q = randn(17, hq, d)
+    for start in (0, 40, 600):  # 600: 19 chunks, merged in two blocks
+        out = gpu.attention(q, kv, at(start), 0.3, **BLOCKS)
+        torch.testing.assert_close(out, reference.attention(q, kv, start, 0.3), atol=2e-6, rtol=1e-5)
+
+
+def test_attention_rows_alone_across_chunks():
+    """Row r of a pass at pos equals a one-row pass at pos + r, and the same rows of every
+    width: passes that end in another chunk, or span two, or another block of merged chunks,
+    leave each row's bits alone."""
+    hq, hkv, d, capacity = 4, 2, 16, 544
+    kv = randn(2, hkv, capacity, d, seed=2)
+    q = randn(17, hq, d, seed=3)
+    for start in (27, 505):  # 27..43: chunks 0 and 1; 505..521: chunk blocks 0 and 1
+        full = gpu.attention(q, kv, at(start), 0.25, **BLOCKS)
+        for m in WIDTHS:
+            assert torch.equal(gpu.attention(q[:m], kv, at(start), 0.25, **BLOCKS), full[:m])
+        for r in (0, 4, 5, 16):
+            one = gpu.attention(q[r:r + 1], kv, at(start + r), 0.25, **BLOCKS)
+            assert torch.equal(one[0], full[r])
+
+
+def test_available_only_where_the_kernels_run(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gpu.available("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not gpu.available("cpu")
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
+    assert not gpu.available("cuda")
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specgen.kernels.gpu import tiles as t
+
+def compile(fn, signature, constants):
+    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
+
+p = "*bf16"
+c = "constexpr"
+compile(t._linear, dict(x_ptr=p, w_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32", K="i32", HAS_BIAS=c,
+        BLOCK_M=c, BLOCK_N=c, BLOCK_K=c), dict(HAS_BIAS=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128))
+compile(t._linear_int4, dict(x_ptr=p, q_ptr="*i32", sz_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32",
+        K="i32", HAS_BIAS=c, BLOCK_M=c, BLOCK_N=c, GROUP=c),
+        dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, GROUP=128))
+compile(t._add_rms_norm, dict(x_ptr=p, r_ptr=p, w_ptr=p, normed_ptr=p, summed_ptr=p, H="i32",
+        eps="fp32", HAS_RESIDUAL=c, BLOCK_H=c), dict(HAS_RESIDUAL=True, BLOCK_H=2048))
+compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64", C="i32",
+        HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c, BLOCK_HALF=c),
+        dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2, BLOCK_HALF=64))
+compile(t._silu_mul, dict(gu_ptr=p, out_ptr=p, I="i32", BLOCK=c), dict(BLOCK=1024))
+compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", acc_ptr="*fp32", max_ptr="*fp32",
+        sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c,
+        BLOCK_M=c, CHUNK=c, BLOCK_KV=c), dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128,
+        BLOCK_M=16, CHUNK=256, BLOCK_KV=64))
+compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
+        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c, BLOCK_C=c),
+        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256, BLOCK_C=16))
+"""
+
+
+def test_the_kernels_compile_for_hopper(tmp_path):
+    """The interpreter runs code that compiled Triton refuses (an `if` whose branches give a
+    name two types, for one): each kernel compiled for sm_90 in bf16, to the end (ptxas), on
+    this CPU, in a process of its own (the interpreter is off there)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
