@@ -159,3 +159,22 @@ def test_an_int4_gpu_model_runs_on_its_own_int4_values_kept_once(tiny_model):
     rows = torch.cat([one.logits(ids[t:t + 1]) for t in range(16, 20)])
     assert torch.equal(got[16:], rows)
     torch.testing.assert_close(model(ids[None, :20]).logits[0], got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the stand-in capture runs on the CPU")
+@torch.inference_mode()
+def test_graphs_captured_at_reserve_read_rope_tables_of_their_capacity(tiny_model, fake_graphs):
+    """CudaDecoder's capture at reserve, with this decoder's pass: growth rebuilds the rotary
+    tables before the graphs are captured again, and replays give the eager passes' bits."""
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2)
+    ids = token_ids(300, 5)
+    decoder, eager = FusedDecoder(model), FusedDecoder(model, static=True)
+    captured = fake_graphs(decoder)
+    decoder.reserve(40, 3), eager.reserve(300)
+    assert captured and decoder._tables[0].shape[0] == decoder.capacity
+    before = len(captured)
+    decoder.reserve(300)  # growth: tables first, then every graph again
+    assert decoder._tables[0].shape[0] == decoder.capacity >= 300 and len(captured) == 2 * before
+    for width in (1, 3):
+        assert torch.equal(decoder.logits(ids[:width], width), eager.logits(ids[:width], width))
+        decoder.crop(0), eager.crop(0)

@@ -161,9 +161,9 @@ class FusedDecoder(CudaDecoder):
         self.head_weight = gpu.Weight.from_linear(head) if gpu.takes(head) else None
         self._tables: tuple[Tensor, Tensor] | None = None  # rotary cos, sin [capacity, D]
 
-    def reserve(self, positions: int) -> None:
-        super().reserve(positions)
-        self._rope_tables()
+    def _grow(self, positions: int) -> None:
+        super()._grow(positions)
+        self._rope_tables()  # before any capture: a graph reads the tables of its capacity
 
     def _rope_tables(self) -> tuple[Tensor, Tensor]:
         """The rotary cos and sin at every slot of the cache, as the model's own rotary
