@@ -619,17 +619,30 @@ def summarize(raw: dict[str, list[dict]]) -> dict:
 
 # --- the verify-cost curve -------------------------------------------------------------------------
 
+def cuda_decoder(model, pytorch_ops: bool = False, **kwargs):
+    """The decoder a generation gets on a GPU: FusedDecoder (specgen's kernels) where Triton
+    runs and the layers are plain or int4-gpu linears, else CudaDecoder; `pytorch_ops` keeps
+    CudaDecoder (PyTorch's ops) for the side-by-side curve. On a CPU, CudaDecoder."""
+    from specgen.decoding.cuda import CudaDecoder
+    from specgen.decoding.fused import FusedDecoder, fused_supported
+    from specgen.kernels import gpu
+
+    if (not pytorch_ops and model.device.type == "cuda" and fused_supported(model)
+            and gpu.available(model.device)):
+        return FusedDecoder(model, **kwargs)
+    return CudaDecoder(model, **kwargs)
+
+
 @torch.inference_mode()
 def curve(model, context: torch.Tensor, reps: int, device: torch.device, transformers_forward=False,
-          widths: tuple[int, ...] = WIDTHS, profiled: bool = True) -> dict:
+          widths: tuple[int, ...] = WIDTHS, profiled: bool = True, pytorch_ops: bool = False) -> dict:
     """Milliseconds of a pass over w tokens after `context`, rolled back after each (median of
     `reps`, CUDA events around each pass on a GPU), per width; and per width the profiler's
     count of the pass (profile_passes). The CUDA decoder reserves its cache and captures
     every width's graph first, as a generation does."""
     from specgen.decoding import HFDecoder
-    from specgen.decoding.cuda import CudaDecoder
 
-    decoder = HFDecoder(model) if transformers_forward else CudaDecoder(model)
+    decoder = HFDecoder(model) if transformers_forward else cuda_decoder(model, pytorch_ops)
     if not transformers_forward:
         decoder.reserve(len(context) + max(widths), max(widths))
     decoder.logits(context, 1)
@@ -662,7 +675,20 @@ def curve(model, context: torch.Tensor, reps: int, device: torch.device, transfo
         result.update(w5_over_w1=ms[5] / ms[1], w9_over_w1=ms[9] / ms[1])
     if not transformers_forward:
         result["graphs"] = "on" if decoder.graphs else decoder.graphs_off or "eager"
+        result["decoder"] = type(decoder).__name__
+        if len(widths) > 1:
+            result["rows_alone"] = rows_alone(decoder, context[:5], start)
     return result
+
+
+def rows_alone(decoder, ids: torch.Tensor, start: int) -> bool:
+    """Whether a pass over `ids` gives each row the bits of one-token passes at its position:
+    what makes greedy speculation equal plain decoding."""
+    wide = decoder.logits(ids, len(ids))
+    decoder.crop(start)
+    one = torch.cat([decoder.logits(ids[i:i + 1], 1) for i in range(len(ids))])
+    decoder.crop(start)
+    return bool(torch.equal(wide, one))
 
 
 def profile_passes(decoder, ids: torch.Tensor, w: int, start: int, device: torch.device,
@@ -707,9 +733,7 @@ def profile_passes(decoder, ids: torch.Tensor, w: int, start: int, device: torch
 def eager_one_token_ms(model, context: torch.Tensor, reps: int, device: torch.device) -> float:
     """A one-token pass of the CUDA decoder with graphs off (its captured form run eagerly):
     what every pass costs where capture failed."""
-    from specgen.decoding.cuda import CudaDecoder
-
-    decoder = CudaDecoder(model, graphs=False, static=True)
+    decoder = cuda_decoder(model, graphs=False, static=True)
     decoder.logits(context, 1)
     start = decoder.length
     times = []
@@ -793,6 +817,8 @@ def run_pair(run: Run, name: str, shapes: dict, kept: dict) -> None:
     def add_curves() -> None:
         t = time.perf_counter()
         curves[scheme] = curve(target, context, reps, device)
+        if scheme == "bf16" and curves[scheme]["decoder"] != "CudaDecoder":  # PyTorch's ops beside
+            curves["bf16-pytorch-ops"] = curve(target, context, reps, device, pytorch_ops=True)
         for prefix, d in drafts.items():
             one = curve(d, context, reps, device, widths=(1,))
             pair[f"{prefix}draft_one_token_ms"] = one["ms"][1]
@@ -924,13 +950,14 @@ def summary(report: dict) -> str:
                 f"{row['tokens_per_target_pass']:.2f} | {row.get('vs_plain', float('nan')):.2f} | "
                 f"{row.get('vs_assisted', float('nan')):.2f} | {row.get('equal_to_generate', '')} | "
                 f"{row.get('equal_to_plain', '')} | {graphs or '-'} |")
-    lines += ["", "| pair | scheme | " + " | ".join(f"w{w} ms" for w in WIDTHS) + " | w5/w1 | graphs |",
-              "|---|---|" + "---|" * (len(WIDTHS) + 2)]
+    lines += ["", "| pair | scheme | " + " | ".join(f"w{w} ms" for w in WIDTHS)
+              + " | w5/w1 | graphs | decoder | rows alone |", "|---|---|" + "---|" * (len(WIDTHS) + 4)]
     for name, pair in report["pairs"].items():
         for scheme, c in pair.get("verify_cost", {}).items():
             ms = c["ms"]
             lines.append(f"| {name} | {scheme} | " + " | ".join(f"{ms[w]:.2f}" for w in WIDTHS)
-                         + f" | {c['w5_over_w1']:.2f} | {c.get('graphs', '-')} |")
+                         + f" | {c['w5_over_w1']:.2f} | {c.get('graphs', '-')} | "
+                         f"{c.get('decoder', '-')} | {c.get('rows_alone', '-')} |")
     lines += ["", "| pair | scheme | " + " | ".join(f"w{w} kernels, ms" for w in WIDTHS) + " |",
               "|---|---|" + "---|" * len(WIDTHS)]
     for name, pair in report["pairs"].items():
