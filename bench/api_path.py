@@ -120,6 +120,7 @@ def main() -> None:
                 row["tokens"][name] = tokens
                 if "tau" in extra:
                     row["tau"][name] = extra["tau"]
+        row["seconds"] = {name: seconds[(i, name)] for name in names}
         row["tok_s"] = {name: len(row["tokens"][name]) / statistics.median(seconds[(i, name)])
                         for name in names}
         ref = row["tokens"].get("generate")
@@ -129,7 +130,11 @@ def main() -> None:
               + " ".join(f"{k} {v:.2f}" for k, v in row["tau"].items())
               + (f"; equal to generate: {row['equal']}" if ref else ""), flush=True)
         rows.append(row)
+        write(args, names, rows, {})  # what is measured so far, should the run be stopped
+    write(args, names, rows, summarize(names, rows))
 
+
+def summarize(names: list[str], rows: list[dict]) -> dict:
     summary = {}
     for base in ("generate", "peer"):
         if base not in names:
@@ -141,11 +146,16 @@ def main() -> None:
                                          "worst": min(ratios)}
             print(f"{name} / {base}: all {geomean(ratios):.2f}x, code "
                   f"{geomean(code) if code else float('nan'):.2f}x, worst {min(ratios):.2f}x")
+    return summary
+
+
+def write(args, names: list[str], rows: list[dict], summary: dict) -> None:
     if args.out:
         args.out.write_text(json.dumps({
             "machine": platform.processor() or platform.machine(), "threads": args.threads,
-            "max_new_tokens": n, "repeats": args.repeats, "prompts": str(args.prompts),
-            "contestants": names, "rows": rows, "summary": summary}, indent=1) + "\n")
+            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "prompts": str(args.prompts), "contestants": names, "rows": rows,
+            "summary": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
