@@ -325,7 +325,7 @@ def specgen_generator(target, draft, k: int, adaptive: bool):
     from specgen.core.engine import SpeculativeGenerator
     from specgen.decoding.cuda import CudaDecoder
 
-    gen = SpeculativeGenerator(target, draft, k, adaptive)
+    gen = SpeculativeGenerator(target, draft, k, adaptive, method="draft-model")
     if target.device.type == "cpu":
         gen._decoder = CudaDecoder(target, static=True)
         gen.drafter.lm.decoder = CudaDecoder(draft, static=True)
