@@ -106,8 +106,11 @@ def test_the_one_call_api_runs_what_the_cli_runs(tiny_profile):
     `specgen.load` (the CLI's path, the profile's defaults) builds for the same models."""
     from transformers import AutoModelForCausalLM
 
-    session = specgen.load(str(tiny_profile), num_speculative_tokens=4)  # the default K
-    assert session.profile.speculation.method == "hybrid"  # the CLI's default method
+    from specgen.profiles import SpeculationSpec
+
+    cli = SpeculationSpec()  # what a profile runs unless it says otherwise
+    session = specgen.load(str(tiny_profile), num_speculative_tokens=cli.num_speculative_tokens)
+    assert session.profile.speculation.method == cli.method == "hybrid"
     paths = [tiny_profile.parent / name for name in ("target", "draft")]
     target, draft = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in paths)
     assert what_runs(SpeculativeGenerator(target, draft)) == what_runs(session.generator)
