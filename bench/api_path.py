@@ -2,8 +2,8 @@
 greedy `generate` and transformers' assisted generation, and against the drafting methods
 one by one: which of preparation and method makes the API path's speed.
 
-    python bench/api_path.py --target <bf16 model folder> --draft <bf16 model folder> \
-        --prompts bench/api-dev.jsonl [--contestants api,generate,peer,...] \
+    python -P bench/api_path.py --target <bf16 model folder> --draft <bf16 model folder> \
+        --prompts bench/api-dev.jsonl [--contestants generate,api,peer,...] \
         [--max-new-tokens 64] [--repeats 3] [--threads 2] [--out results.json]
 
 Contestants (interleaved prompt by prompt, the order rotated each repeat):
@@ -13,8 +13,6 @@ Contestants (interleaved prompt by prompt, the order rotated each repeat):
   peer            `generate(assistant_model=draft)` on the same (prepared) models
   peer-stock      the same on unprepared copies of both (loaded only if asked for)
   api             specgen.SpeculativeGenerator(target, draft): the API's defaults
-  api-speculate   specgen.speculate(target, draft, tokenizer, prompt): the one call with
-                  text in and out (where this specgen has it)
   draft-model, hybrid, lookup
                   SpeculativeGenerator(target, make_drafter(method, draft, ...)), adaptive K
                   up to 4: one drafting method each
@@ -85,8 +83,7 @@ def main() -> None:
     cfg = target.generation_config.eos_token_id
     eos = sorted({tok.eos_token_id, *([cfg] if isinstance(cfg, int) else cfg or [])} - {None})
     prompts = read_prompts(args.prompts)
-    texts = [p.prompt for p in prompts]
-    inputs = [encode_messages(tok, messages_for(t, None), True) for t in texts]
+    inputs = [encode_messages(tok, messages_for(p.prompt, None), True) for p in prompts]
     n = args.max_new_tokens
 
     def run(name: str, i: int, new: int) -> tuple[list[int], dict]:
@@ -97,9 +94,6 @@ def main() -> None:
             return hf_generate(target, ids, new, eos, draft), {}
         if name == "peer-stock":
             return hf_generate(stock["target"], ids, new, eos, stock["draft"]), {}
-        if name == "api-speculate":
-            result = specgen.speculate(target, draft, tok, texts[i], max_new_tokens=new)
-            return result.token_ids, {"tau": result.stats.tau}
         gen = api if name == "api" else gens[name]
         gen.reset()
         result = gen.generate(ids, max_new_tokens=new, eos_token_ids=eos)
