@@ -428,12 +428,12 @@ def specgen_generator(target, draft, k: int, adaptive: bool):
     from specgen.decoding.cuda import CudaDecoder
 
     if target.device.type != "cpu":
-        return SpeculativeGenerator(target, draft, k, adaptive)
+        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model")
     saved = engine.make_decoder, drafters.make_decoder
     engine.make_decoder = drafters.make_decoder = (
         lambda model, exact=False: CudaDecoder(model, static=True))
     try:
-        return SpeculativeGenerator(target, draft, k, adaptive)
+        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model")
     finally:
         engine.make_decoder, drafters.make_decoder = saved
 

@@ -86,3 +86,43 @@ def test_load_validates_before_anything_loads(monkeypatch):
         specgen.load("qwen-coder-demo", temperature=float("nan"))
     with pytest.raises(ConfigError, match="Unknown override 'temprature'"):
         specgen.load("qwen-coder-demo", temprature=0.5)
+
+
+def what_runs(gen: SpeculativeGenerator) -> dict:
+    """What a generator runs: the target's decoder and attention, the draft's decoder, who
+    drafts (each drafter's class and lookup's n-gram range) and the K policy."""
+    drafter = gen.drafter
+    model = getattr(drafter, "model_drafter", drafter)
+    lookup = getattr(drafter, "lookup_drafter", None)
+    return {"decoder": type(gen._decoder).__name__, "rows": attends_by_rows(gen.target),
+            "drafter": type(drafter).__name__, "model_drafter": type(model).__name__,
+            "draft_decoder": type(model.lm.decoder).__name__,
+            "lookup": (lookup.max_ngram, lookup.min_ngram) if lookup else None,
+            "k_max": gen.k_max, "adaptive": gen.adaptive}
+
+
+def test_the_one_call_api_runs_what_the_cli_runs(tiny_profile):
+    """`SpeculativeGenerator(target, draft)` on models transformers loaded builds what
+    `specgen.load` (the CLI's path, the profile's defaults) builds for the same models."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.profiles import SpeculationSpec
+
+    cli = SpeculationSpec()  # what a profile runs unless it says otherwise
+    session = specgen.load(str(tiny_profile), num_speculative_tokens=cli.num_speculative_tokens)
+    assert session.profile.speculation.method == cli.method == "hybrid"
+    paths = [tiny_profile.parent / name for name in ("target", "draft")]
+    target, draft = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in paths)
+    assert what_runs(SpeculativeGenerator(target, draft)) == what_runs(session.generator)
+    ids = session.encode("hello there")
+    n = 12
+    result = specgen.SpeculativeGenerator(target, draft).generate(ids, max_new_tokens=n)
+    assert result.token_ids == greedy(target, ids, n)[:len(result.token_ids)]
+
+
+def test_method_picks_the_drafter_of_a_draft_model(tiny_pair):
+    target, draft = fresh_bf16_pair(tiny_pair)
+    assert type(SpeculativeGenerator(target, draft, method="draft-model").drafter).__name__ == "ModelDrafter"
+    assert type(SpeculativeGenerator(target, draft).drafter).__name__ == "HybridDrafter"
+    with pytest.raises(ConfigError, match="Unknown drafting method"):
+        SpeculativeGenerator(target, draft, method="hybird")

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from specgen.bench import report as rep
 from specgen.bench.prompts import CATEGORIES
+from specgen.choices import CONTESTANTS
 from specgen.bench import runner as b
 from specgen.cli import app
 
@@ -324,3 +325,25 @@ def test_the_defaults_run_each_drafting_method_once():
     names = b.default_names(b.contestants("prompt-lookup"), quantized=False, with_llama=False)
     assert "lookup" not in names and "hybrid" in names
     assert {"adaptive", "lookup", "hybrid"} <= set(b.default_names(b.contestants("draft-model"), False, False))
+
+
+def test_the_api_contestant_runs_the_python_api_as_a_user_calls_it(tiny_profile, prompts_file,
+                                                                   tmp_path):
+    assert "api" in b.contestants() and "api" not in b.default_names(b.contestants(), True, True)
+    assert set(b.contestants()) == set(CONTESTANTS)  # each name declared once, in choices.py
+    out = tmp_path / "api.json"
+    result = invoke("-p", str(tiny_profile), "--prompts", str(prompts_file), "-n", "8",
+                    "--contestants", "baseline,hybrid,api", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    api = [m for m in doc["measurements"] if m["contestant"] == "api"]
+    assert len(api) == 3 and all(m["target_passes"] > 0 for m in api)
+    assert all(r["equal_to_baseline"] for r in doc["per_prompt"])
+
+
+def test_the_api_contestant_takes_the_apis_defaults_not_the_profiles(tiny_pair):
+    target, draft = tiny_pair.__wrapped__()  # our own copies: the API prepares them in place
+    bench = b.Bench(target, draft, 8, [0], max_ngram=2, min_ngram=2)
+    gen = bench.api_generator()
+    assert (gen.k_max, gen.adaptive, type(gen.drafter).__name__) == (4, True, "HybridDrafter")
+    assert gen.drafter.lookup_drafter.max_ngram == 3  # the API's, not the bench's options

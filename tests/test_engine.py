@@ -76,7 +76,7 @@ def test_self_drafting_accepts_everything(tiny_pair):
     target, _ = tiny_pair("llama")
     ids = prompt()
     # The prompt's pass gives the first token, then each step 4 drafts and a bonus.
-    result = SpeculativeGenerator(target, target, 4, adaptive=False).generate(ids, max_new_tokens=N + 1)
+    result = SpeculativeGenerator(target, target, 4, adaptive=False, method="draft-model").generate(ids, max_new_tokens=N + 1)
     s = result.stats
     assert result.token_ids == reference(target, ids, N + 1)
     assert s.acceptance_rate == 1.0 and s.target_passes == 1 + N // 5
@@ -125,7 +125,7 @@ def test_adaptive_switches_off_a_useless_draft(tiny_model, tiny_pair):
         useless.get_output_embeddings().weight[0] = 1.0
         useless.model.norm.weight.fill_(1.0)
     ids = prompt()
-    gen = SpeculativeGenerator(target, useless, 4, adaptive=True)
+    gen = SpeculativeGenerator(target, useless, 4, adaptive=True, method="draft-model")
     result = gen.generate(ids, max_new_tokens=60)
     assert result.token_ids == reference(target, ids, 60)
     assert result.stats.k_per_step.count(0) > len(result.stats.k_per_step) // 2
@@ -303,12 +303,12 @@ def test_the_generator_measures_reading_and_keeps_it_across_answers(tiny_pair):
     draft's first reading, its warm-up in it, is not; a reading is kept as a share of the
     answer's plain step, which a fixed K never takes."""
     target, draft = tiny_pair()
-    gen = SpeculativeGenerator(target, draft, 4, adaptive=False)  # fixed K: the draft reads at once
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=False, method="draft-model")  # fixed K: the draft reads at once
     prompt = torch.arange(3, 63) % 60  # 60 tokens
     gen.generate(prompt, max_new_tokens=8)
     assert gen.book.prefill_cost is not None and gen.book.prefill_cost > 0
     assert "model" in gen.book.warm and "model" not in gen.book.read_share
-    gen = SpeculativeGenerator(target, draft, 4, adaptive=True)
+    gen = SpeculativeGenerator(target, draft, 4, adaptive=True, method="draft-model")
     book = gen.book
     book.warm.add("model")  # as if it had read once: the next read is measured
     book.read_share["model"] = 1e-9  # priced as free: it reads the prompt at its first chance

@@ -161,7 +161,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     if request.threads is not None:
         torch.set_num_threads(request.threads)
     # lean=False: the peer runs transformers' `generate` on these very models
-    session = load_session(prof, peer_draft=any(c.kind == "peer" for c in picked),
+    session = load_session(prof, peer_draft=any(c.kind in ("peer", "api") for c in picked),
                            with_head=any(c.needs_head for c in picked), lean=False)
     reference = None
     if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16

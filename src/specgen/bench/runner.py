@@ -9,8 +9,10 @@ drafting (`self`: the target with the profile's pinned, the tuned or the default
 `self-default`: with the default set; `hybrid-self`: lookup first, then self), the profile's
 draft head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
-quantized target, and `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
-llama-cpp-python is installed). Every figure of a prompt is the median over repeats; summaries are
+quantized target, `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
+llama-cpp-python is installed), and `api`: the Python API as a user who holds the two
+transformers models calls it, `SpeculativeGenerator(target, draft)` with its defaults and
+nothing from the profile (a llama.cpp draft's transformers copy drafts). Every figure of a prompt is the median over repeats; summaries are
 geometric means of per-prompt ratios (report.py).
 """
 
@@ -30,7 +32,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from specgen.bench.prompts import PROMPTS
-from specgen.choices import HEAD_KINDS, MODEL_METHODS
+from specgen.choices import CONTESTANTS, HEAD_KINDS, MODEL_METHODS
 from specgen.core.drafters import make_drafter
 from specgen.core.engine import SpeculativeGenerator
 from specgen.core.stats import Stats
@@ -49,7 +51,7 @@ class BenchPrompt:
 @dataclass(frozen=True)
 class Contestant:
     name: str
-    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp"
+    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp" | "api"
     method: str = "draft-model"
     k: int = 0
     adaptive: bool = False
@@ -58,7 +60,7 @@ class Contestant:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.kind == "peer" or (self.kind == "specgen" and not self.self_drafts
+        return self.kind in ("peer", "api") or (self.kind == "specgen" and not self.self_drafts
                                        and self.method in MODEL_METHODS)
 
     @property
@@ -72,7 +74,7 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
     the target itself for "self", and for "hybrid" without a draft model); `lookup`,
     `hybrid`, `self` and the others always use their own method, adaptive up to `k_max`."""
     own = method == "self" or (method == "hybrid" and not has_draft)
-    return {
+    made = {
         "baseline": Contestant("baseline", "baseline"),
         # specgen's own loop and forward with speculation off (K = 0: nothing drafts)
         "plain": Contestant("plain", "specgen", "prompt-lookup", 0),
@@ -89,18 +91,20 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
         **{kind: Contestant(kind, "specgen", kind, k_max, adaptive=True) for kind in HEAD_KINDS},
         "bf16": Contestant("bf16", "reference"),
         "llamacpp": Contestant("llamacpp", "llamacpp"),
+        "api": Contestant("api", "api"),
     }
+    return {name: made[name] for name in CONTESTANTS}  # choices.py's order, every one
 
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
                   self_drafting: bool = False, head_kind: str | None = None) -> list[str]:
-    """Every contestant but `plain` (asked for by name), `bf16` (only beside a quantized
+    """Every contestant but `plain` and `api` (asked for by name), `bf16` (only beside a quantized
     target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
     file), the self-drafting ones (only when the profile drafts that way: they need a
     Llama-family target that specgen's lean decoder runs), the head kinds other than the
     profile's head's, and `lookup` or `hybrid` where `adaptive` already runs that method."""
     same = {"prompt-lookup": "lookup", "hybrid": "hybrid"}.get(everyone["adaptive"].method)
-    return [n for n in everyone if n != "plain" and (n != "bf16" or quantized)
+    return [n for n in everyone if n not in ("plain", "api") and (n != "bf16" or quantized)
             and (n != "llamacpp" or with_llama) and n != same
             and (not everyone[n].self_drafts or self_drafting)
             and (n not in HEAD_KINDS or n == head_kind)]
@@ -253,12 +257,23 @@ class Bench:
                                                            prepare=False)  # load_pair did
         return self.generators[c.name]
 
+    def api_generator(self) -> SpeculativeGenerator:
+        """What `specgen.SpeculativeGenerator(target, draft)` builds: the API's own defaults
+        (method, K, preparation; loading prepared the models already, and preparing is
+        idempotent), with a transformers draft as a user would hold it."""
+        if "api" not in self.generators:
+            if not isinstance(self.peer_draft, PreTrainedModel):
+                raise ConfigError("The api contestant needs a transformers draft model; the "
+                                  "profile has none.")
+            self.generators["api"] = SpeculativeGenerator(self.target, self.peer_draft)
+        return self.generators["api"]
+
     def measure(self, c: Contestant, input_ids: Tensor, max_new_tokens: int | None = None
                 ) -> tuple[list[int], Stats]:
         """Generate with one contestant; its tokens and a Stats of what it did."""
         n = max_new_tokens or self.max_new_tokens
-        if c.kind == "specgen":
-            gen = self.generator(c)
+        if c.kind in ("specgen", "api"):
+            gen = self.generator(c) if c.kind == "specgen" else self.api_generator()
             gen.reset()  # no KV reuse across measurements: every contestant prefills
             result = gen.generate(input_ids, max_new_tokens=n, eos_token_ids=self.eos_ids)
             return result.token_ids, result.stats
@@ -322,7 +337,7 @@ class Bench:
         tokens, stats = self.measure(c, input_ids)
         seconds = time.perf_counter() - start
         self.last_stats[c.name] = stats
-        specgen = c.kind == "specgen"
+        specgen = c.kind in ("specgen", "api")
         split = (stats.draft_seconds, stats.verify_seconds,
                  seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
         # Decode speed: every contestant's prefill yields the first token.

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specgen.choices import METHODS, listing
+from specgen.choices import CONTESTANTS, METHODS, listing
 from specgen.bench.prompts import CODE_CATEGORIES
 from specgen.cli.options import MODELS, err, load_session, shared
 
@@ -25,8 +25,10 @@ by default when the target is quantized, [bold]bf16[/] (plain decoding of the ta
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
 quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
 and the target is a GGUF file, [bold]llamacpp[/] (llama.cpp's plain decoding of that file, on
-the CPU). Prints tokens/s and speedups per prompt and a summary by prompt category; --out
-writes every figure as JSON. The measurements are not recorded in the run history.
+the CPU), and [bold]api[/] (the Python API as a user holding the two transformers models
+calls it: SpeculativeGenerator(target, draft) with its defaults; only when named). Prints
+tokens/s and speedups per prompt and a summary by prompt category; --out writes every figure
+as JSON. The measurements are not recorded in the run history.
 
 The summary's [bold]code[/] row covers the code categories: for the built-in prompts
 CODE; for a --prompts file, every category whose name contains "code" (in any case).
@@ -54,8 +56,7 @@ def bench(
     out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the full results as JSON."),
     contestants: Optional[str] = typer.Option(
         None, "--contestants", "-c",
-        help="Comma-separated subset of baseline,plain,peer,k2,k4,k6,adaptive,lookup,hybrid,"
-        "self,self-default,hybrid-self,eagle,eagle3,medusa,bf16,llamacpp.",
+        help=f"Comma-separated subset of {','.join(CONTESTANTS)}.",
     ),
     method: Optional[str] = typer.Option(
         None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."

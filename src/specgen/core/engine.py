@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from specgen import kernels
-from specgen.choices import MAX_K, MIN_K
+from specgen.choices import DEFAULT_METHOD, MAX_K, MIN_K
 from specgen.core.adaptive import Book, Plan, Planner
-from specgen.core.drafters import Drafter, ModelDrafter, as_set, check_pair, vocab_size
+from specgen.core.drafters import Drafter, as_set, check_pair, make_drafter, vocab_size
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability)
 from specgen.core.stats import Source, Stats, Token
@@ -58,7 +58,12 @@ class SpeculativeGenerator:
     specgen's faster products. Afterwards the models compute one unpadded sequence per
     forward exactly as before for any number of rows; a batch of several sequences takes
     transformers' stock attention. `prepare=False` leaves the models as they are (verify
-    passes then round as transformers' batched kernels do; see docs/exactness.md)."""
+    passes then round as transformers' batched kernels do; see docs/exactness.md).
+
+    A draft model drafts by `method` (choices.METHODS), by default the CLI's (`hybrid`:
+    prompt lookup where the context has a match, the draft model elsewhere, the planner
+    choosing each step); `draft-model` drafts with the model alone. A Drafter passed as
+    `draft` drafts as it is."""
 
     def __init__(
         self,
@@ -67,6 +72,7 @@ class SpeculativeGenerator:
         num_speculative_tokens: int = 4,
         adaptive: bool = True,
         prepare: bool = True,
+        method: str = DEFAULT_METHOD,
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not MIN_K <= k <= MAX_K:
@@ -79,9 +85,9 @@ class SpeculativeGenerator:
             if isinstance(draft, torch.nn.Module):  # a draft model, not a runtime or drafter
                 kernels.prepare(draft, "draft")
         self.target = target
-        if not hasattr(draft, "propose"):  # a draft model (or runtime): it drafts by itself
+        if not hasattr(draft, "propose"):  # a draft model (or runtime): `method`'s drafter
             check_pair(target, draft)
-            draft = ModelDrafter(draft, vocab_size(target))
+            draft = make_drafter(method, draft, vocab_size(target))
         self.drafter: Drafter = draft
         self.k_max = k
         self.adaptive = adaptive
