@@ -15,6 +15,7 @@ from specgen.core.sampling import (
     residual,
     sample,
     top_probability,
+    tree_greedy_accept,
     warp_logits,
 )
 
@@ -218,3 +219,30 @@ def test_multi_candidate_rejection_edge_cases():
     assert (index.item(), token.item()) == (0, 1)  # no candidates: a draw from p
     index, token = multi_rejection_accept(q, q, torch.tensor([2, 0]), g)
     assert (index.item(), token.item()) == (0, 2)  # p == q: the first is always kept
+
+
+def test_tree_greedy_verify_on_a_chain_is_greedy_verify():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        logits = torch.randn(5, 6, generator=g)
+        drafts = torch.randint(0, 6, (4,), generator=g)
+        drafts[:2] = logits[:2].argmax(-1)  # a kept prefix, often longer
+        n, leaf, token = tree_greedy_accept(logits, [-1, 0, 1, 2, 3], torch.cat([drafts[:1], drafts]))
+        assert (n.item(), token.item()) == tuple(x if isinstance(x, int) else x.item()
+                                                 for x in greedy_verify(logits, drafts))
+        assert leaf.item() == n.item()
+
+
+def test_tree_greedy_verify_follows_the_branch_the_target_takes():
+    """Root 0 with children 1 (token 3) and 2 (token 4); node 2 has children 3 (token 1)
+    and 4 (token 2); node 4 has child 5 (token 0). The target takes 4, then 2, then 5."""
+    parents, tokens = [-1, 0, 0, 2, 2, 4], torch.tensor([9, 3, 4, 1, 2, 0])
+    logits = torch.full((6, 10), -1.0)
+    for row, best in enumerate([4, 7, 2, 7, 5, 7]):
+        logits[row, best] = 1.0
+    n, leaf, token = tree_greedy_accept(logits, parents, tokens)
+    assert (n.item(), leaf.item(), token.item()) == (2, 4, 5)  # 4, 2 kept; then its own 5
+    logits[0] = 0.0
+    logits[0, 3] = 1.0  # the target takes 3: the other branch, a leaf
+    n, leaf, token = tree_greedy_accept(logits, parents, tokens)
+    assert (n.item(), leaf.item(), token.item()) == (1, 1, 7)

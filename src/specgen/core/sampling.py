@@ -7,6 +7,7 @@ tested on its own, and the engine only strings them together.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -169,3 +170,28 @@ def multi_rejection_accept(
     drawn = sample(ps.index_select(0, first.view(1))[0], generator)
     chosen = candidates.index_select(0, first.clamp_max(m - 1).view(1))[0]
     return first, torch.where(first < m, chosen, drawn)
+
+
+def tree_greedy_accept(target_logits: Tensor, parents: Sequence[int], tokens: Tensor
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification of a token tree in one target pass, on the device.
+
+    Node 0 is the pending token (the root); node j >= 1 holds draft token tokens[j], a child
+    of parents[j] < j. target_logits [N, V]: row i scores the position after node i along its
+    own branch (a tree attention mask gives it exactly that context). A node is kept where
+    its token is the target's argmax after its parent and its parent is kept; siblings hold
+    different tokens, so the kept nodes form one path. Returns (n accepted: the deepest kept
+    node's depth, that node's index, the target's token after it), 0-dim tensors: on a chain
+    (parents[j] = j - 1) this is `greedy_accept`. The tree's shape (`parents`) is the host's,
+    as built; the tokens stay on the device, and nothing here waits for it."""
+    choices = target_logits.argmax(-1)
+    n = tokens.shape[0]
+    kept = torch.zeros(n, dtype=torch.bool, device=choices.device)
+    depth = torch.zeros(n, dtype=torch.long, device=choices.device)
+    kept[0] = True
+    for j in range(1, n):  # parents come first: one pass settles every node
+        parent = parents[j]
+        kept[j] = kept[parent] & (tokens[j] == choices[parent])
+        depth[j] = depth[parent] + 1
+    leaf = torch.where(kept, depth, depth.new_full((), -1)).argmax()
+    return depth[leaf], leaf, choices[leaf]
