@@ -68,10 +68,12 @@ as dear as the target's): a step that would not fit is shortened, or not taken.
 
 A self-ended draft stops by its own probabilities, which are not the odds that the target
 keeps its guesses: a draft may agree with the target's argmax far more often than its
-probabilities say. Once its trial has measured the acceptance, the same draft run at the
-best fixed K for that acceptance (its stop left out) is expected to yield as the
-geometric model says; where that beats the self-ended yield it is tried, and from then on
-each way is judged by its measured yield.
+probabilities say. Once its first drafts have measured the acceptance, the same draft run
+at the best fixed K for that acceptance (its stop left out) is expected to yield as the
+geometric model says; where that beats the self-ended drafts' measured yield, it drafts
+so. From then on the fixed K's way is judged by the geometric model at the acceptance and
+costs its own drafts measured (a step's acceptance is far less noisy than its yield), the
+self-ended way by its yield; the way that looks worse is retried at doubling intervals.
 """
 
 from __future__ import annotations
@@ -361,8 +363,8 @@ class AdaptiveK:
         """What a self-ended draft is expected to yield at a fixed K of at most k, its stop
         left out: the geometric model's at that way's measured acceptance and costs (the
         acceptance of a step is far less noisy than its yield: one long draft rejected at
-        its first token would otherwise rule the way out); nothing before YIELD_STEPS self-ended drafts
-        (since the last kept probe)."""
+        its first token would otherwise rule the way out); nothing before YIELD_STEPS
+        self-ended drafts (since the last kept probe)."""
         tokens, _, kept, _, _ = self.ways[False]
         if tokens - kept < YIELD_STEPS:  # its steps: each made its kept tokens and one more
             return 0.0
