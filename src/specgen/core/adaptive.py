@@ -73,7 +73,8 @@ at the best fixed K for that acceptance (its stop left out) is expected to yield
 geometric model says; where that beats the self-ended drafts' measured yield, it drafts
 so. From then on the fixed K's way is judged by the geometric model at the acceptance and
 costs its own drafts measured (a step's acceptance is far less noisy than its yield), the
-self-ended way by its yield; the way that looks worse is retried at doubling intervals.
+self-ended way by its yield; the fixed K, where it looks worse, is retried at doubling
+intervals.
 """
 
 from __future__ import annotations
