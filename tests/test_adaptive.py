@@ -769,3 +769,22 @@ def test_a_draft_that_does_not_pay_costs_at_most_the_exploration_share(pair):
     assert rate >= 0.97 * pair.plain(), (rate, pair.plain())
     for planner in planners:
         assert 0.0 < planner.explored <= EXPLORE_SHARE * 1.0 * pair.new  # tried, within the cap
+
+
+def test_a_trial_out_of_budget_leaves_the_draft_to_the_ordinary_rules():
+    """The first trial step read a prompt dearer than priced (nothing was measured yet) and
+    spent the budget: the trial ends there, and the draft, which has read, drafts on as any
+    started draft does, judged by what it measures; it is not kept out of the answer."""
+    planner, reader = Planner(6, book=Book(prefill_cost=0.0001)), Reader(700)  # priced low
+    planner.sure(0.01)  # a low prior: the reading would not be repaid on it
+    planner.observe(planner.plan(reader, None, 200, 1), 0, 0, 0.0, 0.2)
+    plan = planner.plan(reader, None, 199, 2)
+    assert plan.guesser == "model" and plan.explore  # tried against its prior
+    reader.catch_up = (700, 1.4)
+    planner.observe(plan, plan.k, 0, 1.4 + 0.05 * plan.k, 0.25)
+    assert planner.explored > EXPLORE_SHARE * 0.2 * 200  # the budget is spent
+    reader.to_read, reader.catch_up = 1, (0, 0.0)
+    for made in range(3, 6):
+        plan = planner.plan(reader, None, 200 - made, made)
+        assert plan.guesser == "model" and not plan.explore
+        planner.observe(plan, plan.k, plan.k, 0.05 * plan.k, 0.25)

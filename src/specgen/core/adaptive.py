@@ -323,6 +323,7 @@ class AdaptiveK:
         # measured, would never recover). Doubled by each retry that still looks worse.
         self.fixed_wait, self.since_fixed = probe_every, 0
         self.since_probe = YIELD_STEPS  # steps since a kept probe started the yield again
+        self.trial_over = False  # ended early by the planner's budget
 
     @property
     def alpha(self) -> float:
@@ -382,12 +383,16 @@ class AdaptiveK:
         the first at a fixed K since."""
         return self.since_probe < YIELD_STEPS or (self.fixed and not self.ways[True][0])
 
+    def end_trial(self) -> None:
+        """Its trial is over before TRIAL_STEPS: what it has measured decides from now."""
+        self.trial_over = True
+
     def trial(self, limit: int) -> int:
         """The K of a step that would be part of this guesser's trial (0: its trial is
         over, or a plain step must come first): what measures it before its prior is
         believed."""
         top = min(self.k_max, limit)
-        if not top or 0 not in self.verify_cost:
+        if not top or 0 not in self.verify_cost or self.trial_over:
             return 0
         if self.self_stopping:
             return top if self.spec_steps < TRIAL_STEPS else 0
@@ -428,7 +433,7 @@ class AdaptiveK:
             # look cheap until measured (verify_curve). A self-ended draft is short where
             # it is unsure by itself, and long where it is sure (a passage to copy).
             return top if self.self_stopping else min(top, FIRST_K)
-        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
+        if self.self_stopping and self.spec_steps < TRIAL_STEPS and not self.trial_over:
             # The yield of two or three steps is noise: one confidently wrong draft would
             # switch off a draft that pays. It may be run at a fixed K meanwhile, where that
             # is longer than its drafts have been (it stops too soon for what is kept).
@@ -661,8 +666,16 @@ class Planner:
 
             def exploring(guesser: str, k: int) -> int | None:
                 policy = self.policies[guesser]
-                if not (getattr(policy, "probing", False) or getattr(policy, "judging", False)
-                        or (guesser in self.tried and policy.trial(limit))):
+                if guesser in self.tried and policy.trial(limit):
+                    afford = self._afford(guesser, k, catch_up[guesser], budget)
+                    if afford:
+                        return afford
+                    # Out of budget: the trial ends here, and the ordinary rules judge the
+                    # guesser on what it has measured (a trial left hanging would keep it
+                    # out for the rest of the answer, where those rules would start it).
+                    policy.end_trial()
+                    return None
+                if not (getattr(policy, "probing", False) or getattr(policy, "judging", False)):
                     return None
                 return self._afford(guesser, k, catch_up[guesser], budget)
 
