@@ -6,7 +6,7 @@ import pytest
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    FIRST_K, FIRST_STOP, PLAIN, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
+    EXPLORE_SHARE, FIRST_K, FIRST_STOP, PLAIN, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
     Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
     saving, verify_curve,
 )
@@ -280,7 +280,9 @@ def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
     ks = [policy.choose(100) for _ in range(policy.probe_every)]
     assert ks[-1] == 16 and policy.probing
     step(policy, 6, 1, 0.6, 0.85)  # kept, but 2 tokens in 1.45 s: worse than plain
-    assert policy.rate(16) == pytest.approx(2 / 1.45) and policy.choose(100) == 0
+    # Its own yield, measured; rate(16) is the better of it and the fixed K's model.
+    assert policy.yield_tokens / policy.yield_seconds == pytest.approx(2 / 1.45)
+    assert policy.rate(16) < policy.rate(0) and policy.choose(100) == 0
     while policy.choose(100) == 0:
         pass  # plain steps until the next probe
     step(policy, 6, 6, 0.6, 0.85)  # 7 tokens in 1.45 s: the text has turned easy
@@ -575,7 +577,9 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
             match = len(chosen) % every == every - 1
             hybrid.guessers = lambda tokens: {**({"lookup-3": lookup} if match else {}),
                                               "model": model}
-            plan = planner.plan(hybrid, None, 1000, made)
+            # 150 tokens asked: exploring would cost more than EXPLORE_SHARE of them, so
+            # only the ski-rental rule starts the draft.
+            plan = planner.plan(hybrid, None, 150, made)
             chosen.append(plan.guesser or "plain")
             if plan.guesser == "model":
                 return chosen, planner
@@ -627,7 +631,9 @@ def test_a_draft_model_starts_sooner_where_the_target_is_sure():
         reader = Reader(200)
         for made in range(1, 200):
             planner.sure(sure)
-            plan = planner.plan(reader, None, 1000, made)
+            # 60 tokens asked: a trial would cost more than EXPLORE_SHARE of them, so the
+            # prior alone decides when the draft starts.
+            plan = planner.plan(reader, None, 60, made)
             if plan.guesser == "model":
                 return made
             planner.observe(plan, 0, 0, 0.0, 0.2)
@@ -675,3 +681,110 @@ def test_one_slow_reading_moves_its_price_by_a_fifth_at_most():
     assert book.read_share["model"] == pytest.approx(0.05 * 1.2)
     book.read("model", 100, 0.5, None)  # no plain pass measured: nothing to share it by
     assert book.read_share["model"] == pytest.approx(0.05 * 1.2)
+
+
+# --- a low prior: the planner tries the draft, then keeps it only on what it measured ------
+
+class Pair:
+    """A draft model beside its target, on made-up costs: a plain pass costs 1 s, a verify
+    pass 1 s + `slope` a drafted token, a draft pass `draft` s; the draft reads the prompt
+    at `read` s a token (the target at `prefill`). The draft guesses the target's token at
+    each position of the answer with chance `agreement` (drawn once per position, so that
+    every method sees the same text), while the draft gives each of its tokens only `claimed` probability
+    and the target is only `sure` of its own (random weights, or prose: the argmax agrees
+    far more often than either model's probabilities say). `run` gives one answer's tokens
+    per second, the target's prompt pass included, and the planner."""
+
+    def __init__(self, agreement, draft, slope=0.0, claimed=0.05, sure=0.05, prompt=100,
+                 read=0.001, prefill=0.01, new=128):
+        self.__dict__.update(locals())
+
+    def run(self, planner: Planner, seed: int) -> tuple[float, list[int]]:
+        rng = random.Random(seed)
+        agrees = [rng.random() < self.agreement for _ in range(self.new + 16)]
+        model = Reader(self.prompt + 1)
+        planner.prefilled(self.prompt, self.prompt * self.prefill)
+        seconds, made, ks = self.prompt * self.prefill + 1.0, 1, []
+        while made < self.new:
+            planner.sure(self.sure)
+            plan = planner.plan(model, None, self.new - made - 1, made)
+            k, draft_s, model.catch_up = 0, 0.0, (0, 0.0)
+            if plan.drafter is model:
+                if model.to_read >= CATCH_UP_TOKENS:
+                    model.catch_up = (model.to_read, model.to_read * self.read)
+                likely = 1.0  # the draft ends itself as ModelDrafter does
+                while k < plan.k:
+                    k += 1
+                    likely *= self.claimed
+                    if likely < plan.stop_below:
+                        break
+                draft_s = model.catch_up[1] + k * self.draft
+            n = 0
+            while n < k and agrees[made + n]:
+                n += 1
+            verify_s = 1.0 + self.slope * k
+            planner.observe(plan, k, n, draft_s, verify_s)
+            seconds += draft_s + verify_s
+            made += n + 1
+            ks.append(k)
+            model.to_read = 1 if plan.drafter is model else model.to_read + n + 1
+        return made / seconds, ks
+
+    def rate(self, k_max: int, adaptive: bool, seeds=range(12)) -> tuple[float, list[Planner], list[int]]:
+        """Mean tokens/s over `seeds` (after one answer that fills the book), the planners
+        and the K of each step of the last answer."""
+        book, planners, rates = Book(), [], []
+        self.run(Planner(k_max, adaptive, book), 99)
+        for seed in seeds:
+            planners.append(Planner(k_max, adaptive, book))
+            rate, ks = self.run(planners[-1], seed)
+            rates.append(rate)
+        return sum(rates) / len(rates), planners, ks
+
+    def plain(self) -> float:
+        return self.new / (self.prompt * self.prefill + self.new)
+
+
+def test_a_draft_the_target_agrees_with_is_tried_despite_a_low_prior_and_run_at_the_best_k():
+    """The target is sure of 5% of its tokens, the draft claims 5% of its own, yet the
+    target keeps 80% of the draft's guesses and a draft pass costs a tenth of a plain one.
+    On its prior the draft would never start; and ended by its own probabilities every
+    draft would be one token long. Tried, it is kept, at about the best fixed K."""
+    pair = Pair(agreement=0.8, draft=0.1)
+    fixed = {k: pair.rate(k, adaptive=False)[0] for k in range(1, 9)}
+    best = max(fixed, key=fixed.get)
+    rate, _, ks = pair.rate(8, adaptive=True)
+    assert rate >= 0.95 * fixed[best], (rate, fixed)
+    assert abs(sorted(ks[-10:])[5] - best) <= 2, (ks, best)  # drafting, at about the best K
+    assert fixed[best] > 2 * pair.plain()  # the draft is worth having
+
+
+@pytest.mark.parametrize("pair", [
+    Pair(agreement=0.2, draft=0.1, slope=0.1),  # cheap, but seldom right
+    Pair(agreement=0.5, draft=0.7),  # right half the time, too dear
+    Pair(agreement=0.2, draft=0.7, new=64),  # neither, in a short answer
+], ids=["seldom-right", "too-dear", "neither"])
+def test_a_draft_that_does_not_pay_costs_at_most_the_exploration_share(pair):
+    rate, planners, _ = pair.rate(8, adaptive=True)
+    assert rate >= 0.97 * pair.plain(), (rate, pair.plain())
+    for planner in planners:
+        assert 0.0 < planner.explored <= EXPLORE_SHARE * 1.0 * pair.new  # tried, within the cap
+
+
+def test_a_trial_out_of_budget_leaves_the_draft_to_the_ordinary_rules():
+    """The first trial step read a prompt dearer than priced (nothing was measured yet) and
+    spent the budget: the trial ends there, and the draft, which has read, drafts on as any
+    started draft does, judged by what it measures; it is not kept out of the answer."""
+    planner, reader = Planner(6, book=Book(prefill_cost=0.0001)), Reader(700)  # priced low
+    planner.sure(0.01)  # a low prior: the reading would not be repaid on it
+    planner.observe(planner.plan(reader, None, 200, 1), 0, 0, 0.0, 0.2)
+    plan = planner.plan(reader, None, 199, 2)
+    assert plan.guesser == "model" and plan.explore  # tried against its prior
+    reader.catch_up = (700, 1.4)
+    planner.observe(plan, plan.k, 0, 1.4 + 0.05 * plan.k, 0.25)
+    assert planner.explored > EXPLORE_SHARE * 0.2 * 200  # the budget is spent
+    reader.to_read, reader.catch_up = 1, (0, 0.0)
+    for made in range(3, 6):
+        plan = planner.plan(reader, None, 200 - made, made)
+        assert plan.guesser == "model" and not plan.explore
+        planner.observe(plan, plan.k, plan.k, 0.05 * plan.k, 0.25)

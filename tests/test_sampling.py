@@ -1,5 +1,7 @@
 """The pure math of sampling.py, edge cases included."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -7,11 +9,13 @@ from specgen.errors import ConfigError
 from specgen.core.sampling import (
     SamplingParams,
     greedy_verify,
+    multi_rejection_accept,
     probs_from_logits,
     rejection_verify,
     residual,
     sample,
     top_probability,
+    tree_greedy_accept,
     warp_logits,
 )
 
@@ -158,3 +162,87 @@ def test_top_probability_is_the_softmax_of_the_likeliest_token(dtype):
     assert top_probability(logits).item() == pytest.approx(expected.item(), rel=1e-5)
     assert top_probability(torch.zeros(4)).item() == pytest.approx(0.25)
     assert top_probability(torch.tensor([0.0, 1e4, -1e4])).item() == pytest.approx(1.0)
+
+
+def first_token_distributions(distribution, params):
+    """The tiny pair's p and q at the first new position (they differ clearly)."""
+    target, draft = distribution.tiny_pair()
+    with torch.inference_mode():
+        p = probs_from_logits(target(distribution.PROMPT).logits[0, -1], params)
+        q = probs_from_logits(draft(distribution.PROMPT).logits[0, -1], params)
+    return p, q
+
+
+def draw_from_candidates(accept, p, q, m, samples):
+    g = torch.Generator().manual_seed(0)
+    counts, tried = Counter(), Counter()
+    for _ in range(samples):
+        candidates = sample(q.expand(m, -1).contiguous(), g)
+        index, token = accept(p, q, candidates, g)
+        counts[(token.item(),)] += 1
+        tried[index.item()] += 1
+    return counts, tried
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_multi_candidate_rejection_sampling_emits_the_target_distribution(distribution, m):
+    p, q = first_token_distributions(distribution, SamplingParams(1.0))
+    samples, tried = draw_from_candidates(multi_rejection_accept, p, q, m, distribution.SAMPLES)
+    assert len(tried) == m + 1  # every candidate accepted sometimes, and the draw after all
+    joint = {(t,): p[t].item() for t in range(len(p)) if p[t] > 0}
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"candidates' tokens differ from the target (p = {pvalue:.2e})"
+
+
+def test_multi_candidate_without_the_residual_is_caught(distribution):
+    """Negative control: trying every candidate against p itself (no residual after a
+    rejection) favours what the draft proposes, and the same test rejects it."""
+
+    def no_residual(p, q, candidates, generator=None):
+        for i, x in enumerate(candidates):
+            if torch.rand(1, generator=generator) * q[x] < p[x]:
+                return torch.tensor(i), x
+        return torch.tensor(len(candidates)), sample(p, generator)
+
+    p, q = first_token_distributions(distribution, SamplingParams(1.0))
+    samples, _ = draw_from_candidates(no_residual, p, q, 3, 2000)
+    joint = {(t,): p[t].item() for t in range(len(p)) if p[t] > 0}
+    assert distribution.chi_square_pvalue(samples, joint) < distribution.ALPHA
+
+
+def test_multi_candidate_rejection_edge_cases():
+    g = torch.Generator().manual_seed(1)
+    p, q = torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.5, 0.0, 0.5])
+    index, token = multi_rejection_accept(p, q, torch.tensor([0, 2]), g)
+    assert (index.item(), token.item()) == (2, 1)  # both impossible for p: its own token
+    index, token = multi_rejection_accept(p, q, torch.empty(0, dtype=torch.long), g)
+    assert (index.item(), token.item()) == (0, 1)  # no candidates: a draw from p
+    index, token = multi_rejection_accept(q, q, torch.tensor([2, 0]), g)
+    assert (index.item(), token.item()) == (0, 2)  # p == q: the first is always kept
+
+
+def test_tree_greedy_verify_on_a_chain_is_greedy_verify():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        logits = torch.randn(5, 6, generator=g)
+        drafts = torch.randint(0, 6, (4,), generator=g)
+        drafts[:2] = logits[:2].argmax(-1)  # a kept prefix, often longer
+        n, leaf, token = tree_greedy_accept(logits, [-1, 0, 1, 2, 3], torch.cat([drafts[:1], drafts]))
+        assert (n.item(), token.item()) == tuple(x if isinstance(x, int) else x.item()
+                                                 for x in greedy_verify(logits, drafts))
+        assert leaf.item() == n.item()
+
+
+def test_tree_greedy_verify_follows_the_branch_the_target_takes():
+    """Root 0 with children 1 (token 3) and 2 (token 4); node 2 has children 3 (token 1)
+    and 4 (token 2); node 4 has child 5 (token 0). The target takes 4, then 2, then 5."""
+    parents, tokens = [-1, 0, 0, 2, 2, 4], torch.tensor([9, 3, 4, 1, 2, 0])
+    logits = torch.full((6, 10), -1.0)
+    for row, best in enumerate([4, 7, 2, 7, 5, 7]):
+        logits[row, best] = 1.0
+    n, leaf, token = tree_greedy_accept(logits, parents, tokens)
+    assert (n.item(), leaf.item(), token.item()) == (2, 4, 5)  # 4, 2 kept; then its own 5
+    logits[0] = 0.0
+    logits[0, 3] = 1.0  # the target takes 3: the other branch, a leaf
+    n, leaf, token = tree_greedy_accept(logits, parents, tokens)
+    assert (n.item(), leaf.item(), token.item()) == (1, 1, 7)

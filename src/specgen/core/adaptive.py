@@ -54,6 +54,27 @@ target's own prompt pass stands in for the reading, scaled by what a draft pass 
 against a plain one (a draft reads no slower than its target); a guesser's first read,
 with its warm-up, is not measured. A probe of a switched-off guesser pays its reading: that
 is part of asking.
+
+A prior can be wrong both ways: a draft whose guesses the target keeps while the target is
+unsure of them (random weights, open-ended prose argmax-agreeing with a close draft) would
+never be started on the prior alone, so it would never be measured. So the planner tries
+a guesser before it believes its prior: where the step would otherwise be plain, an
+untried guesser drafts its trial steps (TRIAL_STEPS for a self-ended draft), and then only
+what they measured decides, as for any guesser. Trials and probes are exploration, and
+an answer spends at most EXPLORE_SHARE of what plain decoding of the tokens asked for
+would take on them, counted as the seconds they took beyond the plain steps their tokens
+would have taken, priced beforehand at the worst (nothing kept; an unmeasured draft pass
+as dear as the target's): a step that would not fit is shortened, or not taken.
+
+A self-ended draft stops by its own probabilities, which are not the odds that the target
+keeps its guesses: a draft may agree with the target's argmax far more often than its
+probabilities say. Once its first drafts have measured the acceptance, the same draft run
+at the best fixed K for that acceptance (its stop left out) is expected to yield as the
+geometric model says; where that beats the self-ended drafts' measured yield, it drafts
+so. From then on the fixed K's way is judged by the geometric model at the acceptance and
+costs its own drafts measured (a step's acceptance is far less noisy than its yield), the
+self-ended way by its yield; the fixed K, where it looks worse, is retried at doubling
+intervals.
 """
 
 from __future__ import annotations
@@ -80,6 +101,12 @@ READ_SAMPLE = 32  # a read at least this long measures the seconds per token rea
 RECENT_STEPS = 256  # steps whose tokens and seconds say what a catch-up would save
 PRIOR_ALPHA = 0.7  # an untried guesser's acceptance, where nothing better is known
 PRIOR_WEIGHT = 2.0  # draft tokens the prior acceptance counts for
+# What exploration (a guesser's trial steps taken against its prior, and probes) may cost
+# an answer, as a share of the time plain decoding of the tokens asked for would take:
+# small enough that a guesser that does not pay leaves plain decoding within a few percent,
+# large enough for a trial of one draft model (its reading of a prompt about a pass's cost,
+# then a few short drafts) in an answer of a hundred tokens or so.
+EXPLORE_SHARE = 0.025
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -101,6 +128,16 @@ def verify_curve(costs: dict[int, float], k: int) -> float:
         return costs[max(below) if below else min(above)]
     lo, hi = max(below), min(above)
     return costs[lo] + (costs[hi] - costs[lo]) * (k - lo) / (hi - lo)
+
+
+def verify_bound(costs: dict[int, float], k: int) -> float:
+    """A pass over k+1 tokens priced for a budget: as verify_curve within the measured
+    widths; beyond the widest, rising on as it rose from the plain pass to there (not flat:
+    a budget must not be spent on the optimism that gets wider drafts measured)."""
+    widest = max(costs)
+    if k <= widest or widest == 0 or 0 not in costs:
+        return verify_curve(costs, k)
+    return costs[widest] + (k - widest) * max(0.0, costs[widest] - costs[0]) / widest
 
 
 def marginal_verify_cost(costs: dict[int, float]) -> float:
@@ -179,7 +216,9 @@ class Policy(Protocol):
 
 def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limit: int,
                    catch_up: Mapping[str, float] | None = None,
-                   saved: Callable[[float], float] | None = None) -> tuple[str | None, int]:
+                   saved: Callable[[float], float] | None = None,
+                   explore: Callable[[str, int], int | None] | None = None,
+                   ) -> tuple[str | None, int]:
     """Of the `guessers` whose policy drafts this step, the one with the best score (the
     first of equals), with its K; (None, 0) when none drafts: a plain step. A switched-off
     guesser's probe comes before every score: a probe is there to measure, and a guesser
@@ -187,7 +226,10 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
     off for the rest of the answer, however its guesses would do now. A guesser with
     `catch_up` seconds of reading to do first drafts only where `saved(its score)`, the
     seconds it is expected to save, is more (a probe excepted): where other guessers
-    already make tokens about as fast, it has nothing to repay its reading with."""
+    already make tokens about as fast, it has nothing to repay its reading with.
+    `explore(guesser, k)` says whether a guesser's step would be exploration (None: it is
+    not) and the K it can afford (0: none, the guesser sits the step out); exploration is
+    taken as a probe is."""
     best: tuple[str | None, int] = (None, 0)
     best_key = (False, -math.inf)
     for guesser in guessers:
@@ -198,6 +240,11 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
         score = policy.score(k)
         seconds = (catch_up or {}).get(guesser, 0.0)
         probe = getattr(policy, "probing", False)
+        afford = explore(guesser, k) if explore is not None else None
+        if afford is not None:
+            if not afford:
+                continue
+            k, probe = afford, True
         if seconds > 0.0 and not probe and (saved is None or saved(score) <= seconds):
             continue
         if (probe, score) > best_key:
@@ -265,6 +312,18 @@ class AdaptiveK:
         # spent by its speculative steps.
         self.yield_tokens = self.yield_seconds = 0.0
         self.spec_steps = 0  # speculative steps taken
+        # A self-ended draft may also run at a fixed K, its stop left out (`fixed`: the step
+        # in flight does). Each way's measurements over the answer (`ways`, by `fixed`;
+        # never decayed, the two being compared on the same text): tokens made, seconds,
+        # draft tokens kept, drafts cut short, tokens drafted.
+        self.fixed = False
+        self.ways = {False: [0.0, 0.0, 0, 0, 0], True: [0.0, 0.0, 0, 0, 0]}
+        # Self-ended steps before the fixed K is tried again where it looked worse: a few
+        # unlucky drafts must not rule it out for the answer (its acceptance, no longer
+        # measured, would never recover). Doubled by each retry that still looks worse.
+        self.fixed_wait, self.since_fixed = probe_every, 0
+        self.since_probe = YIELD_STEPS  # steps since a kept probe started the yield again
+        self.trial_over = False  # ended early by the planner's budget
 
     @property
     def alpha(self) -> float:
@@ -281,21 +340,76 @@ class AdaptiveK:
             return self.draft_cost
         return self.prior_draft_cost or 0.0
 
-    def _geometric_rate(self, k: int) -> float:
+    def way_alpha(self, fixed: bool) -> float:
+        """The acceptance one way's drafts showed over the answer, the prior left out. The
+        fixed K's starts from the self-ended drafts' (worth PRIOR_WEIGHT tokens): where the
+        draft stops where unsure, its self-ended guesses are kept more often than a fixed
+        K's would be, and the fixed K's own drafts correct that."""
+        _, _, kept, lost, _ = self.ways[False]
+        ended = kept / (kept + lost) if kept + lost else 0.0
+        if not fixed:
+            return ended
+        _, _, kept, lost, _ = self.ways[True]
+        return (kept + PRIOR_WEIGHT * ended) / (kept + lost + PRIOR_WEIGHT)
+
+    def _geometric_rate(self, k: int, alpha: float | None = None) -> float:
         cost = self._verify_cost(k) + k * self._draft_cost()
-        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+        return expected_tokens(self.alpha if alpha is None else alpha, k) / max(cost, 1e-9)
+
+    def _fixed_k(self, top: int) -> int:
+        """The fixed K a self-ended draft would run at: the best for the measured acceptance."""
+        alpha = self.way_alpha(True)
+        return max(range(1, top + 1), key=lambda k: self._geometric_rate(k, alpha))
+
+    def _fixed_rate(self, k: int) -> float:
+        """What a self-ended draft is expected to yield at a fixed K of at most k, its stop
+        left out: the geometric model's at that way's measured acceptance and costs (the
+        acceptance of a step is far less noisy than its yield: one long draft rejected at
+        its first token would otherwise rule the way out); nothing before YIELD_STEPS
+        self-ended drafts (since the last kept probe)."""
+        tokens, _, kept, _, _ = self.ways[False]
+        if tokens - kept < YIELD_STEPS:  # its steps: each made its kept tokens and one more
+            return 0.0
+        return self._geometric_rate(self._fixed_k(k), self.way_alpha(True))
+
+    def _ended_rate(self) -> float:
+        tokens, seconds, _, _, _ = self.ways[False]
+        return tokens / seconds if seconds else 0.0
+
+    @property
+    def judging(self) -> bool:
+        """The step planned is still finding out: a kept probe has started the yield again
+        and too few steps have followed for it to be more than that probe's luck, or it is
+        the first at a fixed K since."""
+        return self.since_probe < YIELD_STEPS or (self.fixed and not self.ways[True][0])
+
+    def end_trial(self) -> None:
+        """Its trial is over before TRIAL_STEPS: what it has measured decides from now."""
+        self.trial_over = True
+
+    def trial(self, limit: int) -> int:
+        """The K of a step that would be part of this guesser's trial (0: its trial is
+        over, or a plain step must come first): what measures it before its prior is
+        believed."""
+        top = min(self.k_max, limit)
+        if not top or 0 not in self.verify_cost or self.trial_over:
+            return 0
+        if self.self_stopping:
+            return top if self.spec_steps < TRIAL_STEPS else 0
+        return min(top, FIRST_K) if self.draft_cost is None else 0
 
     def rate(self, k: int) -> float:
         """Expected tokens per second when drafting k tokens. An untried guesser is taken
         to guess at the prior acceptance, at the draft cost measured in earlier answers
         (free when there were none): it gets a step to be measured only where the others
         are expected to do worse than that. An untried self-ended draft is taken to do as
-        well as the best fixed K would."""
+        well as the best fixed K would; a measured one, as the better of its two ways."""
         if not self.verify_cost:
             return math.inf  # nothing measured yet
         if k and self.self_stopping:
-            if self.yield_seconds:
-                return self.yield_tokens / self.yield_seconds  # a self-ended draft's, measured
+            if self.yield_seconds:  # measured; or the fixed K's model, until it has drafted
+                untried = 0.0 if self.ways[True][0] else self._fixed_rate(k)
+                return max(self.yield_tokens / self.yield_seconds, untried)
             return max(self._geometric_rate(j) for j in range(1, k + 1))
         return self._geometric_rate(k)
 
@@ -303,11 +417,12 @@ class AdaptiveK:
         """What this guesser is expected to yield a step, to compare it with the others: its
         measured yield once it has drafted YIELD_STEPS times, else the expected rate of k."""
         if self.spec_steps >= YIELD_STEPS and self.yield_seconds:
-            return self.yield_tokens / self.yield_seconds
+            return self.rate(k) if self.self_stopping else self.yield_tokens / self.yield_seconds
         return self.rate(k)
 
     def choose(self, limit: int) -> int:
         self.probing = False  # a probe offered last step but not taken is forgotten
+        self.fixed = False
         top = min(self.k_max, limit)
         if top == 0 or 0 not in self.verify_cost:
             # A plain step first: the cost speculation has to beat, never assumed; and an
@@ -318,10 +433,11 @@ class AdaptiveK:
             # look cheap until measured (verify_curve). A self-ended draft is short where
             # it is unsure by itself, and long where it is sure (a passage to copy).
             return top if self.self_stopping else min(top, FIRST_K)
-        if self.self_stopping and self.spec_steps < TRIAL_STEPS:
+        if self.self_stopping and self.spec_steps < TRIAL_STEPS and not self.trial_over:
             # The yield of two or three steps is noise: one confidently wrong draft would
-            # switch off a draft that pays.
-            return top
+            # switch off a draft that pays. It may be run at a fixed K meanwhile, where that
+            # is longer than its drafts have been (it stops too soon for what is kept).
+            return self._way(top, longer=True) if self.spec_steps >= YIELD_STEPS else top
         best = max(range(top + 1), key=self.rate)
         if best == 0:
             self.plain_steps += 1
@@ -331,7 +447,29 @@ class AdaptiveK:
                 # The cheapest probe: does the draft guess the next token? A self-ended
                 # draft is its own probe: it stops where its guesses stop paying.
                 return top if self.self_stopping else 1
-        return top if best and self.self_stopping else best
+        if best and self.self_stopping:
+            return self._way(top)
+        return best
+
+    def _way(self, top: int, longer: bool = False) -> int:
+        """A self-ended draft's K, by the better way: the draft's probabilities may say far
+        less than the acceptance its first drafts measured (then the fixed K's). A way
+        that looks worse is retried after `fixed_wait` steps, as a switched-off draft is
+        probed."""
+        tokens, _, kept, _, drafted = self.ways[False]
+        steps = tokens - kept  # each step made its kept tokens and one more
+        expected = self._fixed_rate(top)
+        k = self._fixed_k(top)
+        self.fixed = expected > self._ended_rate() and (not longer or k * steps > drafted)
+        if self.fixed:
+            self.fixed_wait, self.since_fixed = self.probe_every, 0
+        elif expected:
+            self.since_fixed += 1
+            if self.since_fixed >= self.fixed_wait:  # a retry, one token longer than usual
+                self.fixed, self.since_fixed = True, 0
+                self.fixed_wait = min(2 * self.fixed_wait, self.max_probe_every)
+                k = min(k, math.ceil(drafted / steps) + 1)
+        return k if self.fixed else top
 
     def stop_below(self, k: int) -> float:
         """End a self-ended draft once the draft's probability of every token so far
@@ -339,7 +477,7 @@ class AdaptiveK:
         tokens, for a draft pass and a wider verify pass: worth it only while that is more
         than those seconds yield at the better of drafting and plain steps. Until those
         costs are measured: FIRST_STOP."""
-        if not self.self_stopping:
+        if not self.self_stopping or self.fixed:
             return 0.0
         if self.draft_cost is None or not self.verify_cost:
             return FIRST_STOP
@@ -361,15 +499,26 @@ class AdaptiveK:
         # starts again from it, or a long bad stretch would outvote it for many probes.
         # The first step's draft time is unknown: taken as free.
         self.spec_steps += 1
+        seconds = self._verify_cost(k) + k * self._draft_cost()
         keep = 0.0 if self.probing and n_accepted else self.decay
         self.yield_tokens = keep * self.yield_tokens + n_accepted + 1
-        self.yield_seconds = (keep * self.yield_seconds + self._verify_cost(k)
-                              + k * self._draft_cost())
+        self.yield_seconds = keep * self.yield_seconds + seconds
+        if not keep:  # a kept probe: each way's measurements start again, as the yield does
+            self.ways = {False: [0.0, 0.0, 0, 0, 0], True: [0.0, 0.0, 0, 0, 0]}
+            self.fixed_wait, self.since_fixed = self.probe_every, 0
+            self.since_probe = 0
+        self.since_probe += 1
+        way = self.ways[self.fixed]  # each way of drafting is judged by its own yield
+        way[0] += n_accepted + 1
+        way[1] += seconds
+        way[2] += n_accepted
+        way[3] += n_accepted < k
+        way[4] += k
         if n_accepted:
             self.wait = self.probe_every
         elif self.probing:  # a failed probe: wait twice as long before the next
             self.wait = min(2 * self.wait, self.max_probe_every)
-        self.probing = False
+        self.probing = self.fixed = False
         rejected = 1.0 if n_accepted < k else 0.0
         self.hits = self.decay * self.hits + n_accepted
         self.misses = self.decay * self.misses + rejected
@@ -379,12 +528,14 @@ class AdaptiveK:
 @dataclass(frozen=True)
 class Plan:
     """What the next step drafts: `drafter` (None: a plain step) up to `k` tokens, stopping
-    early below `stop_below` if it ends its own drafts; `guesser` names its policy."""
+    early below `stop_below` if it ends its own drafts; `guesser` names its policy;
+    `explore`: the step is there to measure the guesser."""
 
     guesser: str | None
     drafter: Drafter | None
     k: int
     stop_below: float = 0.0
+    explore: bool = False  # a trial or probe: its cost counts against EXPLORE_SHARE
 
 
 PLAIN = Plan(None, None, 0)
@@ -461,6 +612,8 @@ class Planner:
         self.book = Book() if book is None else book
         self.steps: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS)  # (tokens, seconds)
         self.confidence: float | None = None  # the target's recent top probability
+        self.explored = 0.0  # seconds exploration has cost beyond plain steps, this answer
+        self.tried: set[str] = set()  # guessers whose trial was taken against the rules
 
     def _policy(self, guesser: str, drafter: Drafter) -> Policy:
         if guesser not in self.policies:
@@ -505,16 +658,75 @@ class Planner:
         offered = drafter.guessers(tokens)
         for guesser, who in offered.items():
             self._priors(guesser, who, self._policy(guesser, who))
+        explore = False
         if self.adaptive:
             catch_up = {g: self.catch_up(g, who, tokens) for g, who in offered.items()}
             ahead = horizon(made, limit + 1)
+            budget = self._budget(made + limit + 1)
+
+            def exploring(guesser: str, k: int) -> int | None:
+                policy = self.policies[guesser]
+                if guesser in self.tried and policy.trial(limit):
+                    afford = self._afford(guesser, k, catch_up[guesser], budget)
+                    if afford:
+                        return afford
+                    # Out of budget: the trial ends here, and the ordinary rules judge the
+                    # guesser on what it has measured (a trial left hanging would keep it
+                    # out for the rest of the answer, where those rules would start it).
+                    policy.end_trial()
+                    return None
+                if not (getattr(policy, "probing", False) or getattr(policy, "judging", False)):
+                    return None
+                return self._afford(guesser, k, catch_up[guesser], budget)
+
             guesser, k = choose_guesser(self.policies, tuple(offered), limit, catch_up,
-                                        lambda rate: saving(self.steps, rate, ahead))
+                                        lambda rate: saving(self.steps, rate, ahead), exploring)
+            explore = guesser is not None and exploring(guesser, k) is not None
+            if guesser is None:
+                guesser, k = self._trial(offered, limit, catch_up, budget)
+                explore = guesser is not None
         else:
             guesser, k = choose_guesser(self.policies, tuple(offered), limit)
         if guesser is None:
             return PLAIN
-        return Plan(guesser, offered[guesser], k, self.policies[guesser].stop_below(k))
+        return Plan(guesser, offered[guesser], k, self.policies[guesser].stop_below(k), explore)
+
+    def _budget(self, asked: int) -> float:
+        """Seconds exploration may still cost this answer: EXPLORE_SHARE of what plain
+        decoding of the `asked` tokens would take, less what it has cost."""
+        plain = self.verify_cost.get(0)
+        return EXPLORE_SHARE * plain * asked - self.explored if plain else 0.0
+
+    def _afford(self, guesser: str, k: int, catch_up: float, budget: float) -> int:
+        """The largest K up to k whose step fits in `budget` at its worst: its reading, k
+        draft passes (an unmeasured one as dear as the target's: a draft is no dearer than
+        its target) and the wider verify pass, nothing kept."""
+        policy = self.policies[guesser]
+        if not isinstance(policy, AdaptiveK) or 0 not in self.verify_cost:
+            return 0
+        plain = self.verify_cost[0]
+        draft = policy.draft_cost if policy.draft_cost is not None else (
+            policy.prior_draft_cost or plain)
+        for width in range(k, 0, -1):
+            verify = verify_bound(self.verify_cost, width)
+            if catch_up + width * draft + max(0.0, verify - plain) <= budget:
+                return width
+        return 0
+
+    def _trial(self, offered: Mapping[str, Drafter], limit: int, catch_up: Mapping[str, float],
+               budget: float) -> tuple[str | None, int]:
+        """In place of a plain step, the first untried guesser whose trial fits the budget:
+        a guesser its prior (or its reading) keeps from drafting is measured all the same,
+        since a prior can be wrong; afterwards its measurements decide."""
+        for guesser in offered:
+            policy = self.policies[guesser]
+            if guesser in self.tried or not isinstance(policy, AdaptiveK):
+                continue
+            k = self._afford(guesser, policy.trial(limit), catch_up[guesser], budget)
+            if k:
+                self.tried.add(guesser)
+                return guesser, k
+        return None, 0
 
     def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
@@ -522,6 +734,9 @@ class Planner:
         than planned) of which n_accepted were kept. A drafter that read context first says
         so (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is
         not a draft pass."""
+        if plan.explore and 0 in self.verify_cost:  # beyond the plain steps its tokens would take
+            spent = draft_seconds + verify_seconds - (n_accepted + 1) * self.verify_cost[0]
+            self.explored += max(0.0, spent)
         record_pass(self.verify_cost, k, verify_seconds)
         read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
         passes = k

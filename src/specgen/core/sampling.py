@@ -7,6 +7,7 @@ tested on its own, and the engine only strings them together.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -139,3 +140,58 @@ def rejection_verify(
     """`rejection_accept` with n read on the host."""
     n, token = rejection_accept(p, q, draft_ids, generator)
     return int(n), token
+
+
+def multi_rejection_accept(
+    p: Tensor, q: Tensor, candidates: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Recursive rejection sampling over m candidates for one position (SpecInfer's
+    multi-step speculative sampling; EAGLE's tree verification, node by node), on the device.
+
+    p [V] the target's distribution, q [V] the draft's, candidates [m] drawn independently
+    from q (the children of one tree node). Candidate i is tried against p_i, where p_1 = p
+    and each rejection leaves p_{i+1} = norm(max(0, p_i - q)); it is accepted with
+    probability min(1, p_i(x_i) / q(x_i)). The first accepted candidate is the token; if all
+    are rejected, the token is drawn from p_{m+1}. Each stage is one step of `rejection_accept`
+    with a fresh draw from q, so the token is distributed exactly as p. The p_i depend on p and
+    q alone, never on the draws, so all are computed up front and nothing waits for the host.
+    Returns (index of the accepted candidate, or m if none, the token), 0-dim tensors."""
+    m = candidates.shape[0]
+    if m == 0:
+        return torch.zeros((), dtype=torch.long, device=p.device), sample(p, generator)
+    stages = [p]
+    for _ in range(m):
+        stages.append(residual(stages[-1], q))
+    ps = torch.stack(stages)  # [m+1, V]: ps[i] is what candidate i (and, at m, the draw) faces
+    rows = torch.arange(m, device=p.device)
+    u = torch.rand(m, device=p.device, generator=generator)
+    accepted = u * q[candidates] < ps[rows, candidates]
+    first = torch.cat([accepted, accepted.new_ones(1)]).long().argmax()  # m where none is
+    drawn = sample(ps.index_select(0, first.view(1))[0], generator)
+    chosen = candidates.index_select(0, first.clamp_max(m - 1).view(1))[0]
+    return first, torch.where(first < m, chosen, drawn)
+
+
+def tree_greedy_accept(target_logits: Tensor, parents: Sequence[int], tokens: Tensor
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification of a token tree in one target pass, on the device.
+
+    Node 0 is the pending token (the root); node j >= 1 holds draft token tokens[j], a child
+    of parents[j] < j. target_logits [N, V]: row i scores the position after node i along its
+    own branch (a tree attention mask gives it exactly that context). A node is kept where
+    its token is the target's argmax after its parent and its parent is kept; siblings hold
+    different tokens, so the kept nodes form one path. Returns (n accepted: the deepest kept
+    node's depth, that node's index, the target's token after it), 0-dim tensors: on a chain
+    (parents[j] = j - 1) this is `greedy_accept`. The tree's shape (`parents`) is the host's,
+    as built; the tokens stay on the device, and nothing here waits for it."""
+    choices = target_logits.argmax(-1)
+    n = tokens.shape[0]
+    kept = torch.zeros(n, dtype=torch.bool, device=choices.device)
+    depth = torch.zeros(n, dtype=torch.long, device=choices.device)
+    kept[0] = True
+    for j in range(1, n):  # parents come first: one pass settles every node
+        parent = parents[j]
+        kept[j] = kept[parent] & (tokens[j] == choices[parent])
+        depth[j] = depth[parent] + 1
+    leaf = torch.where(kept, depth, depth.new_full((), -1)).argmax()
+    return depth[leaf], leaf, choices[leaf]
