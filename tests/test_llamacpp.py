@@ -49,8 +49,10 @@ def test_greedy_output_and_every_step_equal_the_transformers_drafts(adaptive, ti
         a = via_torch.generate(ids, max_new_tokens=40)
         b = via_llama.generate(ids, max_new_tokens=40)
         assert b.token_ids == a.token_ids == plain[0, 9:].tolist()
-        assert 0 < b.stats.accepted < b.stats.proposed
-        if not adaptive:  # (adaptive K decides on measured times, which differ run to run)
+        assert 0 < b.stats.accepted <= b.stats.proposed
+        if not adaptive:  # (adaptive K decides on measured times, which differ run to run:
+            # with tiny models a dear draft may rightly stop after a trial it passed whole)
+            assert b.stats.accepted < b.stats.proposed  # a rejection, rolled back
             # Same drafts, same rejections: the marks and catch-up reads match the torch cache.
             assert b.stats.k_per_step == a.stats.k_per_step
             assert b.stats.draft_passes == a.stats.draft_passes
