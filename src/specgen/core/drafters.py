@@ -56,6 +56,15 @@ MODEL = "model"  # the draft model's guesser name
 SELF = "self"  # the self-speculative drafter's guesser name
 
 
+def reserve_room(owner, positions: int, widest: int = 1) -> None:
+    """Room for `positions` in `owner`'s static cache, with its passes of up to `widest`
+    tokens made ready (the CUDA decoder captures their graphs then); nothing where `owner`
+    keeps no static cache."""
+    reserve = getattr(owner, "reserve", None)
+    if reserve is not None:
+        reserve(positions, widest)
+
+
 class Drafter(Protocol):
     ends_own_drafts: bool  # stops a draft by its own confidence (honours stop_below)
 
@@ -176,11 +185,7 @@ class TorchDraft:
         self.decoder.reset()
 
     def reserve(self, positions: int, widest: int = 1) -> None:
-        """Room in a static cache, and its passes of up to `widest` tokens made ready (the
-        CUDA decoder's graphs are captured then)."""
-        reserve = getattr(self.decoder, "reserve", None)
-        if reserve is not None:
-            reserve(positions, widest)
+        reserve_room(self.decoder, positions, widest)
 
     @property
     def graphs_off(self) -> str | None:
@@ -244,9 +249,7 @@ class ModelDrafter:
     def reserve(self, positions: int, widest: int = 1) -> None:
         """Room for a generation of `positions` in the draft's cache, before its first pass
         (a draft that never drafts reserves nothing it would not have grown to)."""
-        reserve = getattr(self.lm, "reserve", None)
-        if reserve is not None:
-            reserve(positions, widest)
+        reserve_room(self.lm, positions, widest)
 
     @property
     def graphs_off(self) -> str | None:

@@ -21,7 +21,8 @@ from torch import Tensor
 from specgen import kernels
 from specgen.choices import DEFAULT_METHOD, MAX_K, MIN_K
 from specgen.core.adaptive import Book, Plan, Planner
-from specgen.core.drafters import Drafter, as_set, check_pair, make_drafter, vocab_size
+from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, reserve_room,
+                                   vocab_size)
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability)
 from specgen.core.stats import Source, Stats, Token
@@ -135,9 +136,7 @@ class SpeculativeGenerator:
         # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
         # to K + 1 tokens captured before the first timed pass.
         for owner in (self._decoder, self.drafter):
-            reserve = getattr(owner, "reserve", None)
-            if reserve is not None:
-                reserve(len(tokens) + max_new_tokens + self.k_max + 1, self.k_max + 1)
+            reserve_room(owner, len(tokens) + max_new_tokens + self.k_max + 1, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
