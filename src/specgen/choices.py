@@ -40,7 +40,7 @@ DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT = "hybrid", "prompt-lookup"
 
 # `specgen bench`'s contestants by name (bench/runner.py says what each runs).
 CONTESTANTS = ("baseline", "plain", "peer", "k2", "k4", "k6", "adaptive", "lookup", "hybrid",
-               "self", "self-default", "hybrid-self", *HEAD_KINDS, "bf16", "llamacpp", "api")
+               "chain", "self", "self-default", "hybrid-self", *HEAD_KINDS, "bf16", "llamacpp", "api")
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
 RUNTIMES = ("transformers", "llama.cpp")

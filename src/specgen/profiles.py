@@ -66,6 +66,7 @@ class ModelSpec:
 class SpeculationSpec:
     num_speculative_tokens: int = 4
     adaptive: bool = True
+    tree: bool = True  # a draft model's chain may branch to its next guesses (core/tree.py)
     method: str = DEFAULT_METHOD  # DEFAULT_METHOD_WITHOUT_DRAFT without a [draft]: _build
     max_ngram: int = 3
     min_ngram: int = 1
@@ -511,6 +512,7 @@ _OVERRIDES = {
     "chat_template": ("generation", "chat_template"),
     "num_speculative_tokens": ("speculation", "num_speculative_tokens"),
     "adaptive": ("speculation", "adaptive"),
+    "tree": ("speculation", "tree"),
     "method": ("speculation", "method"),
     "draft_window": ("speculation", "draft_window"),
     "target_quantization": ("target", "quantization"),

@@ -99,7 +99,7 @@ def open_session(profile: Profile, progress: Callable[[str], None] | None = None
     )
     generator = SpeculativeGenerator(  # load_pair prepared both models for their roles
         pair.target, drafter, num_speculative_tokens=spec.num_speculative_tokens,
-        adaptive=spec.adaptive, prepare=False,
+        adaptive=spec.adaptive, prepare=False, tree=spec.tree,
     )
     notices = [skip.notice] if skip is not None and skip.notice else []
     return Session(profile, pair, generator, skip, notices)

@@ -4,7 +4,8 @@ machine drift hits all of them alike.
 
 Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
-(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid`, self-speculative
+(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid` (`chain`: hybrid
+without token trees), self-speculative
 drafting (`self`: the target with the profile's pinned, the tuned or the default skip set;
 `self-default`: with the default set; `hybrid-self`: lookup first, then self), the profile's
 draft head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
@@ -56,6 +57,7 @@ class Contestant:
     k: int = 0
     adaptive: bool = False
     self_drafts: bool = False  # drafts with the target's own layers (self, or hybrid with self)
+    tree: bool = True  # the draft model's chain may branch (core/tree.py)
     default_skip: bool = False  # self drafting with the default skip set, whatever is tuned
 
     @property
@@ -83,6 +85,7 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
         "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True, self_drafts=own),
         "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
         "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
+        "chain": Contestant("chain", "specgen", "hybrid", k_max, adaptive=True, tree=False),
         "self": Contestant("self", "specgen", "self", k_max, adaptive=True, self_drafts=True),
         "self-default": Contestant("self-default", "specgen", "self", k_max, adaptive=True,
                                    self_drafts=True, default_skip=True),
@@ -98,13 +101,13 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
                   self_drafting: bool = False, head_kind: str | None = None) -> list[str]:
-    """Every contestant but `plain` and `api` (asked for by name), `bf16` (only beside a quantized
+    """Every contestant but `plain`, `chain` and `api` (asked for by name), `bf16` (only beside a quantized
     target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
     file), the self-drafting ones (only when the profile drafts that way: they need a
     Llama-family target that specgen's lean decoder runs), the head kinds other than the
     profile's head's, and `lookup` or `hybrid` where `adaptive` already runs that method."""
     same = {"prompt-lookup": "lookup", "hybrid": "hybrid"}.get(everyone["adaptive"].method)
-    return [n for n in everyone if n not in ("plain", "api") and (n != "bf16" or quantized)
+    return [n for n in everyone if n not in ("plain", "chain", "api") and (n != "bf16" or quantized)
             and (n != "llamacpp" or with_llama) and n != same
             and (not everyone[n].self_drafts or self_drafting)
             and (n not in HEAD_KINDS or n == head_kind)]
@@ -254,7 +257,8 @@ class Bench:
                                    *self.drafter_options, skip=skip, head=self.head,
                                    window=self.window)
             self.generators[c.name] = SpeculativeGenerator(self.target, drafter, c.k, c.adaptive,
-                                                           prepare=False)  # load_pair did
+                                                           prepare=False,  # load_pair did
+                                                           tree=c.tree)
         return self.generators[c.name]
 
     def api_generator(self) -> SpeculativeGenerator:

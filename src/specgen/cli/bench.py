@@ -20,7 +20,8 @@ adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid draft
 [bold]self[/], [bold]self-default[/] and [bold]hybrid-self[/] (the target drafting for itself
 with sub-layers skipped; by default only when the profile's method is self), the profile's
 draft head by its kind ([bold]eagle[/], [bold]eagle3[/], [bold]medusa[/]),
-[bold]plain[/] (specgen's own loop with speculation off; only when named), and,
+[bold]plain[/] (specgen's own loop with speculation off; only when named), [bold]chain[/]
+(hybrid with token trees off: what the trees add; only when named), and,
 by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
 quantized target's tokens agree with it), and, by default when llama-cpp-python is installed

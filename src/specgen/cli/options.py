@@ -63,6 +63,8 @@ K = typer.Option(
     None, "--k",
     help=f"Speculative tokens per step, {MIN_K} to {MAX_K} (the most, when adaptive; 0: off).")
 NO_ADAPTIVE = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens.")
+NO_TREE = typer.Option(False, "--no-tree",
+                       help="Verify the draft model's chain alone, never a token tree.")
 METHOD = typer.Option(None, "--method", help=f"Who drafts: {listing(METHODS)}.")
 DEVICE = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models).")
 TARGET_QUANTIZATION = typer.Option(
@@ -93,6 +95,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "seed": (Optional[int], SEED),
     "k": (Optional[int], K),
     "no_adaptive": (bool, NO_ADAPTIVE),
+    "no_tree": (bool, NO_TREE),
     "method": (Optional[str], METHOD),
     "device": (Optional[str], DEVICE),
     "target_quantization": (Optional[str], TARGET_QUANTIZATION),
@@ -107,7 +110,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
 }
 # The options that shape the profile a generating command runs (profile_with_options).
 GENERATION = ("profile", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "k",
-              "no_adaptive", "method", "system")
+              "no_adaptive", "no_tree", "method", "system")
 MODELS = ("device", "target_quantization", "draft_quantization", "draft_runtime")
 
 
@@ -133,7 +136,8 @@ def profile_with_options(options: dict[str, Any]) -> Profile:
         load_profile(options["profile"]),
         max_new_tokens=get("max_new_tokens"), temperature=get("temperature"),
         top_p=get("top_p"), top_k=get("top_k"), num_speculative_tokens=get("k"),
-        adaptive=False if get("no_adaptive") else None, method=get("method"),
+        adaptive=False if get("no_adaptive") else None, tree=False if get("no_tree") else None,
+        method=get("method"),
         system_prompt=get("system"), chat_template=False if get("raw") else None,
         **{name: get(name) for name in MODELS},
     )

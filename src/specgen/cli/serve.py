@@ -30,7 +30,7 @@ sources, acceptance and tau, and is recorded in the run history (`specgen stats`
 
 
 @shared("profile", "max_new_tokens", "temperature", "top_p", "top_k", "k", "no_adaptive",
-        "method", *MODELS, "system", "stats_db", "record_prompt", "debug")
+        "no_tree", "method", *MODELS, "system", "stats_db", "record_prompt", "debug")
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: "
                              "this machine only)."),

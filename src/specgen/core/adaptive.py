@@ -86,11 +86,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from specgen.choices import CATCH_UP_TOKENS
+from specgen.core.tree import MAX_TREE_ROWS, choose_branches
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from specgen.core.drafters import Drafter
+    from specgen.core.tree import Tree
 
 
 FIRST_K = 2  # a guesser's K while its costs are unknown
@@ -107,6 +109,9 @@ PRIOR_WEIGHT = 2.0  # draft tokens the prior acceptance counts for
 # large enough for a trial of one draft model (its reading of a prompt about a pass's cost,
 # then a few short drafts) in an answer of a hundred tokens or so.
 EXPLORE_SHARE = 0.025
+# A token tree's branch scoring below this (by the draft's odds, the chance it is the
+# target's token) is never verified, however cheap a row looks.
+MIN_BRANCH = 0.02
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -614,6 +619,8 @@ class Planner:
         self.confidence: float | None = None  # the target's recent top probability
         self.explored = 0.0  # seconds exploration has cost beyond plain steps, this answer
         self.tried: set[str] = set()  # guessers whose trial was taken against the rules
+        self.branch_record = (0, 0.0)  # token trees: branches kept, their summed scores
+        self.branch_offer = 0.0  # the summed scores of the last tree's branches
 
     def _policy(self, guesser: str, drafter: Drafter) -> Policy:
         if guesser not in self.policies:
@@ -728,16 +735,42 @@ class Planner:
                 return guesser, k
         return None, 0
 
+    def branches(self, scores: Tensor, tokens: Tensor, k: int) -> list[tuple[int, int]]:
+        """The branches a step's chain of k drafts gets (tree.choose_branches): each is worth
+        its score in tokens, scaled by how the draft's odds have held for branches so far,
+        and costs one more row of the verify pass, at the measured slope of the pass's cost
+        per row; a token is worth what one takes at the recent steps' rate. Until two widths
+        are measured a row looks free, which gets a wide pass measured."""
+        if not self.adaptive or not self.steps:
+            return []
+        made = sum(n for n, _ in self.steps)
+        seconds_per_token = sum(s for _, s in self.steps) / made
+        floor = marginal_verify_cost(self.verify_cost) / seconds_per_token / self.branch_odds
+        chosen = choose_branches(scores, tokens, max(floor, MIN_BRANCH), MAX_TREE_ROWS - 1 - k)
+        self.branch_offer = sum(score for _, _, score in chosen)
+        return [(index, token) for index, token, _ in chosen]
+
+    @property
+    def branch_odds(self) -> float:
+        """Branches kept per unit of their scores (the draft's own odds say 1)."""
+        hits, offered = self.branch_record
+        return (hits + PRIOR_WEIGHT) / (offered + PRIOR_WEIGHT)
+
     def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+                verify_seconds: float, tree: Tree | None = None, chain: int | None = None
+                ) -> None:
         """After verifying a step of `plan` that drafted k tokens (a drafter may find fewer
-        than planned) of which n_accepted were kept. A drafter that read context first says
-        so (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is
-        not a draft pass."""
+        than planned) of which n_accepted were kept, `chain` of them the chain's own (fewer
+        where a `tree`'s branch was kept). A drafter that read context first says so
+        (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is not
+        a draft pass."""
         if plan.explore and 0 in self.verify_cost:  # beyond the plain steps its tokens would take
             spent = draft_seconds + verify_seconds - (n_accepted + 1) * self.verify_cost[0]
             self.explored += max(0.0, spent)
-        record_pass(self.verify_cost, k, verify_seconds)
+        record_pass(self.verify_cost, k if tree is None else tree.rows - 1, verify_seconds)
+        if tree is not None:
+            hits, offered = self.branch_record
+            self.branch_record = (hits + (chain < n_accepted), offered + self.branch_offer)
         read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:
@@ -747,6 +780,7 @@ class Planner:
         if not k:
             return
         policy = self.policies[plan.guesser]
-        policy.update(k, n_accepted, draft_seconds, passes)
+        # The draft is judged on its chain: a branch's token is the tree's, paid by its rows.
+        policy.update(k, n_accepted if tree is None else chain, draft_seconds, passes)
         if getattr(policy, "draft_cost", None) is not None:
             self.book.drafted(plan.guesser, policy.draft_cost, self.verify_cost.get(0))

@@ -218,6 +218,9 @@ class ModelDrafter:
     unchanged."""
 
     ends_own_drafts = True
+    # Its q (returned with greedy drafts too: the softmax of its logits) ranks the
+    # next-likeliest tokens a token tree may branch to (core/tree.py).
+    branches = True
 
     def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
                  head_rows: int | None = None, confidence: float = 0.0, window: int = 0,
@@ -305,14 +308,14 @@ class ModelDrafter:
                 self.catch_up, reading = (pending.numel(), self._clock() - start), False
             if params.greedy:
                 token = logits.argmax(-1)
-                q = torch.softmax(logits.float(), -1) if self.confidence or stop_below else None
+                q = torch.softmax(logits.float(), -1)
             else:
                 q = probs_from_logits(logits, params)
                 token = sample(q, generator)
-                qs.append(q)
+            qs.append(q)
             ids.append(token)
             pending = token[None]
-            if q is not None:
+            if self.confidence or stop_below:  # a host read: only where a draft may stop
                 p = float(q[token])
                 sure *= p
                 if p < self.confidence or sure < stop_below:

@@ -24,7 +24,8 @@ from specgen.core.adaptive import Book, Plan, Planner
 from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, reserve_room,
                                    vocab_size)
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
-                                   top_probability)
+                                   top_probability, tree_greedy_accept)
+from specgen.core.tree import Tree, branch_scores, build, rejection_walk
 from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
@@ -64,7 +65,11 @@ class SpeculativeGenerator:
     A draft model drafts by `method` (choices.METHODS), by default the CLI's (`hybrid`:
     prompt lookup where the context has a match, the draft model elsewhere, the planner
     choosing each step); `draft-model` drafts with the model alone. A Drafter passed as
-    `draft` drafts as it is."""
+    `draft` drafts as it is.
+
+    `tree` (the default) lets the planner verify a draft model's chain with branches, its
+    next-likeliest tokens, as a token tree in the same pass, where its measured costs say a
+    branch pays (core/tree.py; on decoders that verify trees: the CPU's lean decoder)."""
 
     def __init__(
         self,
@@ -74,6 +79,7 @@ class SpeculativeGenerator:
         adaptive: bool = True,
         prepare: bool = True,
         method: str = DEFAULT_METHOD,
+        tree: bool = True,
     ) -> None:
         k = num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not MIN_K <= k <= MAX_K:
@@ -98,6 +104,8 @@ class SpeculativeGenerator:
         # bit-identical: decoding/). Kept between calls so that a prompt extending the last
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
+        # Token trees where the decoder verifies them and the user did not turn them off.
+        self.trees = tree and hasattr(self._decoder, "tree_logits")
         self._clock = _Clock(self.device)
         # A drafter that reads the target's hidden states (a head) or drafts with its own
         # weights or cache (self) gets the target's decoder, once.
@@ -202,19 +210,36 @@ class SpeculativeGenerator:
 
                 # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions;
                 #    acceptance runs on the device, and the host learns its outcome in one read.
-                logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
-                verdict = self._verify(logits, drafts, q, params, gen_t)
-                t2 = self._clock.mark()
-                n, new, ids, sure = self._settle(*verdict, drafts)
+                #    Where the planner finds the draft's next guesses worth their rows, they
+                #    join the pass as branches of a token tree (core/tree.py).
+                tree = self._grow(planner, plan, tokens, drafts, q)
+                if tree is None:
+                    logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
+                    verdict = self._verify(logits, drafts, q, params, gen_t)
+                    t2 = self._clock.mark()
+                    n, new, ids, sure = self._settle(*verdict, drafts)
+                    path = list(range(1, n + 1))
+                else:
+                    logits = self._decoder.tree_logits(tree)
+                    path, token = self._walk(logits, tree, q, params, gen_t)
+                    t2 = self._clock.mark()
+                    n, new, ids, sure = self._settle(len(path), token, top_probability(logits[0]),
+                                                     tree.tokens[path])
+                    self._decoder.keep_branch(path)
 
-                # 3. Accept d1..dn and the target's token; forget the rejected drafts.
-                tokens = self._tokens = self._accept(tokens, new)
+                # 3. Accept the kept drafts and the target's token; forget the rejected ones.
+                #    The draft model holds the chain: only the chain's kept prefix is valid.
+                chain = next((i for i, node in enumerate(path) if node != i + 1), len(path))
+                tokens = self._tokens = self._accept(tokens, new, len(tokens) + chain)
 
                 # 4. Observe: the planner learns what the step kept and what it cost.
                 draft_s, verify_s = self._clock.seconds(t0, t1), self._clock.seconds(t1, t2)
-                planner.observe(plan, k, n, draft_s, verify_s)
+                planner.observe(plan, k, n, draft_s, verify_s, tree, chain)
                 planner.sure(sure)
                 stats.record_step(k, n)
+                if tree is not None:
+                    stats.tree_steps += 1
+                    stats.branch_kept += chain < n
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
                 stats.draft_seconds += draft_s
                 stats.verify_seconds += verify_s
@@ -251,6 +276,29 @@ class SpeculativeGenerator:
         n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
         return n, token, p[0].max()
 
+    def _grow(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
+              q: Tensor | None) -> Tree | None:
+        """The step's token tree, where the planner finds branches worth their rows and the
+        decoder verifies trees; else None (a chain). A draft model's q ranks the branches."""
+        if (q is None or not drafts.numel() or not self.trees
+                or not getattr(plan.drafter, "branches", False)
+                or self._decoder.capture_layers is not None):  # a head reads the chain's states
+            return None
+        scores, alternatives = branch_scores(q.to(drafts.device), drafts)
+        chosen = planner.branches(scores.cpu(), alternatives.cpu(), drafts.shape[0])
+        return build(tokens[-1], drafts, chosen) if chosen else None
+
+    def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
+              generator: torch.Generator) -> tuple[list[int], Tensor]:
+        """A tree's verdict: the kept branch's nodes (root excluded) and the target's token
+        after it."""
+        if params.greedy:
+            _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
+            return tree.path(int(leaf)), token
+        p = probs_from_logits(logits, params)
+        leaf, token = rejection_walk(p, q.to(p.device), tree, generator)
+        return tree.path(leaf), token
+
     def _settle(self, n: Tensor | int, token: Tensor, sure: Tensor, drafts: Tensor
                 ) -> tuple[int, Tensor, list[int], float]:
         """A step's outcome read on the host in one transfer (its one sync with the device):
@@ -263,12 +311,13 @@ class SpeculativeGenerator:
         ids = values[1 : 1 + kept] + values[-2:-1]
         return kept, torch.cat([drafts[:kept], token.view(1)]), ids, values[-1] / SURE_SCALE
 
-    def _accept(self, tokens: Tensor, new: Tensor) -> Tensor:
+    def _accept(self, tokens: Tensor, new: Tensor, draft_valid: int | None = None) -> Tensor:
         """The context with a step's kept tokens; both caches rolled back to hold all of it
-        but the newest token (the next pending one)."""
+        but the newest token (the next pending one), the draft's no further than
+        `draft_valid` (where a tree's branch replaced a chain draft it holds)."""
         kept = len(tokens) + len(new) - 1
         self._decoder.crop(kept)
-        self.drafter.rollback(kept)
+        self.drafter.rollback(kept if draft_valid is None else min(kept, draft_valid))
         return torch.cat([tokens, new])
 
     def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:

@@ -148,24 +148,28 @@ def multi_rejection_accept(
     """Recursive rejection sampling over m candidates for one position (SpecInfer's
     multi-step speculative sampling; EAGLE's tree verification, node by node), on the device.
 
-    p [V] the target's distribution, q [V] the draft's, candidates [m] drawn independently
-    from q (the children of one tree node). Candidate i is tried against p_i, where p_1 = p
-    and each rejection leaves p_{i+1} = norm(max(0, p_i - q)); it is accepted with
-    probability min(1, p_i(x_i) / q(x_i)). The first accepted candidate is the token; if all
-    are rejected, the token is drawn from p_{m+1}. Each stage is one step of `rejection_accept`
-    with a fresh draw from q, so the token is distributed exactly as p. The p_i depend on p and
-    q alone, never on the draws, so all are computed up front and nothing waits for the host.
-    Returns (index of the accepted candidate, or m if none, the token), 0-dim tensors."""
+    p [V] the target's distribution; candidates [m] (the children of one tree node), candidate
+    i drawn from q_i: q [V] for all alike (independent draws from one q) or [m, V] one per
+    candidate, where q_i may depend on the candidates before it (a one-hot on a token chosen
+    from them: a tree's branch). Candidate i is tried against p_i, where p_1 = p and each
+    rejection leaves p_{i+1} = norm(max(0, p_i - q_i)); it is accepted with probability
+    min(1, p_i(x_i) / q_i(x_i)). The first accepted candidate is the token; if all are
+    rejected, the token is drawn from p_{m+1}. Each stage is one step of `rejection_accept`,
+    whose output is distributed as its p_i whatever q_i it proposes from, so the token is
+    distributed exactly as p. The p_i depend on p and the q_i alone, never on the draws, so
+    all are computed up front and nothing waits for the host. Returns (index of the accepted
+    candidate, or m if none, the token), 0-dim tensors."""
     m = candidates.shape[0]
     if m == 0:
         return torch.zeros((), dtype=torch.long, device=p.device), sample(p, generator)
+    qs = q.expand(m, -1) if q.dim() == 1 else q
     stages = [p]
-    for _ in range(m):
-        stages.append(residual(stages[-1], q))
+    for i in range(m):
+        stages.append(residual(stages[-1], qs[i]))
     ps = torch.stack(stages)  # [m+1, V]: ps[i] is what candidate i (and, at m, the draw) faces
     rows = torch.arange(m, device=p.device)
     u = torch.rand(m, device=p.device, generator=generator)
-    accepted = u * q[candidates] < ps[rows, candidates]
+    accepted = u * qs[rows, candidates] < ps[rows, candidates]
     first = torch.cat([accepted, accepted.new_ones(1)]).long().argmax()  # m where none is
     drawn = sample(ps.index_select(0, first.view(1))[0], generator)
     chosen = candidates.index_select(0, first.clamp_max(m - 1).view(1))[0]

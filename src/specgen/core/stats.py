@@ -42,6 +42,8 @@ class Stats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
+    tree_steps: int = 0  # steps verified as a token tree (core/tree.py)
+    branch_kept: int = 0  # of those, steps that kept a branch: one token more than the chain
     stop_reason: str = "running"
     graphs_off: str | None = None  # a CUDA decoder ran without graphs: its one line, why
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specgen.core.tree import Tree, segments
 from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
@@ -138,6 +139,8 @@ class LeanDecoder:
         # pass keeps, or None to keep nothing.
         self.capture_layers: tuple[int, ...] | None = None
         self.captured: list[Capture] = []
+        # The last tree pass's start and, per layer, every node's keys and values.
+        self._branches: tuple[int, list[Tensor]] = (0, [])
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -159,27 +162,79 @@ class LeanDecoder:
         return self.head(self.hidden(ids, n, skip))
 
     def hidden(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
+        m = ids.shape[0]
+        return self.norm(self._pass(ids, torch.arange(m, device=ids.device), [(0, m, 0)], skip)[-n:])
+
+    def tree_logits(self, tree: Tree) -> Tensor:
+        """The logits of every node of a token tree (core/tree.py) [N, V], each row computed
+        over the cache and its own ancestors, as a one-token pass along its branch would.
+        The tree's chain segments are attended one after another, each at the slots of its
+        depth: in preorder the slots below a segment's depth then hold its ancestors. The
+        cache then holds no one branch: `keep_branch` writes the accepted one."""
+        depths = torch.tensor(tree.depths, device=tree.tokens.device)
+        start = self.length
+        self._branches = (start, [])
+        x = self._pass(tree.tokens, depths, segments(tree.parents), NO_SKIP, keep=True)
+        self.length = start + 1 + max(tree.depths)
+        return self.head(self.norm(x))
+
+    def keep_branch(self, nodes: list[int]) -> None:
+        """After `tree_logits`: the cache holds the root and then `nodes` (the accepted
+        branch, root excluded), and nothing beyond."""
+        start, saved = self._branches
+        end = start + 1 + len(nodes)
+        if nodes:
+            index = torch.tensor(nodes, device=saved[0].device)
+            for layer, kv in zip(self.kv, saved):
+                layer[..., start + 1 : end, :] = kv.index_select(-2, index)
+        self.length = end
+
+    def _pass(self, ids: Tensor, depths: Tensor, runs: list[tuple[int, int, int]], skip: Skip,
+              keep: bool = False) -> Tensor:
+        """The last layer's output (before the final norm) [m, H] of rows `ids` at positions
+        length + depths, each chain segment of `runs` (first row, end row, its depth)
+        attending the cache below its depth and itself causally; `keep`: each layer's keys
+        and values of every row are kept apart (in rows' order) for keep_branch."""
         m, start = ids.shape[0], self.length
-        end = start + m
         x = self.embed(ids)  # [m, hidden]
-        self._reserve(end, x)
-        cos, sin = self.rotary(x[None], torch.arange(start, end, device=ids.device)[None])
-        # Row i sees the cache and new tokens up to its own; one token sees everything.
-        mask = (None if m == 1 or self.rows else
-                torch.ones(m, end, dtype=torch.bool, device=ids.device).tril(start))
+        self._reserve(start + int(depths.max()) + 1, x)
+        cos, sin = self.rotary(x[None], (start + depths)[None])
         in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
+        # Row r of a run sees the cache below the run and the run up to its own row; one
+        # token sees everything.
+        masks = [None if hi - lo == 1 or self.rows or in_c else
+                 torch.ones(hi - lo, start + depth + hi - lo, dtype=torch.bool,
+                            device=ids.device).tril(start + depth)
+                 for lo, hi, depth in runs]
+
+        def attend_run(i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,
+                       run: int) -> Tensor:
+            lo, hi, depth = runs[run]
+            at = start + depth
+            if in_c:  # row_attention's C, with transformers' rotary to the bit
+                return c_rows.rope_attend(q[lo:hi], k[lo:hi], v[lo:hi], cos[0, lo:hi],
+                                          sin[0, lo:hi], self.kv[i], at, attn.scaling)
+            return self._attend(i, attn, q[lo:hi], k[lo:hi], v[lo:hi], cos[:, lo:hi],
+                                sin[:, lo:hi], at, masks[run]).reshape(hi - lo, -1)
 
         def attend(i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            if in_c:  # row_attention's C, with transformers' rotary to the bit
-                return c_rows.rope_attend(q, k, v, cos[0], sin[0], self.kv[i], start, attn.scaling)
-            return self._attend(i, attn, q, k, v, cos, sin, start, mask)
+            outs = []
+            for run, (lo, hi, depth) in enumerate(runs):
+                outs.append(attend_run(i, attn, q, k, v, run))
+                if keep:
+                    at = start + depth
+                    if lo == 0:
+                        self._branches[1].append(self.kv[i].new_empty(
+                            *self.kv[i].shape[:-2], m, self.head_dim))
+                    self._branches[1][i][..., lo:hi, :] = self.kv[i][..., at : at + hi - lo, :]
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         inputs: list[Tensor] = []
         x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
-        self.length = end
+        self.length = start + m
         if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
             self.captured.append(Capture(start, self.norm(x), inputs))
-        return self.norm(x[-n:])
+        return x
 
     def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,
                 cos: Tensor, sin: Tensor, start: int, mask: Tensor | None) -> Tensor:
