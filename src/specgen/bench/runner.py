@@ -4,8 +4,8 @@ machine drift hits all of them alike.
 
 Contestants: `baseline` (the target's own `generate`, greedy, KV cache), `peer`
 (`generate(assistant_model=draft)`), specgen with fixed K (`k2`, `k4`, `k6`) and adaptive K
-(`adaptive`), the drafting methods `lookup` (prompt lookup) and `hybrid` (`chain`: hybrid
-without token trees), self-speculative
+(`adaptive`; `chain`: the same without token trees), the drafting methods `lookup` (prompt
+lookup) and `hybrid`, self-speculative
 drafting (`self`: the target with the profile's pinned, the tuned or the default skip set;
 `self-default`: with the default set; `hybrid-self`: lookup first, then self), the profile's
 draft head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
@@ -85,7 +85,8 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
         "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True, self_drafts=own),
         "lookup": Contestant("lookup", "specgen", "prompt-lookup", k_max, adaptive=True),
         "hybrid": Contestant("hybrid", "specgen", "hybrid", k_max, adaptive=True),
-        "chain": Contestant("chain", "specgen", "hybrid", k_max, adaptive=True, tree=False),
+        "chain": Contestant("chain", "specgen", method, k_max, adaptive=True, self_drafts=own,
+                            tree=False),
         "self": Contestant("self", "specgen", "self", k_max, adaptive=True, self_drafts=True),
         "self-default": Contestant("self-default", "specgen", "self", k_max, adaptive=True,
                                    self_drafts=True, default_skip=True),
@@ -227,6 +228,8 @@ class Measurement:
     per_position_proposed: list[int] = field(default_factory=list, repr=False)
     per_position_accepted: list[int] = field(default_factory=list, repr=False)
     graphs_off: str | None = None  # a CUDA decoder ran without graphs: its one line
+    tree_steps: int = 0  # steps verified as token trees
+    branch_kept: int = 0  # of those, steps that kept a branch
 
 
 class Bench:
@@ -362,7 +365,7 @@ class Bench:
             k_per_step=list(stats.k_per_step),
             per_position_proposed=list(stats.per_position_proposed) if specgen else [],
             per_position_accepted=list(stats.per_position_accepted) if specgen else [],
-            graphs_off=stats.graphs_off,
+            graphs_off=stats.graphs_off, tree_steps=stats.tree_steps, branch_kept=stats.branch_kept,
         )
 
 

@@ -21,7 +21,7 @@ adaptive K), [bold]lookup[/] and [bold]hybrid[/] (prompt-lookup and hybrid draft
 with sub-layers skipped; by default only when the profile's method is self), the profile's
 draft head by its kind ([bold]eagle[/], [bold]eagle3[/], [bold]medusa[/]),
 [bold]plain[/] (specgen's own loop with speculation off; only when named), [bold]chain[/]
-(hybrid with token trees off: what the trees add; only when named), and,
+(adaptive with token trees off: what the trees add; only when named), and,
 by default when the target is quantized, [bold]bf16[/] (plain decoding of the target
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
 quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
@@ -60,7 +60,7 @@ def bench(
         help=f"Comma-separated subset of {','.join(CONTESTANTS)}.",
     ),
     method: Optional[str] = typer.Option(
-        None, "--method", help=f"Drafting method of k2/k4/k6/adaptive: {listing(METHODS)}."
+        None, "--method", help=f"Drafting method of k2/k4/k6/adaptive/chain: {listing(METHODS)}."
     ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     draft_vocab: Optional[int] = typer.Option(
