@@ -296,7 +296,7 @@ class SpeculativeGenerator:
             _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
             return tree.path(int(leaf)), token
         p = probs_from_logits(logits, params)
-        leaf, token = rejection_walk(p, q.to(p.device), tree, generator)
+        leaf, token = rejection_walk(p, _draft_probs(q, tree.tokens, p.shape[-1]), tree, generator)
         return tree.path(leaf), token
 
     def _settle(self, n: Tensor | int, token: Tensor, sure: Tensor, drafts: Tensor
