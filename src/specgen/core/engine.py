@@ -215,21 +215,20 @@ class SpeculativeGenerator:
                 tree = self._grow(planner, plan, tokens, drafts, q)
                 if tree is None:
                     logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
-                    verdict = self._verify(logits, drafts, q, params, gen_t)
-                    t2 = self._clock.mark()
-                    n, new, ids, sure = self._settle(*verdict, drafts)
-                    path = list(range(1, n + 1))
+                    verdict = (*self._verify(logits, drafts, q, params, gen_t), drafts)
                 else:
-                    logits = self._decoder.tree_logits(tree)
-                    path, token = self._walk(logits, tree, q, params, gen_t)
-                    t2 = self._clock.mark()
-                    n, new, ids, sure = self._settle(len(path), token, top_probability(logits[0]),
-                                                     tree.tokens[path])
-                    self._decoder.keep_branch(path)
+                    verdict, path = self._walk(self._decoder.tree_logits(tree), tree, q, params,
+                                               gen_t)
+                t2 = self._clock.mark()
+                n, new, ids, sure = self._settle(*verdict)
 
                 # 3. Accept the kept drafts and the target's token; forget the rejected ones.
-                #    The draft model holds the chain: only the chain's kept prefix is valid.
-                chain = next((i for i, node in enumerate(path) if node != i + 1), len(path))
+                #    After a tree the decoder keeps the kept branch's entries; the draft model
+                #    holds the chain, valid as far as the branch follows it.
+                chain = n
+                if tree is not None:
+                    self._decoder.keep_branch(path)
+                    chain = next((i for i, node in enumerate(path) if node != i + 1), n)
                 tokens = self._tokens = self._accept(tokens, new, len(tokens) + chain)
 
                 # 4. Observe: the planner learns what the step kept and what it cost.
@@ -289,21 +288,27 @@ class SpeculativeGenerator:
         return build(tokens[-1], drafts, chosen) if chosen else None
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
-              generator: torch.Generator) -> tuple[list[int], Tensor]:
-        """A tree's verdict: the kept branch's nodes (root excluded) and the target's token
-        after it."""
+              generator: torch.Generator) -> tuple[tuple, list[int]]:
+        """A tree's verdict, as `_settle` takes it (the kept branch's length, the target's
+        token after it, its top probability at the root, the branch's tokens), and the kept
+        branch's nodes (root excluded). The branch is read on the host: a tree's decoder is
+        the CPU's."""
         if params.greedy:
             _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
-            return tree.path(int(leaf)), token
-        p = probs_from_logits(logits, params)
-        leaf, token = rejection_walk(p, _draft_probs(q, tree.tokens, p.shape[-1]), tree, generator)
-        return tree.path(leaf), token
+            leaf = int(leaf)
+        else:
+            p = probs_from_logits(logits, params)
+            leaf, token = rejection_walk(p, _draft_probs(q, tree.tokens, p.shape[-1]), tree,
+                                         generator)
+        path = tree.path(leaf)
+        return (len(path), token, top_probability(logits[0]), tree.tokens[path]), path
 
     def _settle(self, n: Tensor | int, token: Tensor, sure: Tensor, drafts: Tensor
                 ) -> tuple[int, Tensor, list[int], float]:
         """A step's outcome read on the host in one transfer (its one sync with the device):
         n, the kept tokens [d1..dn, token] on the device, their ids, and the target's top
-        probability (carried in the same integer transfer in units of 1/SURE_SCALE)."""
+        probability (carried in the same integer transfer in units of 1/SURE_SCALE). `drafts`
+        begins with the kept ones (a chain's drafts; a tree's kept branch)."""
         n = torch.as_tensor(n, device=self.device).view(1)
         sure = (sure * SURE_SCALE).round().long().view(1)
         values = torch.cat([n, drafts, token.view(1), sure]).tolist()
