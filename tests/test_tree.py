@@ -12,17 +12,19 @@ from specgen.core import tree as trees
 from specgen.core.adaptive import Plan, Planner
 from specgen.core.drafters import ModelDrafter
 from specgen.core.sampling import SamplingParams, sample
-from specgen.core.tree import Tree, build, choose_branches, rejection_walk, segments
+from specgen.core.tree import Tree, build, choose_branches, rejection_walk
 from specgen.decoding import LeanDecoder, make_decoder
+from specgen.decoding.lean import segments
 from specgen.kernels import prepare, rows
 
 
 def test_segments_are_the_chain_runs_of_a_preorder_tree():
-    assert segments([-1, 0, 1, 2]) == [(0, 4, 0)]  # a chain: one run
+    assert segments([-1, 0, 1, 2]) == ([(0, 4, 0)], [0, 1, 2, 3])  # a chain: one run
     # root, d1, d2, d3 | a branch at depth 3 | at depth 2 | at depth 1
-    assert segments([-1, 0, 1, 2, 2, 1, 0]) == [(0, 4, 0), (4, 5, 3), (5, 6, 2), (6, 7, 1)]
+    assert segments([-1, 0, 1, 2, 2, 1, 0]) == (
+        [(0, 4, 0), (4, 5, 3), (5, 6, 2), (6, 7, 1)], [0, 1, 2, 3, 3, 2, 1])
     # a branch with a child of its own continues its run
-    assert segments([-1, 0, 1, 0, 3]) == [(0, 3, 0), (3, 5, 1)]
+    assert segments([-1, 0, 1, 0, 3]) == ([(0, 3, 0), (3, 5, 1)], [0, 1, 2, 1, 2])
 
 
 def test_build_puts_branches_after_the_chain_deepest_first():
@@ -84,7 +86,7 @@ def test_every_row_of_a_tree_pass_is_the_one_token_pass_of_its_branch(dtype, tin
     for j in range(1, len(parents)):
         depths[j] = depths[parents[j]] + 1
     tree = Tree(tokens, parents, tuple(depths), (-1,) * len(parents))
-    got = decoder.tree_logits(tree)
+    got = decoder.tree_logits(tree.tokens, tree.parents)
     for node in range(len(parents)):
         branch = tokens[[0, *tree.path(node)]]
         want = one_token_logits(model, torch.cat([prompt[:-1], branch]))

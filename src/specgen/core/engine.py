@@ -104,8 +104,7 @@ class SpeculativeGenerator:
         # bit-identical: decoding/). Kept between calls so that a prompt extending the last
         # one (a chat) reuses the KV caches instead of prefilling the whole history again.
         self._decoder = make_decoder(target, exact=True)
-        # Token trees where the decoder verifies them and the user did not turn them off.
-        self.trees = tree and hasattr(self._decoder, "tree_logits")
+        self.tree = tree  # token trees, where the decoder verifies them (`_grow`)
         self._clock = _Clock(self.device)
         # A drafter that reads the target's hidden states (a head) or drafts with its own
         # weights or cache (self) gets the target's decoder, once.
@@ -217,8 +216,8 @@ class SpeculativeGenerator:
                     logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
                     verdict = (*self._verify(logits, drafts, q, params, gen_t), drafts)
                 else:
-                    verdict, path = self._walk(self._decoder.tree_logits(tree), tree, q, params,
-                                               gen_t)
+                    logits = self._decoder.tree_logits(tree.tokens, tree.parents)
+                    verdict, path = self._walk(logits, tree, q, params, gen_t)
                 t2 = self._clock.mark()
                 n, new, ids, sure = self._settle(*verdict)
 
@@ -279,7 +278,8 @@ class SpeculativeGenerator:
               q: Tensor | None) -> Tree | None:
         """The step's token tree, where the planner finds branches worth their rows and the
         decoder verifies trees; else None (a chain). A draft model's q ranks the branches."""
-        if (q is None or not drafts.numel() or not self.trees
+        if (q is None or not drafts.numel() or not self.tree
+                or not hasattr(self._decoder, "tree_logits")
                 or not getattr(plan.drafter, "branches", False)
                 or self._decoder.capture_layers is not None):  # a head reads the chain's states
             return None

@@ -12,7 +12,8 @@ Layout. Node 0 is the pending token (the root); node j >= 1 holds a draft token 
 is parents[j] < j. Nodes are in depth-first preorder (every subtree is a contiguous run of
 nodes), which is what lets a decoder verify a tree with its chain kernels: a run of nodes
 each the child of the one before is a chain *segment*, and when segments are computed in
-order, the cache slots below a segment's depth hold exactly its ancestors (decoding/lean.py).
+order, the cache slots below a segment's depth hold exactly its ancestors (decoding/lean.py:
+`segments`, `LeanDecoder.tree_logits`).
 The chain's nodes are 1..K (node j at depth j); branches follow, deepest first.
 
 Sampling stays exact: at each node its children are tried in order by recursive rejection
@@ -64,22 +65,6 @@ class Tree:
             nodes.append(leaf)
             leaf = self.parents[leaf]
         return nodes[::-1]
-
-
-def segments(parents: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The tree's chain segments as (first node, end node, depth of the first): runs of nodes
-    each the child of the one before, in preorder. A chain is one segment."""
-    depths = [0] * len(parents)
-    out: list[tuple[int, int, int]] = []
-    for j in range(len(parents)):
-        if j and parents[j] == j - 1:
-            depths[j] = depths[j - 1] + 1
-            continue
-        if j:
-            depths[j] = depths[parents[j]] + 1
-            out[-1] = (out[-1][0], j, out[-1][2])
-        out.append((j, len(parents), depths[j]))
-    return out
 
 
 def reach(q: Tensor, drafts: Tensor) -> Tensor:

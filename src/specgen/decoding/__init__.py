@@ -6,6 +6,9 @@
     reset()         forget everything
     length          positions cached
 
+The lean decoder also verifies a token tree in one pass (`tree_logits(ids, parents)`, then
+`keep_branch(nodes)`: core/tree.py); the engine builds trees only where a decoder has them.
+
 A target's decoder also keeps, when a drafting head asks (`capture_layers` not None), each
 pass's hidden states in `captured` (capture.py).
 

@@ -11,7 +11,7 @@ transformers' order; tests/test_decoding.py checks the logits bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Set
+from collections.abc import Collection, Sequence, Set
 from typing import TYPE_CHECKING, NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specgen.core.tree import Tree, segments
 from specgen.decoding.capture import Capture
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
@@ -115,6 +114,23 @@ def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], at
     return x
 
 
+def segments(parents: Sequence[int]) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """A preorder tree's chain segments, as (first node, end node, depth of the first): runs
+    of nodes each the child of the one before (a chain is one segment); and every node's
+    depth."""
+    depths = [0] * len(parents)
+    runs: list[tuple[int, int, int]] = []
+    for j, parent in enumerate(parents):
+        if j:
+            depths[j] = depths[parent] + 1
+        if j and parent == j - 1:
+            continue
+        if runs:
+            runs[-1] = (runs[-1][0], j, runs[-1][2])
+        runs.append((j, len(parents), depths[j]))
+    return runs, depths
+
+
 class LeanDecoder:
     """The model's layers called directly over a KV cache of its own: one preallocated
     tensor, grown by doubling, rolled back by moving `length`; no mask for one token.
@@ -165,17 +181,19 @@ class LeanDecoder:
         m = ids.shape[0]
         return self.norm(self._pass(ids, torch.arange(m, device=ids.device), [(0, m, 0)], skip)[-n:])
 
-    def tree_logits(self, tree: Tree) -> Tensor:
-        """The logits of every node of a token tree (core/tree.py) [N, V], each row computed
-        over the cache and its own ancestors, as a one-token pass along its branch would.
-        The tree's chain segments are attended one after another, each at the slots of its
-        depth: in preorder the slots below a segment's depth then hold its ancestors. The
-        cache then holds no one branch: `keep_branch` writes the accepted one."""
-        depths = torch.tensor(tree.depths, device=tree.tokens.device)
+    def tree_logits(self, ids: Tensor, parents: Sequence[int]) -> Tensor:
+        """The logits of every node of a token tree (core/tree.py) [N, V]: node j holds
+        ids[j] and is a child of parents[j] (node 0, the root, is the pending token; nodes
+        in preorder). Each row is computed over the cache and its own ancestors, as a
+        one-token pass along its branch would: the tree's chain segments are attended one
+        after another, each at the slots of its depth, and in preorder the slots below a
+        segment's depth then hold its ancestors. The cache then holds no one branch:
+        `keep_branch` writes the accepted one."""
+        runs, depths = segments(parents)
         start = self.length
         self._branches = (start, [])
-        x = self._pass(tree.tokens, depths, segments(tree.parents), NO_SKIP, keep=True)
-        self.length = start + 1 + max(tree.depths)
+        x = self._pass(ids, torch.tensor(depths, device=ids.device), runs, NO_SKIP, keep=True)
+        self.length = start + 1 + max(depths)
         return self.head(self.norm(x))
 
     def keep_branch(self, nodes: list[int]) -> None:
