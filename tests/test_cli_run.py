@@ -214,3 +214,21 @@ def test_ctrl_c_keeps_partial_output_and_exits_130(tiny_profile, tmp_path):
     assert b"interrupted" in err and b"Traceback" not in err
     (row,) = load_runs(db)
     assert row["ended"] == "interrupted" and 0 < row["new_tokens"] < 3000
+
+
+def test_no_tree_keeps_chains(tiny_profile, monkeypatch):
+    """--no-tree reaches the generator: with every branch worth its row, the run builds
+    token trees by default and none with the flag; the answer is the same."""
+    from specgen.core import tree as trees
+    from specgen.core.adaptive import Planner
+
+    def every_branch(self, scores, tokens, k):
+        chosen = trees.choose_branches(scores, tokens, 0.0, trees.MAX_TREE_ROWS - 1 - k)
+        self.branch_offer = sum(score for _, _, score in chosen)
+        return [(index, token) for index, token, _ in chosen]
+
+    monkeypatch.setattr(Planner, "branches", every_branch)
+    args = ("--method", "draft-model", "--raw", "-n", "24", "the cat sat")
+    trees_on, chains = run_json(tiny_profile, *args), run_json(tiny_profile, "--no-tree", *args)
+    assert trees_on["stats"]["tree_steps"] > 0 and chains["stats"]["tree_steps"] == 0
+    assert [t["id"] for t in trees_on["tokens"]] == [t["id"] for t in chains["tokens"]]
