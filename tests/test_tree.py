@@ -61,14 +61,14 @@ def one_token_logits(model, prefix: torch.Tensor) -> torch.Tensor:
     return decoder.logits(prefix[-1:], 1)[0]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8-dyn"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8-dyn", "int4-dyn"])
 @torch.inference_mode()
 def test_every_row_of_a_tree_pass_is_the_one_token_pass_of_its_branch(dtype, tiny_model):
     """The guarantee a tree keeps: whatever the tree's shape, node j's logits are, bit for
     bit, those plain decoding computes after the prompt and node j's branch. After the
     accepted branch is kept, the next pass continues exactly as plain decoding does."""
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
-    if dtype == "int8-dyn":
+    if dtype.endswith("-dyn"):
         prepare(model, "target", dtype)
     else:
         prepare(model.to(getattr(torch, dtype)), "target")
