@@ -154,21 +154,25 @@ def every_branch(self, scores, tokens, k):
     return [(index, token) for index, token, _ in chosen]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_output_with_trees_is_the_targets_greedy_output(family, tiny_pair, monkeypatch):
+@pytest.mark.parametrize("family, method", [("llama", "draft-model"), ("qwen2", "draft-model"),
+                                            ("llama", "self")])
+def test_greedy_output_with_trees_is_the_targets_greedy_output(family, method, tiny_pair,
+                                                              monkeypatch):
+    """Also where the target drafts for itself (self: its draft passes write the target's
+    own cache, which the tree's pass then overwrites)."""
     monkeypatch.setattr(Planner, "branches", every_branch)
     target, draft = tiny_pair(family)
     prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
     want = target.generate(prompt, max_new_tokens=40, do_sample=False)[0, prompt.shape[1]:]
     gen = SpeculativeGenerator(target, draft, num_speculative_tokens=4, adaptive=False,
-                               method="draft-model")
+                               method=method)
     result = gen.generate(prompt, max_new_tokens=40)
     assert result.token_ids == want.tolist()
     # a step is a tree wherever the draft had an alternative worth anything (never at odds 1)
     assert result.stats.tree_steps > (result.stats.target_passes - 1) // 2
     assert result.stats.branch_kept > 0  # and some kept a branch the chain did not have
     again = SpeculativeGenerator(target, draft, num_speculative_tokens=4, adaptive=False,
-                                 method="draft-model", tree=False).generate(prompt, max_new_tokens=40)
+                                 method=method, tree=False).generate(prompt, max_new_tokens=40)
     assert again.token_ids == want.tolist() and again.stats.tree_steps == 0
 
 
