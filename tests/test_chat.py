@@ -213,6 +213,8 @@ def test_commands_change_the_settings(chat):
     assert text_of(chat.command("k", "2")) == "K = 2, the most per step (adaptive)."
     assert gen.k_max == 2 and chat.session.profile.speculation.num_speculative_tokens == 2
     assert "off" in text_of(chat.command("adaptive", "off")) and gen.adaptive is False
+    assert text_of(chat.command("tree", "off")) == "Token trees off."
+    assert gen.tree is False and chat.session.profile.speculation.tree is False
     chat.command("temperature", "0.5")
     assert chat.session.sampling_kwargs()["temperature"] == 0.5
     chat.command("system", "be brief")
@@ -225,7 +227,7 @@ def test_commands_change_the_settings(chat):
     assert chat.messages("q") == [{"role": "user", "content": "q"}]
     assert chat.command("exit", "").exit and chat.command("quit", "").exit
     help_text = text_of(chat.command("help", ""))
-    for usage in ("/reset", "/system TEXT", "/k N", "/adaptive on|off", "/temperature X",
+    for usage in ("/reset", "/system TEXT", "/k N", "/adaptive on|off", "/tree on|off", "/temperature X",
                   "/stats", "/save FILE", "/exit", '"""'):
         assert usage in help_text
 
@@ -235,6 +237,7 @@ def test_commands_change_the_settings(chat):
     ("k", "-1", "num_speculative_tokens must be from 0 to 32"),
     ("k", "64", "num_speculative_tokens must be from 0 to 32"),
     ("adaptive", "maybe", "on or off"),
+    ("tree", "yes", "/tree takes on or off"),
     ("temperature", "-1", "temperature must be >= 0"),
     ("temperature", "hot", "needs a number"),
     ("save", "", "needs a file name"),

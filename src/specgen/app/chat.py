@@ -46,6 +46,7 @@ COMMANDS = {  # name: (usage, what it does)
     "system": ("/system TEXT", "set the system prompt (no TEXT clears it)"),
     "k": ("/k N", "draft N tokens per step (the most, when adaptive); 0 is plain decoding"),
     "adaptive": ("/adaptive on|off", "let K follow the acceptance rate, or keep it fixed"),
+    "tree": ("/tree on|off", "let the draft's chain branch to its next guesses, or keep chains"),
     "temperature": ("/temperature X", "sampling temperature; 0 is greedy"),
     "stats": ("/stats", "acceptance, tau and speed of this session so far"),
     "save": ("/save FILE", "the transcript as Markdown (.md) or JSON (.json)"),
@@ -89,6 +90,12 @@ def parse_command(line: str) -> tuple[str, str] | None:
         return None
     name, _, arg = line[1:].partition(" ")
     return name.lower(), arg.strip()
+
+
+def _on_off(arg: str, command: str) -> bool:
+    if arg.lower() not in ("on", "off"):
+        raise ConfigError(f"{command} takes on or off, got {arg!r}.")
+    return arg.lower() == "on"
 
 
 def _argument(parse: Callable[[str], Any], arg: str, command: str, want: str, example: str) -> Any:
@@ -266,12 +273,16 @@ class Chat:
         return Reply([f"K = {k}, {mode}."])
 
     def _cmd_adaptive(self, arg: str) -> Reply:
-        if arg.lower() not in ("on", "off"):
-            raise ConfigError(f"/adaptive takes on or off, got {arg!r}.")
-        on = arg.lower() == "on"
+        on = _on_off(arg, "/adaptive")
         self._override("/adaptive", adaptive=on)
         self.session.generator.adaptive = on
         return Reply([f"Adaptive K {'on' if on else 'off'}."])
+
+    def _cmd_tree(self, arg: str) -> Reply:
+        on = _on_off(arg, "/tree")
+        self._override("/tree", tree=on)
+        self.session.generator.tree = on
+        return Reply([f"Token trees {'on' if on else 'off'}."])
 
     def _cmd_temperature(self, arg: str) -> Reply:
         value = _argument(float, arg, "/temperature", "a number", "0.7")

@@ -14,7 +14,8 @@ HELP = """Chat with the model pair: a multi-turn conversation streamed as it is 
 
 Each turn is coloured like [bold]specgen run[/]. The models stay loaded and their caches
 are kept between turns, so a new turn only prefills its own tokens. Commands: /help,
-/reset, /system TEXT, /k N, /adaptive on|off, /temperature X, /stats, /save FILE, /exit.
+/reset, /system TEXT, /k N, /adaptive on|off, /tree on|off, /temperature X, /stats,
+/save FILE, /exit.
 A line of \"\"\" starts and ends a multi-line message; Ctrl-C stops an answer, Ctrl-D leaves.
 With stdin not a terminal, each line is a turn and only the answers go to stdout.
 
