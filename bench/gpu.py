@@ -528,9 +528,7 @@ def graph_status(gen) -> dict[str, str]:
     for role, d in decoders.items():
         if d is None or not hasattr(d, "graph_error"):
             continue
-        status[role] = ("eager: a head reads its passes' hidden states"
-                        if d.capture_layers is not None
-                        else "on" if d.graphs else d.graphs_off or "eager")
+        status[role] = "on" if d.graphs else d.graphs_off or "eager"
     return status
 
 

@@ -177,3 +177,27 @@ def test_a_generation_captures_target_and_draft_graphs_before_its_first_pass(mon
     assert gen.stats.accepted > 0 and gen.stats.graphs_off is None
     reserved = list(graph_keys(set(DEFAULT_VARIANTS), 5))
     assert captures["target"] == reserved and captures["draft"] == reserved
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+def test_a_head_drafts_from_the_states_of_replayed_graphs(kind, fitted_head, fake_graphs):
+    """A drafting head's target passes replay from graphs captured with the states it reads
+    (no longer eagerly): the head keeps the same drafts as beside the same decoder run
+    eagerly, so it read the same states, and the output is the same."""
+    from specgen.core.drafters import make_drafter
+
+    target, head = fitted_head(kind)
+    prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(4))
+    results, keys = [], []
+    for graphed in (False, True):
+        drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
+        gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
+        gen._decoder = CudaDecoder(target, static=True)  # the captured form, eagerly
+        if graphed:
+            keys = fake_graphs(gen._decoder)
+        drafter.bind_target(gen._decoder, target)
+        results.append(gen.generate(prompt, max_new_tokens=24))
+    eager, replayed = results
+    assert keys and gen._decoder._captured  # graphs captured, and kept, with the head bound
+    assert replayed.token_ids == eager.token_ids
+    assert replayed.sources == eager.sources and replayed.stats.accepted > 0

@@ -9,12 +9,18 @@ class EagerGraph:
     """What a captured graph does on replay, done eagerly: the pass over the static inputs,
     written into the static output."""
 
-    def __init__(self, decoder, key: tuple, out) -> None:
-        self.decoder, self.key, self.out = decoder, key, out
+    def __init__(self, decoder, key: tuple, out, states) -> None:
+        self.decoder, self.key, self.out, self.states = decoder, key, out, states
 
     def replay(self) -> None:
         m, n, head, skip = self.key
         self.out.copy_(self.decoder._forward(self.decoder._ids[:m], n, head, skip, None))
+        if self.states is not None:  # a drafting head's states, into the static buffers
+            (normed, inputs), (new_normed, new_inputs) = self.states, self.decoder._states
+            normed.copy_(new_normed)
+            for static, new in zip(inputs, new_inputs):
+                static.copy_(new)
+            self.decoder._states = self.states  # what a replay leaves: the graph's buffers
 
 
 def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> list[tuple]:
@@ -31,7 +37,8 @@ def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> l
             raise error
         m, n, head, skip = key
         out = decoder._forward(decoder._ids[:m], n, head, skip, None)
-        return EagerGraph(decoder, key, out), out
+        states = decoder._states if decoder.capture_layers is not None else None
+        return EagerGraph(decoder, key, out, states), out, states
 
     decoder.graphs = decoder.static = True
     decoder._capture_graph = capture

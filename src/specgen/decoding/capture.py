@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 
+# A pass's states as a decoder computes them: the final normed rows [m, H], and the captured
+# layers' inputs [m, H] each.
+States = tuple[Tensor, list[Tensor]]
+
+
 @dataclass
 class Capture:
     start: int  # the position of the pass's first row

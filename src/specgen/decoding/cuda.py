@@ -15,6 +15,10 @@ a pass no longer depends on the model's depth. What makes a pass capturable:
   cached length), with the query heads that share a key/value head stacked into one (so that
   CUDA's memory-efficient kernel takes the mask, which it does not with `enable_gqa`).
 
+A decoder that keeps states for a drafting head (`capture_layers`) captures its graphs with
+them: a graph's states are static buffers beside its output, copied into `captured` after each
+replay, so a head's target passes replay as any other's.
+
 One graph per (width, output rows, head, skip set), all captured when the cache is reserved
 (before a generation's first pass, for widths up to its K + 1): width 1 for drafting and plain
 decoding, 2..K+1 for verification and for a draft catching up. Wider passes (a prompt) run
@@ -50,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specgen.choices import MAX_K
-from specgen.decoding.capture import Capture
+from specgen.decoding.capture import Capture, States
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 from specgen.errors import SpecgenWarning
 from specgen.models.llama import apply_rotary_pos_emb
@@ -109,16 +113,29 @@ class CudaDecoder:
         self._offsets = torch.arange(GRAPH_WIDTH, device=self.device)
         self._ids = torch.zeros(GRAPH_WIDTH, dtype=torch.long, device=self.device)
         self._slots: Tensor | None = None  # arange(capacity)
-        # (width, rows out, head, skip) -> the graph and its static output, alive together
-        self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        # (width, rows out, head, skip) -> the graph, its static output and (for a drafting
+        # head) its static states, alive together
+        self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor, States | None]] = {}
         self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
         self._variants: set[tuple] = set(DEFAULT_VARIANTS)
         self.widest = 1  # every kind of pass has its graphs for widths 1..widest
         self._wide: set[tuple] = set()  # keys of passes wider than that, met in use
-        # For a drafting head (decoding/capture.py). A capturing decoder runs every pass
-        # eagerly: a graph's outputs are only the rows it was captured to return.
-        self.capture_layers: tuple[int, ...] | None = None
+        # For a drafting head (decoding/capture.py): graphs captured while it is set return
+        # every row's states beside their output (`_states`: the last pass's).
+        self._capture_layers: tuple[int, ...] | None = None
+        self._states: States | None = None
         self.captured: list[Capture] = []
+
+    @property
+    def capture_layers(self) -> tuple[int, ...] | None:
+        return self._capture_layers
+
+    @capture_layers.setter
+    def capture_layers(self, layers: tuple[int, ...] | None) -> None:
+        """A graph keeps what it was captured to keep: another choice of layers drops them."""
+        if layers != self._capture_layers:
+            self._drop_graphs()
+        self._capture_layers = layers
 
     @property
     def capacity(self) -> int:
@@ -148,7 +165,7 @@ class CudaDecoder:
             positions = max(positions, self.length + room)
         if positions > self.capacity:
             self._grow(positions)
-        if self.graphs and self.capture_layers is None:
+        if self.graphs:
             self._capture_all()
 
     def _grow(self, positions: int) -> None:
@@ -175,11 +192,14 @@ class CudaDecoder:
         if self.length + m > self.capacity:
             self.reserve(self.length + m)
         out = None
-        if self.graphs and m <= GRAPH_WIDTH and self.capture_layers is None:
+        if self.graphs and m <= GRAPH_WIDTH:
             out = self._replay(ids, n, head, skip)
         if out is None:
             static = self.static and m <= GRAPH_WIDTH
             out = self._forward(ids.to(self.device), n, head, skip, None if static else self.length)
+        if self.capture_layers is not None:  # copies: a graph's states are its static buffers
+            normed, inputs = self._states
+            self.captured.append(Capture(self.length, normed.clone(), [t.clone() for t in inputs]))
         self.length += m
         self.pos.fill_(self.length)
         return out
@@ -223,7 +243,7 @@ class CudaDecoder:
         inputs: list[Tensor] = []
         x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
         if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
-            self.captured.append(Capture(self.length, self.norm(x), inputs))
+            self._states = (self.norm(x), inputs)
         x = self.norm(x[-n:])
         return self.head(x) if head else x
 
@@ -243,7 +263,7 @@ class CudaDecoder:
             if not self.graphs:
                 return None
         self._ids[:m].copy_(ids, non_blocking=True)
-        graph, out = self._captured[key]
+        graph, out, self._states = self._captured[key]
         graph.replay()
         return out.clone()
 
@@ -270,8 +290,9 @@ class CudaDecoder:
         self._captured.clear()
         self._pool = None
 
-    def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """One pass captured as a graph into this cache's pool, with its static output."""
+    def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor, States | None]:
+        """One pass captured as a graph into this cache's pool, with its static output and
+        (for a drafting head) its static states."""
         m, n, head, skip = key
         ids = self._ids[:m]
         # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
@@ -289,7 +310,7 @@ class CudaDecoder:
         # thread_local: another thread's CUDA work (a server's) does not spoil the capture.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = self._forward(ids, n, head, skip, None)
-        return graph, out
+        return graph, out, self._states if self.capture_layers is not None else None
 
 
 def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
