@@ -252,3 +252,28 @@ def test_a_head_drafting_through_the_cuda_decoder_equals_generate(monkeypatch, k
     result = gen.generate(prompt[0], max_new_tokens=40)
     assert result.token_ids == expected
     assert result.stats.accepted > 0  # the head drafted from the captured states
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+def test_a_heads_target_replays_its_graphs_with_the_states_it_reads(kind, fitted_head):
+    """On a GPU: a head's target replays from graphs captured with the states the head reads,
+    and the head keeps the same drafts as beside the eager captured form, with the same output."""
+    from specgen.core.drafters import make_drafter
+
+    target, head = fitted_head(kind)
+    prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(4)).cuda()
+    results = []
+    try:
+        target.cuda()
+        for graphs in (False, True):
+            drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
+            gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
+            gen._decoder = CudaDecoder(target, graphs=graphs, static=True)
+            drafter.bind_target(gen._decoder, target)
+            results.append(gen.generate(prompt, max_new_tokens=24))
+            assert gen._decoder.graph_error is None and bool(gen._decoder._captured) == graphs
+    finally:  # the cached fixtures stay on the CPU for the other tests
+        target.cpu(), head.cpu()
+    eager, replayed = results
+    assert replayed.token_ids == eager.token_ids and replayed.sources == eager.sources
