@@ -261,19 +261,16 @@ def test_a_heads_target_replays_its_graphs_with_the_states_it_reads(kind, fitted
     and the head keeps the same drafts as beside the eager captured form, with the same output."""
     from specgen.core.drafters import make_drafter
 
-    target, head = fitted_head(kind)
+    target, head = fitted_head.__wrapped__(kind)  # a pair of its own: it moves to the GPU
+    target = target.cuda()
     prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(4)).cuda()
     results = []
-    try:
-        target.cuda()
-        for graphs in (False, True):
-            drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
-            gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
-            gen._decoder = CudaDecoder(target, graphs=graphs, static=True)
-            drafter.bind_target(gen._decoder, target)
-            results.append(gen.generate(prompt, max_new_tokens=24))
-            assert gen._decoder.graph_error is None and bool(gen._decoder._captured) == graphs
-    finally:  # the cached fixtures stay on the CPU for the other tests
-        target.cpu(), head.cpu()
+    for graphs in (False, True):
+        drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
+        gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
+        gen._decoder = CudaDecoder(target, graphs=graphs, static=True)
+        drafter.bind_target(gen._decoder, target)
+        results.append(gen.generate(prompt, max_new_tokens=24))
+        assert gen._decoder.graph_error is None and bool(gen._decoder._captured) == graphs
     eager, replayed = results
     assert replayed.token_ids == eager.token_ids and replayed.sources == eager.sources
