@@ -54,11 +54,12 @@ def test_the_gpu_bench_runs_end_to_end_on_tiny_shapes(tmp_path):
                 assert row["graphs"] == {"target": "eager", "draft": "eager"}
         assert rows["k4"]["tokens_per_target_pass"] > 1  # the draft agrees part of the time
         assert "ideal_vs_plain" in rows["k4"]
-        # The head at its set agreement: tau, its cost against a target pass; the target runs
-        # eagerly under it (it reads every pass's hidden states), and says so.
+        # The head at its set agreement: tau, its cost against a target pass; its target's
+        # graph status is any other's (eager here, on a CPU; on a GPU its graphs keep the
+        # states the head reads).
         head = rows["head-k4"]
         assert head["tokens_per_target_pass"] > 1 and head["draft_pass_share_of_target_pass"] > 0
-        assert head["graphs"]["target"].startswith("eager: a head")
+        assert head["graphs"]["target"] == "eager"
         assert 0.5 < pair["head_agreement"] < 0.9
         curves = pair["verify_cost"]
         schemes = {pair["target_scheme"]} | ({"int4-gpu"} | ({"nf4"} if bnb else set())
