@@ -13,8 +13,8 @@ is parents[j] < j. Nodes are in depth-first preorder (every subtree is a contigu
 nodes), which is what lets a decoder verify a tree with its chain kernels: a run of nodes
 each the child of the one before is a chain *segment*, and when segments are computed in
 order, the cache slots below a segment's depth hold exactly its ancestors (decoding/lean.py:
-`segments`, `LeanDecoder.tree_logits`).
-The chain's nodes are 1..K (node j at depth j); branches follow, deepest first.
+`segments`, `LeanDecoder.tree_logits`). The chain's nodes are 1..K (node j at depth j);
+branches follow, deepest first.
 
 Sampling stays exact: at each node its children are tried in order by recursive rejection
 (sampling.multi_rejection_accept), the chain's child against the draft's distribution it was
@@ -33,8 +33,8 @@ from torch import Tensor
 from specgen.core.sampling import multi_rejection_accept, sample
 
 # Rows a tree's verify pass may have (the root included): within the widths the CPU kernels
-# compute row by row (choices.MAX_K), and the size past which a verify pass stops being
-# flat on the hardware specgen serves.
+# compute row by row (choices.MAX_K). How many of them a step uses is the planner's, from the
+# measured cost of a row (adaptive.Planner.branches).
 MAX_TREE_ROWS = 16
 # Candidates per position a branch is chosen from (the chain's token excluded).
 BRANCHES_PER_DEPTH = 3
