@@ -31,7 +31,7 @@ def test_build_puts_branches_after_the_chain_deepest_first():
     tree = build(torch.tensor(9), torch.tensor([4, 5, 6]), [(0, 7), (2, 8), (1, 3)])
     assert tree.tokens.tolist() == [9, 4, 5, 6, 8, 3, 7]
     assert tree.parents == (-1, 0, 1, 2, 2, 1, 0)
-    assert tree.depths == (0, 1, 2, 3, 3, 2, 1)
+    assert segments(tree.parents)[1] == [0, 1, 2, 3, 3, 2, 1]  # the depths
     assert tree.drawn_from == (-1, 0, 1, 2, -1, -1, -1)
     assert tree.path(5) == [1, 5] and tree.path(3) == [1, 2, 3] and tree.path(0) == []
 
@@ -82,10 +82,7 @@ def test_every_row_of_a_tree_pass_is_the_one_token_pass_of_its_branch(dtype, tin
     parents = (-1, 0, 1, 2, 3, 3, 1, 6, 0)
     tokens = torch.randint(0, 64, (len(parents),), generator=g)
     tokens[0] = prompt[-1]
-    depths = [0] * len(parents)
-    for j in range(1, len(parents)):
-        depths[j] = depths[parents[j]] + 1
-    tree = Tree(tokens, parents, tuple(depths), (-1,) * len(parents))
+    tree = Tree(tokens, parents, (-1,) * len(parents))
     got = decoder.tree_logits(tree.tokens, tree.parents)
     for node in range(len(parents)):
         branch = tokens[[0, *tree.path(node)]]

@@ -43,12 +43,11 @@ BRANCHES_PER_DEPTH = 3
 @dataclass(frozen=True)
 class Tree:
     """A token tree in preorder. tokens [N] (on the target's device), parents (host, -1 at
-    the root), depths (host), and per node the row of q its token was drawn from (the chain's
-    nodes), or -1 for a branch (a one-hot proposal)."""
+    the root), and per node the row of q its token was drawn from (the chain's nodes), or -1
+    for a branch (a one-hot proposal)."""
 
     tokens: Tensor
     parents: tuple[int, ...]
-    depths: tuple[int, ...]
     drawn_from: tuple[int, ...]
 
     @property
@@ -106,15 +105,11 @@ def build(pending: Tensor, drafts: Tensor, branches: Sequence[tuple[int, int]]) 
     a branch at index i is a sibling of d(i+1), a child of node i. Preorder: the chain, then the
     branches, deepest first (each a leaf, so every subtree stays contiguous)."""
     k = drafts.shape[0]
-    parents, depths, drawn = [-1, *range(k)], list(range(k + 1)), [-1, *range(k)]
     extra = sorted(branches, key=lambda b: -b[0])
-    for index, _ in extra:
-        parents.append(index)
-        depths.append(index + 1)
-        drawn.append(-1)
+    parents = (-1, *range(k), *(index for index, _ in extra))
+    drawn = (-1, *range(k), *(-1 for _ in extra))
     side = torch.tensor([token for _, token in extra], dtype=drafts.dtype, device=drafts.device)
-    tokens = torch.cat([pending.view(1), drafts, side])
-    return Tree(tokens, tuple(parents), tuple(depths), tuple(drawn))
+    return Tree(torch.cat([pending.view(1), drafts, side]), parents, drawn)
 
 
 def rejection_walk(p: Tensor, q: Tensor, tree: Tree, generator: torch.Generator | None = None
