@@ -32,8 +32,10 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   rotated per prompt: transformers `generate` eager (DynamicCache; the exactness reference, run
   on the first EAGER_PROMPTS prompts only (EAGER_PROMPTS_70B for the 70B), as are the other
   eager loops), with a static cache
-  (compiled on a GPU, first pair), and assisted generation; specgen plain (K = 0), fixed K and
-  adaptive (up to K_MAX) on the CUDA decoder, with the target in bf16 and in int4-gpu (and
+  (compiled on a GPU, first pair), and assisted generation; specgen plain (K = 0), fixed K,
+  adaptive (up to K_MAX, with token trees where the planner finds branches worth their rows)
+  and `chain` (the same without trees) on the CUDA decoder, with the target in bf16 and in
+  int4-gpu (and
   `generate` eager on the int4-gpu target, the reference for those rows); the 70B pair runs
   specgen only, with each of its drafts;
 - a head contestant (`head-k4`): a random one-layer EAGLE-style head on each target (specgen's
@@ -41,7 +43,8 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   the time, drafting K a step: tau, tok/s and the head's cost per drafted token as a share of
   a target pass. It measures the machinery at a set agreement, not a trained head;
 - per contestant: tokens per second (128 new tokens), tokens per target pass, a drafting
-  pass's milliseconds and their share of a one-token target pass, whether its
+  pass's milliseconds and their share of a one-token target pass, the steps that verified a
+  token tree and those that kept a branch, whether its
   output equals specgen plain (one-token greedy on the same target and scheme) and transformers'
   eager `generate`, and whether each of its CUDA decoders ran with graphs (the one line of one
   that gave up);
@@ -418,22 +421,23 @@ def bnb_copy(model, scheme: str):
 
 # --- contestants ---------------------------------------------------------------------------------
 
-def specgen_generator(target, draft, k: int, adaptive: bool):
+def specgen_generator(target, draft, k: int, adaptive: bool, tree: bool = True):
     """specgen's generator as a user gets it on a GPU (CUDA decoders, chosen by make_decoder),
-    with a draft model or a drafter (a head). On a CPU its decoders are the CUDA decoder's
-    captured form run eagerly, so that the CPU check runs the same code."""
+    with a draft model or a drafter (a head); `tree=False`: chains only. On a CPU its decoders
+    are the CUDA decoder's captured form run eagerly, so that the CPU check runs the same
+    code."""
     import specgen.core.drafters as drafters
     import specgen.core.engine as engine
     from specgen.core.engine import SpeculativeGenerator
     from specgen.decoding.cuda import CudaDecoder
 
     if target.device.type != "cpu":
-        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model")
+        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model", tree=tree)
     saved = engine.make_decoder, drafters.make_decoder
     engine.make_decoder = drafters.make_decoder = (
         lambda model, exact=False: CudaDecoder(model, static=True))
     try:
-        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model")
+        return SpeculativeGenerator(target, draft, k, adaptive, method="draft-model", tree=tree)
     finally:
         engine.make_decoder, drafters.make_decoder = saved
 
@@ -488,8 +492,8 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
             return tokens, passes.calls
         return run
 
-    def spec(model, draft, k, adaptive):
-        gen = specgen_generator(model, draft, k, adaptive)
+    def spec(model, draft, k, adaptive, tree=True):
+        gen = specgen_generator(model, draft, k, adaptive, tree)
 
         def run(ids, n):
             gen.reset()
@@ -508,6 +512,7 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
     for prefix, draft in drafts.items():
         out[f"{prefix}k{k}"] = spec(target, draft, k, False)
         out[f"{prefix}adaptive"] = spec(target, draft, k_max, True)
+        out[f"{prefix}chain"] = spec(target, draft, k_max, True, tree=False)
     if head is not None:
         vocab = target.config.vocab_size
         out[f"head-k{k}"] = spec(target, make_drafter("eagle", None, vocab, head=head), k, False)
@@ -569,7 +574,9 @@ def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torc
             gen = entries[name].gen
             if gen is not None:  # what its drafting cost (CUDA events on a GPU)
                 raw[name][-1].update(draft_seconds=gen.stats.draft_seconds,
-                                     draft_passes=gen.stats.draft_passes)
+                                     draft_passes=gen.stats.draft_passes,
+                                     tree_steps=gen.stats.tree_steps,
+                                     branch_kept=gen.stats.branch_kept)
         print(f"prompt {i}: " + ", ".join(
             f"{name} {raw[name][-1]['new_tokens'] / raw[name][-1]['seconds']:.1f}"
             for name in names if name in ran) + " tok/s", flush=True)
@@ -596,6 +603,9 @@ def summarize(raw: dict[str, list[dict]]) -> dict:
                "tokens_per_target_pass": sum(r["new_tokens"] for r in runs)
                / max(1, sum(r["target_passes"] for r in runs)),
                "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs]}
+        if any(r.get("tree_steps") for r in runs):
+            row["tree_steps"] = sum(r["tree_steps"] for r in runs)
+            row["branch_kept"] = sum(r["branch_kept"] for r in runs)
         drafted = sum(r.get("draft_passes", 0) for r in runs)
         if drafted:
             row["draft_pass_ms"] = 1e3 * sum(r["draft_seconds"] for r in runs) / drafted
@@ -939,15 +949,16 @@ def empty_cache(device: torch.device) -> None:
 
 def summary(report: dict) -> str:
     lines = ["", "| pair | contestant | tok/s | tokens/pass | vs plain | vs assisted | = generate "
-             "| = plain | graphs |", "|---|---|---|---|---|---|---|---|---|"]
+             "| = plain | tree steps, branch kept | graphs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, pair in report["pairs"].items():
         for label, row in pair.get("contestants", {}).items():
             graphs = "; ".join(f"{role} {state}" for role, state in row.get("graphs", {}).items())
+            trees = f"{row['tree_steps']}, {row['branch_kept']}" if "tree_steps" in row else "-"
             lines.append(
                 f"| {name} | {label} | {row['tokens_per_second']:.1f} | "
                 f"{row['tokens_per_target_pass']:.2f} | {row.get('vs_plain', float('nan')):.2f} | "
                 f"{row.get('vs_assisted', float('nan')):.2f} | {row.get('equal_to_generate', '')} | "
-                f"{row.get('equal_to_plain', '')} | {graphs or '-'} |")
+                f"{row.get('equal_to_plain', '')} | {trees} | {graphs or '-'} |")
     lines += ["", "| pair | scheme | " + " | ".join(f"w{w} ms" for w in WIDTHS)
               + " | w5/w1 | graphs | decoder | rows alone |", "|---|---|" + "---|" * (len(WIDTHS) + 4)]
     for name, pair in report["pairs"].items():

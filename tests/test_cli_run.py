@@ -219,11 +219,12 @@ def test_ctrl_c_keeps_partial_output_and_exits_130(tiny_profile, tmp_path):
 def test_no_tree_keeps_chains(tiny_profile, monkeypatch):
     """--no-tree reaches the generator: with every branch worth its row, the run builds
     token trees by default and none with the flag; the answer is the same."""
+    from specgen.choices import MAX_TREE_ROWS
     from specgen.core import tree as trees
     from specgen.core.adaptive import Planner
 
     def every_branch(self, scores, tokens, k):
-        chosen = trees.choose_branches(scores, tokens, 0.0, trees.MAX_TREE_ROWS - 1 - k)
+        chosen = trees.choose_branches(scores, tokens, 0.0, MAX_TREE_ROWS - 1 - k)
         self.branch_offer = sum(score for _, _, score in chosen)
         return [(index, token) for index, token, _ in chosen]
 

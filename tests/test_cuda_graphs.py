@@ -43,7 +43,7 @@ def test_a_capture_is_tried_twice_with_a_reset_between():
 def test_the_graph_keys_cover_every_width_of_every_kind_once():
     keys = list(graph_keys(set(DEFAULT_VARIANTS), 5))
     assert len(keys) == len(set(keys)) == 2 * 5 - 1  # (1, 1) serves both kinds
-    assert {(m, n) for m, n, _, _ in keys} == {(m, m) for m in range(1, 6)} | {
+    assert {(m, n) for m, n, *_ in keys} == {(m, m) for m in range(1, 6)} | {
         (m, 1) for m in range(1, 6)}
 
 

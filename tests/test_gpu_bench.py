@@ -35,9 +35,9 @@ def test_the_gpu_bench_runs_end_to_end_on_tiny_shapes(tmp_path):
     bnb = report["machine"]["bitsandbytes"] is not None
     for name, pair in pairs.items():
         rows = pair["contestants"]
-        expected = {"generate", "plain", "k4", "adaptive", "head-k4"}
+        expected = {"generate", "plain", "k4", "adaptive", "chain", "head-k4"}
         if name == "llama-70b":
-            expected |= {"1b-k4", "1b-adaptive"}  # the second draft
+            expected |= {"1b-k4", "1b-adaptive", "1b-chain"}  # the second draft
         else:
             expected |= {"assisted", "int4-generate", "int4-plain", "int4-k4", "int4-adaptive"}
         assert expected <= set(rows)
@@ -49,10 +49,11 @@ def test_the_gpu_bench_runs_end_to_end_on_tiny_shapes(tmp_path):
             # exact.
             assert row["equal_to_plain"] == f"{eager}/{eager}"
             assert row["equal_to_generate"] == ("1/1" if name == "llama-70b" else "2/2")
-            if label.endswith(("plain", "k4", "adaptive")) and label != "head-k4":
+            if label.endswith(("plain", "k4", "adaptive", "chain")) and label != "head-k4":
                 # specgen's: whether its decoders replay graphs (a CPU has none)
                 assert row["graphs"] == {"target": "eager", "draft": "eager"}
         assert rows["k4"]["tokens_per_target_pass"] > 1  # the draft agrees part of the time
+        assert "tree_steps" not in rows["chain"]  # adaptive without token trees
         assert "ideal_vs_plain" in rows["k4"]
         # The head at its set agreement: tau, its cost against a target pass; its target's
         # graph status is any other's (eager here, on a CPU; on a GPU its graphs keep the

@@ -170,6 +170,65 @@ def test_attention_rows_alone_across_chunks():
             assert torch.equal(one[0], full[r])
 
 
+# A token tree in preorder (core/tree.py): the chain 1..4 from the root, and branches off
+# nodes 2, 1 (two deep) and the root (two deep); depths 0 1 2 3 4 3 2 3 1 2.
+TREE = (-1, 0, 1, 2, 3, 2, 1, 6, 0, 8)
+
+
+def branch(parents, row: int) -> list[int]:
+    """Row `row`'s ancestors from the root, itself last."""
+    nodes = [row]
+    while parents[nodes[0]] >= 0:
+        nodes.insert(0, parents[nodes[0]])
+    return nodes
+
+
+def test_tree_table():
+    table = gpu.tree_table(TREE, 16)
+    assert table.shape == (16, 17) and table.dtype == torch.int32
+    assert table[7].tolist()[:5] == [3, 0, 1, 6, 7] and set(table[7].tolist()[5:]) == {-1}
+    assert table[0].tolist()[:2] == [0, 0] and (table[len(TREE):] == -1).all()
+
+
+def test_rope_write_rotates_a_tree_at_its_depths():
+    hq, hkv, d, capacity = 4, 2, 16, 64
+    cos, sin = rope_tables(capacity, d)
+    qkv = randn(len(TREE), (hq + 2 * hkv) * d)
+    kv, ref_kv = randn(2, hkv, capacity, d, seed=4), randn(2, hkv, capacity, d, seed=4)
+    tree = gpu.tree_table(TREE, 16).to(DEVICE)
+    q = gpu.rope_write(qkv, cos, sin, kv, at(9), hq, hkv, tree)
+    depths = [len(branch(TREE, r)) - 1 for r in range(len(TREE))]
+    ref_q = reference.rope_write(qkv, cos, sin, ref_kv, 9, hq, hkv, depths)
+    torch.testing.assert_close(q, ref_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kv, ref_kv, atol=1e-6, rtol=1e-6)
+    for r in (4, 5, 9):  # each row: the bits of a one-row pass at its depth's position
+        cache = torch.zeros(2, hkv, capacity, d, device=DEVICE)
+        one = gpu.rope_write(qkv[r:r + 1], cos, sin, cache, at(9 + depths[r]), hq, hkv)
+        assert torch.equal(one[0], q[r]) and torch.equal(cache[:, :, 9 + depths[r]], kv[:, :, 9 + r])
+
+
+@pytest.mark.parametrize("start", [27, 505])  # tree across chunks 0 and 1; across chunk blocks
+def test_tree_attention_rows_are_one_token_passes_along_their_branch(start):
+    """Row r of a tree's pass equals, bit for bit, a one-row pass at its depth's position over
+    a cache that holds its branch in order (what a one-token pass along the branch sees), and
+    the tree's first branch is the chain's pass."""
+    hq, hkv, d, capacity = 4, 2, 16, 544
+    kv = randn(2, hkv, capacity, d, seed=5)
+    q = randn(len(TREE), hq, d, seed=6)
+    tree = gpu.tree_table(TREE, 16).to(DEVICE)
+    out = gpu.attention(q, kv, at(start), 0.25, tree=tree, **BLOCKS)
+    torch.testing.assert_close(out, reference.attention(q, kv, start, 0.25, list(TREE)),
+                               atol=2e-6, rtol=1e-5)
+    chain = gpu.attention(q[:5], kv, at(start), 0.25, **BLOCKS)
+    assert torch.equal(out[:5], chain)
+    for r in range(len(TREE)):
+        nodes = branch(TREE, r)
+        along = kv.clone()
+        along[:, :, start:start + len(nodes)] = kv[:, :, [start + a for a in nodes]]
+        one = gpu.attention(q[r:r + 1], along, at(start + len(nodes) - 1), 0.25, **BLOCKS)
+        assert torch.equal(one[0], out[r]), r
+
+
 def test_available_only_where_the_kernels_run(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert gpu.available("cpu")
@@ -197,14 +256,18 @@ compile(t._linear_int4, dict(x_ptr=p, q_ptr="*i32", sz_ptr=p, b_ptr=p, out_ptr=p
         dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, GROUP=128))
 compile(t._add_rms_norm, dict(x_ptr=p, r_ptr=p, w_ptr=p, normed_ptr=p, summed_ptr=p, H="i32",
         eps="fp32", HAS_RESIDUAL=c, BLOCK_H=c), dict(HAS_RESIDUAL=True, BLOCK_H=2048))
-compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64", C="i32",
-        HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c, BLOCK_HALF=c),
-        dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2, BLOCK_HALF=64))
+for tree in (False, True):
+    compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64",
+            tree_ptr="*i32" if tree else "*i64", C="i32", HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c,
+            BLOCK_HALF=c, TREE=c, TW=c), dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2,
+            BLOCK_HALF=64, TREE=tree, TW=17 if tree else 1))
 compile(t._silu_mul, dict(gu_ptr=p, out_ptr=p, I="i32", BLOCK=c), dict(BLOCK=1024))
-compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", acc_ptr="*fp32", max_ptr="*fp32",
-        sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c,
-        BLOCK_M=c, CHUNK=c, BLOCK_KV=c), dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128,
-        BLOCK_M=16, CHUNK=256, BLOCK_KV=64))
+for tree in (False, True):
+    compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", tree_ptr="*i32" if tree else "*i64",
+            acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c,
+            HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, BLOCK_M=c, CHUNK=c, BLOCK_KV=c, TREE=c, TW=c),
+            dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, BLOCK_M=16, CHUNK=256,
+            BLOCK_KV=64, TREE=tree, TW=17 if tree else 1))
 compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
         pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c, BLOCK_C=c),
         dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256, BLOCK_C=16))

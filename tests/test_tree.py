@@ -8,6 +8,7 @@ import torch
 
 import specgen.core.engine
 from specgen import SpeculativeGenerator
+from specgen.choices import MAX_TREE_ROWS
 from specgen.core import tree as trees
 from specgen.core.adaptive import Plan, Planner
 from specgen.core.drafters import ModelDrafter
@@ -146,7 +147,7 @@ def test_sampling_down_a_tree_emits_the_target_distribution(distribution):
 
 def every_branch(self, scores, tokens, k):
     """Planner.branches with every candidate worth its row: each step is a full tree."""
-    chosen = choose_branches(scores, tokens, 0.0, trees.MAX_TREE_ROWS - 1 - k)
+    chosen = choose_branches(scores, tokens, 0.0, MAX_TREE_ROWS - 1 - k)
     self.branch_offer = sum(score for _, _, score in chosen)
     return [(index, token) for index, token, _ in chosen]
 
@@ -231,4 +232,4 @@ def test_the_planner_branches_where_a_row_costs_less_than_what_the_branch_is_wor
     assert planner.branch_odds > 1.0
     assert (0, 5) in planner.branches(scores, tokens, 2)
     assert not Planner(4, adaptive=False).branches(scores, tokens, 2)
-    assert len(Planner(4).branches(scores, tokens, trees.MAX_TREE_ROWS - 1)) == 0  # no room
+    assert len(Planner(4).branches(scores, tokens, MAX_TREE_ROWS - 1)) == 0  # no room

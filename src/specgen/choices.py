@@ -50,6 +50,11 @@ RUNTIMES = ("transformers", "llama.cpp")
 # FP32_ROWS, kernels.int4 tile paths), so every token's logits are those of a one-token pass.
 MIN_K, MAX_K = 0, 32
 
+# Rows a token tree's verify pass may have, its root (the pending token) included: the chain
+# and its branches (core/tree.py). Within MAX_K + 1, and the width of a GPU decoder's static
+# tree tables (decoding/cuda.py).
+MAX_TREE_ROWS = 16
+
 # A draft forward reading fewer unread context tokens than this costs about one pass (passes
 # are flat at such widths): only a longer reading is a catch-up, timed, charged and measured
 # as one (core/adaptive.py).

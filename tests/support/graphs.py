@@ -13,8 +13,8 @@ class EagerGraph:
         self.decoder, self.key, self.out, self.states = decoder, key, out, states
 
     def replay(self) -> None:
-        m, n, head, skip = self.key
-        self.out.copy_(self.decoder._forward(self.decoder._ids[:m], n, head, skip, None))
+        m, n, head, skip, tree = self.key
+        self.out.copy_(self.decoder._forward(self.decoder._ids[:m], n, head, skip, None, tree))
         if self.states is not None:  # a drafting head's states, into the static buffers
             (normed, inputs), (new_normed, new_inputs) = self.states, self.decoder._states
             normed.copy_(new_normed)
@@ -35,8 +35,8 @@ def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> l
         keys.append(key)
         if len(keys) <= failures:
             raise error
-        m, n, head, skip = key
-        out = decoder._forward(decoder._ids[:m], n, head, skip, None)
+        m, n, head, skip, tree = key
+        out = decoder._forward(decoder._ids[:m], n, head, skip, None, tree)
         states = decoder._states if decoder.capture_layers is not None else None
         return EagerGraph(decoder, key, out, states), out, states
 

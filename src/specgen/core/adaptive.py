@@ -85,8 +85,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from specgen.choices import CATCH_UP_TOKENS
-from specgen.core.tree import MAX_TREE_ROWS, choose_branches
+from specgen.choices import CATCH_UP_TOKENS, MAX_TREE_ROWS
+from specgen.core.tree import choose_branches
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -56,13 +56,14 @@ MODEL = "model"  # the draft model's guesser name
 SELF = "self"  # the self-speculative drafter's guesser name
 
 
-def reserve_room(owner, positions: int, widest: int = 1) -> None:
+def reserve_room(owner, positions: int, widest: int = 1, **passes: bool) -> None:
     """Room for `positions` in `owner`'s static cache, with its passes of up to `widest`
-    tokens made ready (the CUDA decoder captures their graphs then); nothing where `owner`
-    keeps no static cache."""
+    tokens made ready (the CUDA decoder captures their graphs then), and the other kinds of
+    pass in `passes` (a target decoder's `trees=True`); nothing where `owner` keeps no static
+    cache."""
     reserve = getattr(owner, "reserve", None)
     if reserve is not None:
-        reserve(positions, widest)
+        reserve(positions, widest, **passes)
 
 
 class Drafter(Protocol):

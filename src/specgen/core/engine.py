@@ -69,7 +69,8 @@ class SpeculativeGenerator:
 
     `tree` (the default) lets the planner verify a draft model's chain with branches, its
     next-likeliest tokens, as a token tree in the same pass, where its measured costs say a
-    branch pays (core/tree.py; on decoders that verify trees: the CPU's lean decoder)."""
+    branch pays (core/tree.py; on the decoders that verify trees: the CPU's lean decoder and
+    the GPU's)."""
 
     def __init__(
         self,
@@ -141,9 +142,10 @@ class SpeculativeGenerator:
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         self._decoder.crop(same)
         # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
-        # to K + 1 tokens captured before the first timed pass.
-        for owner in (self._decoder, self.drafter):
-            reserve_room(owner, len(tokens) + max_new_tokens + self.k_max + 1, self.k_max + 1)
+        # to K + 1 tokens (and each token tree's) captured before the first timed pass.
+        room = len(tokens) + max_new_tokens + self.k_max + 1
+        reserve_room(self._decoder, room, self.k_max + 1, trees=self.adaptive and self._trees())
+        reserve_room(self.drafter, room, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
@@ -278,21 +280,26 @@ class SpeculativeGenerator:
               q: Tensor | None) -> Tree | None:
         """The step's token tree, where the planner finds branches worth their rows and the
         decoder verifies trees; else None (a chain). A draft model's q ranks the branches."""
-        if (q is None or not drafts.numel() or not self.tree
-                or not hasattr(self._decoder, "tree_logits")
-                or not getattr(plan.drafter, "branches", False)
-                or self._decoder.capture_layers is not None):  # a head reads the chain's states
+        if (q is None or not drafts.numel() or not self._trees()
+                or not getattr(plan.drafter, "branches", False)):
             return None
         scores, alternatives = branch_scores(q.to(drafts.device), drafts)
         chosen = planner.branches(scores.cpu(), alternatives.cpu(), drafts.shape[0])
         return build(tokens[-1], drafts, chosen) if chosen else None
 
+    def _trees(self) -> bool:
+        """Whether steps may verify token trees: asked for, a decoder that verifies them, and
+        no drafting head (it reads the states of the chain's rows)."""
+        return (self.tree and hasattr(self._decoder, "tree_logits")
+                and getattr(self._decoder, "capture_layers", None) is None)
+
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
               generator: torch.Generator) -> tuple[tuple, list[int]]:
         """A tree's verdict, as `_settle` takes it (the kept branch's length, the target's
         token after it, its top probability at the root, the branch's tokens), and the kept
-        branch's nodes (root excluded). The branch is read on the host: a tree's decoder is
-        the CPU's."""
+        branch's nodes (root excluded). The branch is read on the host (the one wait for the
+        device a tree step adds): the decoder keeps its entries, and the draft model rolls
+        back to where it leaves the chain."""
         if params.greedy:
             _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
             leaf = int(leaf)

@@ -32,10 +32,6 @@ from torch import Tensor
 
 from specgen.core.sampling import multi_rejection_accept, sample
 
-# Rows a tree's verify pass may have (the root included): within the widths the CPU kernels
-# compute row by row (choices.MAX_K). How many of them a step uses is the planner's, from the
-# measured cost of a row (adaptive.Planner.branches).
-MAX_TREE_ROWS = 16
 # Candidates per position a branch is chosen from (the chain's token excluded).
 BRANCHES_PER_DEPTH = 3
 

@@ -41,6 +41,13 @@ checked on the CPU against it within rounding.
 
 A pass may leave out sub-layers (`skip`, lean.run_layers): a self-drafting target runs its own
 layers with some skipped over its own cache; the verify pass rewrites every entry it drafted.
+
+A token tree (core/tree.py) is verified in one pass of its rows at slots pos..pos+N-1: each row
+rotated at the position of its depth and attending the cache below pos and its own ancestors.
+The tree's shape is data, not code: a static table on the device (`_tree`, the kernels'
+`tree_table`) that the host fills before the pass, so one graph per width serves every tree
+of that width. `keep_branch` then moves the kept branch's entries to the slots of their
+positions.
 """
 
 from __future__ import annotations
@@ -53,10 +60,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specgen.choices import MAX_K
+from specgen.choices import MAX_K, MAX_TREE_ROWS
 from specgen.decoding.capture import Capture, States
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 from specgen.errors import SpecgenWarning
+from specgen.kernels.gpu import tree_table
 from specgen.models.llama import apply_rotary_pos_emb
 
 if TYPE_CHECKING:
@@ -65,9 +73,11 @@ if TYPE_CHECKING:
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this
 CAPTURE_TRIES = 2  # a failed capture is retried once, from an empty pool
-# The passes a decoder serves, as (rows out, head, skip): rows 0 is every row (a target's
-# verify and one-token passes), 1 the last row only (a draft catching up).
-DEFAULT_VARIANTS = ((0, True, NO_SKIP), (1, True, NO_SKIP))
+# The passes a decoder serves, as (rows out, head, skip, tree): rows 0 is every row (a target's
+# verify and one-token passes), 1 the last row only (a draft catching up); tree: a token
+# tree's verify pass (widths up to MAX_TREE_ROWS; reserved by a generator that may build one).
+DEFAULT_VARIANTS = ((0, True, NO_SKIP, False), (1, True, NO_SKIP, False))
+TREE_VARIANT = (0, True, NO_SKIP, True)
 
 
 def on_one_gpu(model: PreTrainedModel) -> bool:
@@ -112,9 +122,13 @@ class CudaDecoder:
         self.kv: Tensor | None = None
         self._offsets = torch.arange(GRAPH_WIDTH, device=self.device)
         self._ids = torch.zeros(GRAPH_WIDTH, dtype=torch.long, device=self.device)
+        # The last tree pass's shape (kernels.gpu.tree_table) and where it started; a chain
+        # until the first tree (a capture reads it, and must find it well-formed).
+        self._tree = tree_table(range(-1, MAX_TREE_ROWS - 1), MAX_TREE_ROWS).to(self.device)
+        self._tree_start = 0
         self._slots: Tensor | None = None  # arange(capacity)
-        # (width, rows out, head, skip) -> the graph, its static output and (for a drafting
-        # head) its static states, alive together
+        # (width, rows out, head, skip, tree) -> the graph, its static output and (for a
+        # drafting head) its static states, alive together
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor, States | None]] = {}
         self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
         self._variants: set[tuple] = set(DEFAULT_VARIANTS)
@@ -153,15 +167,18 @@ class CudaDecoder:
         """The one line that says this decoder gave up on graphs, and why (None: it did not)."""
         return None if self.graph_error is None else graphs_off_line(self.graph_error)
 
-    def reserve(self, positions: int, widest: int = 1) -> None:
+    def reserve(self, positions: int, widest: int = 1, trees: bool = False) -> None:
         """Room for `positions` cached positions, and a graph captured for every pass of up
-        to `widest` tokens (K + 1 for a generation of up to K drafts a step). Growing moves
-        the cache, so the graphs that read it are dropped and captured again: a generation
-        reserves its whole length before its first pass, so that no capture lands among its
-        timed tokens. A pass of a kind or width not met before is captured on first use."""
+        to `widest` tokens (K + 1 for a generation of up to K drafts a step), and with
+        `trees` for every token tree's pass. Growing moves the cache, so the graphs that read
+        it are dropped and captured again: a generation reserves its whole length before its
+        first pass, so that no capture lands among its timed tokens. A pass of a kind or
+        width not met before is captured on first use."""
         self.widest = max(self.widest, min(widest, GRAPH_WIDTH))
+        if trees:
+            self._variants.add(TREE_VARIANT)
         if self.graphs:  # a capture writes as many entries past the length as its width
-            room = max([self.widest, *(key[0] for key in self._wide)])
+            room = max([self.widest, MAX_TREE_ROWS, *(key[0] for key in self._wide)])
             positions = max(positions, self.length + room)
         if positions > self.capacity:
             self._grow(positions)
@@ -187,16 +204,42 @@ class CudaDecoder:
     def logits(self, ids: Tensor, n: int = 1, skip: Skip = NO_SKIP) -> Tensor:
         return self._pass(ids, n, True, _frozen(skip))
 
-    def _pass(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor:
+    @torch.inference_mode()
+    def tree_logits(self, ids: Tensor, parents: tuple[int, ...]) -> Tensor:
+        """The logits of every node of a token tree [N, V] (core/tree.py's layout: node j
+        holds ids[j], a child of parents[j]; node 0 is the pending token), each row over the
+        cache and its own ancestors. The cache then holds every node, at slots in the tree's
+        order: `keep_branch` keeps the accepted branch."""
+        m = len(parents)
+        table = tree_table(parents, MAX_TREE_ROWS)  # the host's, copied without a wait
+        self._tree.copy_(table.pin_memory() if self.device.type == "cuda" else table,
+                         non_blocking=True)
+        self._tree_start = self.length
+        return self._pass(ids, m, True, NO_SKIP, tree=True)
+
+    @torch.inference_mode()
+    def keep_branch(self, nodes: list[int]) -> None:
+        """After `tree_logits`: the cache holds the tree's root and then `nodes` (the accepted
+        branch, root excluded, from the root down), at the slots of their positions, and
+        nothing beyond. The entries move on the device (the tree's table knows the branch)."""
+        start, depth = self._tree_start, len(nodes)
+        if nodes != list(range(1, depth + 1)):  # else the branch is the chain: in place
+            sources = start + self._tree[nodes[-1], 2 : depth + 2].long()
+            targets = start + 1 + self._offsets[:depth]
+            self.kv.index_copy_(4, targets, self.kv.index_select(4, sources))
+        self.crop(start + 1 + depth)
+
+    def _pass(self, ids: Tensor, n: int, head: bool, skip: Skip, tree: bool = False) -> Tensor:
         m = ids.shape[0]
         if self.length + m > self.capacity:
             self.reserve(self.length + m)
         out = None
         if self.graphs and m <= GRAPH_WIDTH:
-            out = self._replay(ids, n, head, skip)
+            out = self._replay(ids, n, head, skip, tree)
         if out is None:
             static = self.static and m <= GRAPH_WIDTH
-            out = self._forward(ids.to(self.device), n, head, skip, None if static else self.length)
+            out = self._forward(ids.to(self.device), n, head, skip,
+                                None if static else self.length, tree)
         if self.capture_layers is not None:  # copies: a graph's states are its static buffers
             normed, inputs = self._states
             self.captured.append(Capture(self.length, normed.clone(), [t.clone() for t in inputs]))
@@ -207,19 +250,31 @@ class CudaDecoder:
     # --- one pass ------------------------------------------------------------------------
 
     def _forward(self, ids: Tensor, n: int, head: bool, skip: Skip,
-                 start: int | None) -> Tensor:
+                 start: int | None, tree: bool = False) -> Tensor:
         """The last n positions' hidden states (or logits) of a pass over `ids` [m] at
         positions pos..pos+m-1, writing their cache entries. `start` is the host's copy of pos
         for an eager pass (attention over exactly the cached positions); None for a captured
-        pass (attention over the whole capacity, masked)."""
+        pass (attention over the whole capacity, masked). `tree`: the rows are the token tree
+        in `_tree`, at slots pos..pos+m-1 and positions pos + their depths."""
         m = ids.shape[0]
-        positions = self.pos + self._offsets[:m] if m <= GRAPH_WIDTH else (
+        slots = self.pos + self._offsets[:m] if m <= GRAPH_WIDTH else (
             self.pos + torch.arange(m, device=self.device))
+        positions = self.pos + self._tree[:m, 0].long() if tree else slots
         x = self.embed(ids)  # [m, hidden]
         cos, sin = self.rotary(x[None], positions[None])
+        # A tree's rows see one another where one is the other's ancestor (or itself): node
+        # j is row r's ancestor where r's ancestor at j's depth is j.
+        family = (self._tree[:m, 1:].gather(1, self._tree[None, :m, 0].long().expand(m, m))
+                  == self._offsets[None, :m]) if tree else None
         if start is None:  # whole capacity; row r of a stacked query is position r % m
-            visible = self._slots[None, :] <= positions[:, None]  # [m, capacity]
+            visible = self._slots[None, :] <= slots[:, None]  # [m, capacity]
+            if tree:  # below pos as a chain; at pos + j, where node j is in the row's family
+                rel = self._slots - self.pos
+                inside = (rel >= 0) & (rel < m)
+                visible = (rel < 0)[None, :] | (family[:, rel.clamp(0, m - 1)] & inside[None, :])
             mask = visible.repeat(self.groups, 1) if self.groups > 1 else visible
+        elif tree:
+            mask = torch.cat([family.new_ones(m, start), family], 1)
         else:  # as transformers: no mask for one token, causal from an empty cache
             mask = None if m == 1 or start == 0 else torch.ones(
                 m, start + m, dtype=torch.bool, device=self.device).tril(start)
@@ -228,8 +283,8 @@ class CudaDecoder:
             q, k, v = (t.view(1, m, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = self.kv[i, 0], self.kv[i, 1]  # [1, kv_heads, capacity, head_dim]
-            keys.index_copy_(2, positions, k)
-            values.index_copy_(2, positions, v)
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
             if start is None:
                 stacked = q.reshape(1, self.kv_heads, self.groups * m, self.head_dim)
                 out = F.scaled_dot_product_attention(stacked, keys, values, attn_mask=mask,
@@ -238,7 +293,8 @@ class CudaDecoder:
             end = start + m
             return F.scaled_dot_product_attention(
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=attn.scaling,
-                is_causal=start == 0 and m > 1, enable_gqa=self.groups > 1).transpose(1, 2)[0]
+                is_causal=start == 0 and m > 1 and not tree,
+                enable_gqa=self.groups > 1).transpose(1, 2)[0]
 
         inputs: list[Tensor] = []
         x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
@@ -249,14 +305,14 @@ class CudaDecoder:
 
     # --- CUDA graphs -------------------------------------------------------------------------
 
-    def _replay(self, ids: Tensor, n: int, head: bool, skip: Skip) -> Tensor | None:
+    def _replay(self, ids: Tensor, n: int, head: bool, skip: Skip, tree: bool) -> Tensor | None:
         """The pass replayed from its graph; None if graphs are off (capture failed twice),
         after which this decoder runs eagerly. A pass of a kind not met before has every
         reserved width of its kind captured first; a wider pass, its own width."""
         m = ids.shape[0]
-        key = (m, n, head, skip)
+        key = (m, n, head, skip, tree)
         if key not in self._captured:
-            self._variants.add((0 if n == m else n, head, skip))
+            self._variants.add((0 if n == m else n, head, skip, tree))
             if m > self.widest:  # a width no reserve asked for: that pass alone
                 self._wide.add(key)
             self.reserve(self.length + m)  # room for the captures' writes, then the graphs
@@ -293,7 +349,7 @@ class CudaDecoder:
     def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor, States | None]:
         """One pass captured as a graph into this cache's pool, with its static output and
         (for a drafting head) its static states."""
-        m, n, head, skip = key
+        m, n, head, skip, tree = key
         ids = self._ids[:m]
         # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
         # pass is idempotent: it rewrites the same cache entries from the same inputs, past
@@ -302,24 +358,26 @@ class CudaDecoder:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(ids, n, head, skip, None)
+                self._forward(ids, n, head, skip, None, tree)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work (a server's) does not spoil the capture.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self._forward(ids, n, head, skip, None)
+            out = self._forward(ids, n, head, skip, None, tree)
         return graph, out, self._states if self.capture_layers is not None else None
 
 
 def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
-    """(width, rows out, head, skip) of every graph the kinds of pass in `variants` need:
-    widths 1..widest for every row out (rows 0), rows..widest otherwise."""
+    """(width, rows out, head, skip, tree) of every graph the kinds of pass in `variants`
+    need: widths 1..widest for every row out (rows 0), rows..widest otherwise; a tree's,
+    2..MAX_TREE_ROWS (a tree has a branch)."""
     seen = set()
-    for rows, head, skip in sorted(variants, key=repr):
-        for m in range(max(rows, 1), widest + 1):
-            key = (m, rows or m, head, skip)
+    for rows, head, skip, tree in sorted(variants, key=repr):
+        widths = range(2, MAX_TREE_ROWS + 1) if tree else range(max(rows, 1), widest + 1)
+        for m in widths:
+            key = (m, rows or m, head, skip, tree)
             if key not in seen:
                 seen.add(key)
                 yield key

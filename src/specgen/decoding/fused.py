@@ -174,11 +174,12 @@ class FusedDecoder(CudaDecoder):
         return self._tables
 
     def _forward(self, ids: Tensor, n: int, head: bool, skip: Skip,
-                 start: int | None) -> Tensor:
+                 start: int | None, tree: bool = False) -> Tensor:
         m = ids.shape[0]
         if m > GRAPH_WIDTH:
             return super()._forward(ids, n, head, skip, start)
         cos, sin = self._rope_tables()
+        shape = self._tree if tree else None
         pending, residual = self.embed(ids), None  # the stream is residual + pending
         inputs: list[Tensor] = []
         capture = self.capture_layers
@@ -189,8 +190,9 @@ class FusedDecoder(CudaDecoder):
                 kv = self.kv[i, :, 0]  # [2, kv_heads, capacity, head_dim]
                 h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
                 q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, self.pos,
-                                   self.q_heads, self.kv_heads)
-                pending = gpu.linear(gpu.attention(q, kv, self.pos, w.scale).view(m, -1), w.o)
+                                   self.q_heads, self.kv_heads, shape)
+                pending = gpu.linear(gpu.attention(q, kv, self.pos, w.scale, shape).view(m, -1),
+                                     w.o)
             if i not in skip.mlp:
                 h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
                 pending = gpu.linear(gpu.silu_mul(gpu.linear(h, w.gate_up)), w.down)

@@ -16,6 +16,10 @@ The ops, each beside its PyTorch definition in reference.py:
     silu_mul(gate_up)                 silu(gate) * up
     attention(q, kv, pos, scale)      causal grouped-query attention over the cache (2 kernels)
 
+`rope_write` and `attention` also take a token tree's rows (`tree=`, a `tree_table`): each row
+at the position of its depth, attending its own ancestors, with the bits of a one-token pass
+along its branch (core/tree.py has the layout).
+
 `pos` is the first row's position as an int64 tensor [1] on the device, so one CUDA graph
 serves every position. Triton is imported on first use: specgen imports without it, and
 `available(device)` says whether these kernels can run (CUDA, or a CPU under Triton's
@@ -183,10 +187,11 @@ def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
 
 
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, hq: int,
-               hkv: int) -> Tensor:
+               hkv: int, tree: Tensor | None = None) -> Tensor:
     """q [M, hq, D] rotated at positions pos..pos+M-1; k (rotated) and v written to the
-    cache kv [2, hkv, capacity, D] there. cos, sin: [capacity, D] tables. One kernel."""
-    return _tiles().rope_write(qkv, cos, sin, kv, pos, hq, hkv)
+    cache kv [2, hkv, capacity, D] there. cos, sin: [capacity, D] tables. One kernel.
+    `tree` (a tree_table): row r is rotated at pos + its depth, still written at pos + r."""
+    return _tiles().rope_write(qkv, cos, sin, kv, pos, hq, hkv, tree)
 
 
 def silu_mul(gate_up: Tensor) -> Tensor:
@@ -194,8 +199,23 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return _tiles().silu_mul(gate_up)
 
 
-def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, **blocks: int) -> Tensor:
+def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, tree: Tensor | None = None,
+              **blocks: int) -> Tensor:
     """q [M, hq, D]: row r attends cache slots 0..pos+r of kv [2, hkv, capacity, D].
     Flash-decoding in two kernels: chunks of the cache fixed by slot, merged in slot order.
-    `blocks` (chunk=, block_kv=) changes the fixed split (tests use small ones)."""
-    return _tiles().attention(q, kv, pos, scale, **blocks)
+    `tree` (a tree_table, rows at slots pos..pos+M-1): row r attends the slots below pos and
+    then, position by position, those of its ancestors and itself. `blocks` (chunk=,
+    block_kv=) changes the fixed split (tests use small ones)."""
+    return _tiles().attention(q, kv, pos, scale, tree=tree, **blocks)
+
+
+def tree_table(parents: list[int] | tuple[int, ...], width: int) -> Tensor:
+    """A token tree (parents in preorder, -1 at the root) as the kernels read it, on the host:
+    int32 [width, width + 1], row r = its depth, then its ancestor at each depth 0..depth
+    (itself last), then -1. Rows past the tree are -1 (a pass never reads them)."""
+    rows = [[-1] * (width + 1) for _ in range(width)]
+    paths: list[list[int]] = []
+    for r, parent in enumerate(parents):
+        paths.append((paths[parent] if r else []) + [r])
+        rows[r][: len(paths[r]) + 1] = [len(paths[r]) - 1, *paths[r]]
+    return torch.tensor(rows, dtype=torch.int32)

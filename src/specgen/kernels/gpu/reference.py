@@ -50,12 +50,14 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: int, hq: int,
-               hkv: int) -> Tensor:
+               hkv: int, depths: list[int] | None = None) -> Tensor:
     """Rotate q and k of qkv [M, (hq + 2 hkv) D] at positions pos..pos+M-1 (cos, sin
-    [capacity, D] tables), write k and v into kv [2, hkv, capacity, D] there; rotated q."""
+    [capacity, D] tables), write k and v into kv [2, hkv, capacity, D] there; rotated q.
+    A token tree's rows (`depths`) are rotated at pos + their depth, and written at pos + row."""
     m, d = qkv.shape[0], kv.shape[-1]
     q, k, v = qkv.view(m, hq + 2 * hkv, d).split([hq, hkv, hkv], 1)
-    c, s = cos[pos:pos + m], sin[pos:pos + m]
+    at = pos + torch.tensor(depths if depths is not None else range(m), device=qkv.device)
+    c, s = cos[at], sin[at]
     kv[0, :, pos:pos + m] = rotate(k, c, s).transpose(0, 1)
     kv[1, :, pos:pos + m] = v.transpose(0, 1)
     return rotate(q, c, s)
@@ -68,9 +70,12 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return (act.float() * up).to(gate_up.dtype)
 
 
-def attention(q: Tensor, kv: Tensor, pos: int, scale: float) -> Tensor:
+def attention(q: Tensor, kv: Tensor, pos: int, scale: float,
+              parents: list[int] | None = None) -> Tensor:
     """q [M, hq, D] at positions pos..pos+M-1 over kv [2, hkv, capacity, D]: row r attends
-    slots 0..pos+r (grouped-query: hq / hkv query heads per key/value head). [M, hq, D]."""
+    slots 0..pos+r (grouped-query: hq / hkv query heads per key/value head). [M, hq, D].
+    A token tree's rows (`parents`, core/tree.py's layout, at slots pos..pos+M-1): row r
+    attends the slots below pos and those of its ancestors and itself."""
     m, hq, d = q.shape
     hkv = kv.shape[1]
     keys = kv[0, :, :pos + m].float().repeat_interleave(hq // hkv, 0)  # [hq, T, D]
@@ -78,5 +83,12 @@ def attention(q: Tensor, kv: Tensor, pos: int, scale: float) -> Tensor:
     scores = torch.einsum("mhd,htd->hmt", q.float(), keys) * scale
     slots = torch.arange(pos + m, device=q.device)
     visible = slots[None, :] <= pos + torch.arange(m, device=q.device)[:, None]
+    if parents is not None:
+        visible[:, pos:] = torch.eye(m, dtype=torch.bool, device=q.device)
+        for r in range(m):
+            a = parents[r]
+            while a >= 0:
+                visible[r, pos + a] = True
+                a = parents[a]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return torch.einsum("hmt,htd->mhd", probs, values).to(q.dtype)

@@ -152,13 +152,18 @@ def _rope_heads(src, dst, dst_stride, c1, c2, s1, s2, COUNT: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, C, HQ: tl.constexpr,
+def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, tree_ptr, C, HQ: tl.constexpr,
                 HKV: tl.constexpr, D: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, TREE: tl.constexpr,
+                TW: tl.constexpr):
     """One program per (row, part): part 0 rotates the row's q heads, part 1 its k heads and
-    writes them and the v heads to the cache at the row's position."""
+    writes them and the v heads to the cache at the row's slot. A row's slot is pos + row;
+    its position too, but in a token tree (TREE) pos + its depth (`tree`: see attention)."""
     row, part = tl.program_id(0), tl.program_id(1)
-    p = tl.load(pos_ptr) + row
+    slot = tl.load(pos_ptr) + row
+    p = slot
+    if TREE:
+        p = tl.load(pos_ptr) + tl.load(tree_ptr + row * TW)
     i = tl.arange(0, BLOCK_HALF)
     half = i < D // 2
     c1 = tl.load(cos_ptr + p * D + i, mask=half, other=0.0).to(tl.float32)[None, :]
@@ -168,21 +173,22 @@ def _rope_write(qkv_ptr, cos_ptr, sin_ptr, kv_ptr, q_ptr, pos_ptr, C, HQ: tl.con
     src = qkv_ptr + row * (HQ + 2 * HKV) * D
     if part == 0:
         _rope_heads(src, q_ptr + row * HQ * D, D, c1, c2, s1, s2, HQ, BLOCK_HQ, D, BLOCK_HALF, True)
-    else:  # kv[0, head, p] and kv[1, head, p]
-        _rope_heads(src + HQ * D, kv_ptr + p * D, C * D, c1, c2, s1, s2, HKV, BLOCK_HKV, D,
+    else:  # kv[0, head, slot] and kv[1, head, slot]
+        _rope_heads(src + HQ * D, kv_ptr + slot * D, C * D, c1, c2, s1, s2, HKV, BLOCK_HKV, D,
                     BLOCK_HALF, True)
-        _rope_heads(src + (HQ + HKV) * D, kv_ptr + (HKV * C + p) * D, C * D, c1, c2, s1, s2,
+        _rope_heads(src + (HQ + HKV) * D, kv_ptr + (HKV * C + slot) * D, C * D, c1, c2, s1, s2,
                     HKV, BLOCK_HKV, D, BLOCK_HALF, False)
 
 
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, kv: Tensor, pos: Tensor, hq: int,
-               hkv: int) -> Tensor:
+               hkv: int, tree: Tensor | None = None) -> Tensor:
     m = qkv.shape[0]
     d = kv.shape[-1]
     q = torch.empty(m, hq, d, dtype=qkv.dtype, device=qkv.device)
-    _rope_write[(m, 2)](qkv.contiguous(), cos, sin, kv, q, pos, kv.shape[2], hq, hkv, d,
-                        triton.next_power_of_2(hq), triton.next_power_of_2(hkv),
-                        triton.next_power_of_2(d // 2))
+    _rope_write[(m, 2)](qkv.contiguous(), cos, sin, kv, q, pos, pos if tree is None else tree,
+                        kv.shape[2], hq, hkv, d, triton.next_power_of_2(hq),
+                        triton.next_power_of_2(hkv), triton.next_power_of_2(d // 2),
+                        tree is not None, 1 if tree is None else tree.shape[1])
     return q
 
 
@@ -206,13 +212,32 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 
 @triton.jit
-def _attend_chunk(q_ptr, kv_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
+def _branch_slots(tree_ptr, row, s, pos, TW: tl.constexpr):
+    """Where a tree row finds the keys of positions s (a block of them): below pos the
+    cache's own slots; at pos + t, the slot of its ancestor at depth t (itself at its own
+    depth); -1 past its depth (masked)."""
+    depth = tl.load(tree_ptr + row * TW)
+    t = s - pos
+    node = tl.load(tree_ptr + row * TW + 1 + t, mask=(t >= 0) & (t <= depth), other=-1)
+    return tl.where(t < 0, s, tl.where(node >= 0, pos + node, -1))
+
+
+@triton.jit
+def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
                   HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr):
+                  CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr, TREE: tl.constexpr,
+                  TW: tl.constexpr):
     """One program per (key/value head, chunk of CHUNK slots, tile of rows): the tile holds
     BLOCK_M rows times the GROUPS query heads sharing the key/value head (padded to GP), and
-    leaves each row's running max, sum and unnormalised output over the chunk."""
+    leaves each row's running max, sum and unnormalised output over the chunk.
+
+    TREE: the rows are a token tree's (`tree` [M, TW]: per row its depth, then its ancestor
+    at each depth, itself last). Each row sees positions up to pos + its depth, and at
+    position pos + t the keys of its ancestor at depth t: the keys a one-token pass along its
+    branch sees at that position. A row off the tree's first branch (its slot is not its
+    position) gets each block that reaches past pos from a tile product of its own keys; the
+    tile's other rows do not change a row's bits, so it is the block of that one-token pass."""
     h, chunk, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = tl.load(pos_ptr)
     start = chunk * CHUNK
@@ -225,6 +250,8 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale
         q = tl.load(q_ptr + ((m * HQ + h * GROUPS + g) * D)[:, None] + d[None, :],
                     mask=valid[:, None] & (d[None, :] < D), other=0.0)
         last = pos + m  # each row's own position: it sees slots 0..last
+        if TREE:
+            last = pos + tl.load(tree_ptr + m * TW, mask=m < M, other=0)
         run_max = tl.full((BLOCK_M * GP,), float("-inf"), tl.float32)
         run_sum = tl.zeros((BLOCK_M * GP,), tl.float32)
         acc = tl.zeros((BLOCK_M * GP, BLOCK_D), tl.float32)
@@ -236,13 +263,41 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale
             k = tl.load(kv_ptr + at, mask=inside, other=0.0)
             v = tl.load(kv_ptr + HKV * C * D + at, mask=inside, other=0.0)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            if TREE:
+                if s0 + BLOCK_KV > pos:
+                    for r in tl.static_range(BLOCK_M):
+                        row = tile * BLOCK_M + r
+                        if row < M:
+                            if tl.load(tree_ptr + row * TW) != row:  # off the first branch
+                                slots = _branch_slots(tree_ptr, row, s, pos, TW)
+                                own = (h * C + slots)[:, None] * D + d[None, :]
+                                k_row = tl.load(kv_ptr + own, mask=(slots >= 0)[:, None]
+                                                & (d[None, :] < D), other=0.0)
+                                row_scores = tl.dot(q, tl.trans(k_row),
+                                                    input_precision="ieee") * scale
+                                scores = tl.where((m == row)[:, None], row_scores, scores)
             scores = tl.where(s[None, :] <= last[:, None], scores, float("-inf"))
             new_max = tl.maximum(run_max, tl.max(scores, axis=1))
             safe = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that saw nothing yet
             p = tl.exp(scores - safe[:, None])
             alpha = tl.exp(run_max - safe)
             run_sum = run_sum * alpha + tl.sum(p, axis=1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+            scaled = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, scaled, input_precision="ieee")
+            if TREE:
+                if s0 + BLOCK_KV > pos:
+                    for r in tl.static_range(BLOCK_M):
+                        row = tile * BLOCK_M + r
+                        if row < M:
+                            if tl.load(tree_ptr + row * TW) != row:
+                                slots = _branch_slots(tree_ptr, row, s, pos, TW)
+                                own = (h * C + slots)[:, None] * D + d[None, :]
+                                v_row = tl.load(kv_ptr + HKV * C * D + own,
+                                                mask=(slots >= 0)[:, None] & (d[None, :] < D),
+                                                other=0.0)
+                                row_acc = tl.dot(p.to(v.dtype), v_row, scaled,
+                                                 input_precision="ieee")
+                                acc = tl.where((m == row)[:, None], row_acc, acc)
             run_max = new_max
         at = (chunk * HKV + h) * M * GP + m * GP + g  # [chunk, HKV, M, GP]: only real rows kept
         keep = m < M
@@ -286,7 +341,7 @@ def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.const
 
 
 def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHUNK,
-              block_kv: int = BLOCK_KV) -> Tensor:
+              block_kv: int = BLOCK_KV, tree: Tensor | None = None) -> Tensor:
     m, hq, d = q.shape
     hkv, capacity = kv.shape[1], kv.shape[2]
     groups = hq // hkv
@@ -298,8 +353,10 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
     acc = torch.empty(chunks, hkv, m, gp, bd, **f32)
     out = torch.empty_like(q)
     _attend_chunk[(hkv, chunks, triton.cdiv(m, BLOCK_M))](
-        q.contiguous(), kv, pos, acc, run_max, run_sum, m, capacity, scale, hq, hkv, groups, gp,
-        d, bd, BLOCK_M, chunk, block_kv, num_warps=8 if BLOCK_M * gp >= 64 else 4)
+        q.contiguous(), kv, pos, pos if tree is None else tree, acc, run_max, run_sum, m,
+        capacity, scale, hq, hkv, groups, gp, d, bd, BLOCK_M, chunk, block_kv,
+        tree is not None, 1 if tree is None else tree.shape[1],
+        num_warps=8 if BLOCK_M * gp >= 64 else 4)
     _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
                               chunk, BLOCK_C, num_warps=8 if gp >= 4 else 4)
     return out
