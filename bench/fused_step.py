@@ -1,6 +1,9 @@
 """FusedDecoder beside CudaDecoder on one model, side by side in one run: milliseconds a
 pass per width (graph replay, CUDA events), CUDA kernels per one-token pass (eager, profiler)
-and whether each row of a verify pass equals the one-token pass at its position.
+and whether each row of a verify pass equals the one-token pass at its position; then a token
+tree's verify pass of 16 rows (a chain of 5 drafts and two branches at each depth, as the
+planner builds one) beside a chain's of 16: milliseconds, and whether each of its rows equals
+the one-token pass along its branch.
 
     python bench/fused_step.py                         # a random model of Qwen2.5-1.5B's shape, bf16
     python bench/fused_step.py --model PATH            # a local Llama or Qwen2 model
@@ -65,6 +68,46 @@ def ms_per_pass(decoder, ids: torch.Tensor, width: int, repeats: int) -> float |
     return sorted(times)[len(times) // 2]
 
 
+# A chain of 5 drafts (nodes 1..5), then two branches at each depth, deepest first (core/tree.py)
+TREE = (-1, 0, 1, 2, 3, 4, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+
+
+def tree_ms(decoder, ids: torch.Tensor, repeats: int) -> float | None:
+    """Median milliseconds of TREE's verify pass at the same position (rolled back)."""
+    if ids.device.type != "cuda":
+        return None
+    start = decoder.length
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        decoder.tree_logits(ids[:len(TREE)], TREE)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+        decoder.crop(start)
+    return sorted(times)[len(times) // 2]
+
+
+def tree_rows_alone(decoder, prompt: torch.Tensor, ids: torch.Tensor) -> bool:
+    """Whether each row of TREE's pass equals the one-token pass along its branch."""
+    decoder.reset()
+    decoder.logits(prompt[:-1])
+    tokens = torch.cat([prompt[-1:], ids[1:len(TREE)]])
+    tree = decoder.tree_logits(tokens, TREE)
+    for node in range(len(TREE)):
+        branch = [node]
+        while TREE[branch[0]] > 0:
+            branch.insert(0, TREE[branch[0]])
+        decoder.reset()
+        decoder.logits(prompt[:-1])
+        for t in [0, *branch] if node else [0]:
+            last = decoder.logits(tokens[t:t + 1])
+        if not torch.equal(last[0], tree[node]):
+            return False
+    return True
+
+
 def rows_alone(decoder, prompt: torch.Tensor, ids: torch.Tensor, width: int) -> bool:
     """Whether each row of a `width`-token pass equals the one-token pass at its position."""
     decoder.reset()
@@ -108,6 +151,17 @@ def main() -> None:
         same = rows_alone(decoder, prompt, ids, min(5, max(widths)))
         cells = "".join(f"{t:>10.3f}" if t is not None else f"{'-':>10}" for t in times)
         print(f"{name:<14}{count if count is not None else '-':>14}{cells}{str(same):>18}")
+        decoder.reserve(args.prompt + 64, trees=True)
+        decoder.reset()
+        decoder.logits(prompt)
+        chain, tree = ms_per_pass(decoder, ids, len(TREE), args.repeats), tree_ms(decoder, ids,
+                                                                                args.repeats)
+        alone = tree_rows_alone(decoder, prompt, ids)
+        if chain is not None:
+            print(f"{name:<14}tree of {len(TREE)} rows {tree:.3f} ms, a chain of {len(TREE)} "
+                  f"{chain:.3f} ms ({tree / chain:.2f}x); rows alone along their branches: {alone}")
+        else:
+            print(f"{name:<14}tree of {len(TREE)} rows: rows alone along their branches: {alone}")
 
 
 if __name__ == "__main__":
