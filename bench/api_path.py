@@ -13,6 +13,11 @@ Contestants (interleaved prompt by prompt, the order rotated each repeat):
   peer            `generate(assistant_model=draft)` on the same (prepared) models
   peer-stock      the same on unprepared copies of both (loaded only if asked for)
   api             specgen.SpeculativeGenerator(target, draft): the API's defaults
+  api-first       the same, a new generator for every answer: each one a first answer,
+                  before anything of the draft is measured
+  api-first-unsized
+                  api-first with the planner not told the models' sizes: the draft's
+                  reading priced as the target's own prompt pass until measured
   draft-model, hybrid, lookup
                   SpeculativeGenerator(target, make_drafter(method, draft, ...)), adaptive K
                   up to 4: one drafting method each
@@ -94,7 +99,12 @@ def main() -> None:
             return hf_generate(target, ids, new, eos, draft), {}
         if name == "peer-stock":
             return hf_generate(stock["target"], ids, new, eos, stock["draft"]), {}
-        gen = api if name == "api" else gens[name]
+        if name.startswith("api-first"):
+            gen = specgen.SpeculativeGenerator(target, draft)
+            if name == "api-first-unsized":
+                gen.book.target_size = None
+        else:
+            gen = api if name == "api" else gens[name]
         gen.reset()
         result = gen.generate(ids, max_new_tokens=new, eos_token_ids=eos)
         return result.token_ids, {"tau": result.stats.tau}

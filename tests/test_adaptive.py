@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
@@ -448,6 +449,35 @@ def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pas
     planner = Planner(4, book=Book(prefill_cost=0.003, draft_share={"model": 1 / 3}))
     planner.observe(PLAIN, 0, 0, 0.0, 0.045)
     assert planner.catch_up("model", Reader(100), None) == pytest.approx(0.1)
+
+
+def test_before_any_draft_pass_a_reading_is_priced_by_the_drafts_size():
+    """A draft model's reading, before it has drafted at all, at its layers' multiply-adds
+    against the target's (a third here): not as the target's own prompt pass, which would
+    keep a small draft from ever starting on a first answer's long prompt."""
+    book = Book(prefill_cost=0.003, target_size=300)
+    assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(0.1)
+    assert book.catch_up("model", 100, plain_pass=0.045, size=900) == pytest.approx(0.3)  # never above
+    assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.3)  # size unknown
+    book.draft_share["model"] = 0.5  # a measured draft pass wins over the size
+    assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(0.15)
+    assert Book(prefill_cost=0.003).catch_up("model", 100, 0.045, size=100) == pytest.approx(0.3)
+    planner = Planner(4, book=Book(prefill_cost=0.003, target_size=300))
+    reader = Reader(100)
+    reader.size = 100
+    assert planner.catch_up("model", reader, None) == pytest.approx(0.1)
+
+
+def test_a_generator_knows_its_models_sizes(tiny_pair):
+    from specgen.core.engine import SpeculativeGenerator
+    from specgen.models.config import layer_params
+
+    target, draft = tiny_pair("qwen2")
+    gen = SpeculativeGenerator(target, draft, 4)
+    for model, size in ((target, gen.book.target_size), (draft, gen.drafter.model_drafter.size)):
+        weights = sum(m.weight.numel() for layer in model.model.layers
+                      for m in layer.modules() if isinstance(m, torch.nn.Linear))
+        assert size == layer_params(model.config) == weights
 
 
 def test_a_fixed_k_planner_pays_no_heed_to_reading():

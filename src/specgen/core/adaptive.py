@@ -565,13 +565,16 @@ class Book:
     prefill_cost: float | None = None
     draft_share: dict[str, float] = field(default_factory=dict)
     warm: set[str] = field(default_factory=set)  # guessers that have read once
+    target_size: int | None = None  # the target's layers' multiply-adds per token
 
-    def catch_up(self, guesser: str, unread: int, plain_pass: float | None = None) -> float:
+    def catch_up(self, guesser: str, unread: int, plain_pass: float | None = None,
+                 size: int | None = None) -> float:
         """Seconds `guesser` would spend reading `unread` tokens before its first guess, at
         this answer's `plain_pass`; 0 for a read no longer than a pass's, or while nothing
         is measured. Until its reading is measured, the target's prompt pass stands in,
-        scaled by the guesser's draft pass against the target's (at most 1: a draft reads no
-        slower than its target): a draft whose pass is a third of its target's reads in
+        scaled by the guesser's draft pass against the target's, or before any draft pass
+        by its `size` against the target's (multiply-adds per token: reading a prompt is
+        arithmetic), at most 1: a draft whose pass is a third of its target's reads in
         about a third of the time, and priced as the target it would not read where it
         pays."""
         if unread < CATCH_UP_TOKENS:
@@ -581,7 +584,10 @@ class Book:
             return unread * share * plain_pass
         if self.prefill_cost is None:
             return 0.0
-        return unread * self.prefill_cost * min(1.0, self.draft_share.get(guesser, 1.0))
+        scale = self.draft_share.get(guesser)
+        if scale is None and size and self.target_size:
+            scale = size / self.target_size
+        return unread * self.prefill_cost * min(1.0, 1.0 if scale is None else scale)
 
     def read(self, guesser: str, tokens: int, seconds: float, plain_pass: float | None) -> None:
         """A catch-up of `tokens` took `seconds` in an answer whose plain pass takes
@@ -657,7 +663,8 @@ class Planner:
         unread = getattr(drafter, "unread", None)
         if unread is None:
             return 0.0
-        return self.book.catch_up(guesser, unread(tokens), self.verify_cost.get(0))
+        return self.book.catch_up(guesser, unread(tokens), self.verify_cost.get(0),
+                                  getattr(drafter, "size", None))
 
     def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
         """The next step's plan, drafting at most `limit` tokens, `made` tokens into the

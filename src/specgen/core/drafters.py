@@ -45,6 +45,7 @@ from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
 from specgen.errors import ConfigError, ModelError
 from specgen.kernels.quantize import QuantLinear
+from specgen.models.config import layer_params
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -168,6 +169,7 @@ class TorchDraft:
         self.vocab_size = vocab_size(model)
         self.head = trimmed_head(model, head_rows)
         self.decoder = make_decoder(model)  # made once: it may prepare joined weights
+        self.size = layer_params(model.config)  # what reading a token costs, in multiply-adds
 
     @property
     def length(self) -> int:
@@ -234,6 +236,9 @@ class ModelDrafter:
             raise ConfigError(f"The draft window's head must be from 0 to the window less one "
                               f"({window - 1}), got {head!r}.")
         self.lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
+        # Its layers' multiply-adds per token (None: not known, a GGUF's): the planner's prior
+        # for what its reading costs against the target's, until it has read once.
+        self.size: int | None = getattr(self.lm, "size", None)
         self.confidence = confidence
         self.window, self.head = window, head
         # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`

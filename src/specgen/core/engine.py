@@ -26,6 +26,7 @@ from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, re
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability, tree_greedy_accept)
 from specgen.core.tree import Tree, branch_scores, build, rejection_walk
+from specgen.models.config import layer_params
 from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
@@ -116,7 +117,7 @@ class SpeculativeGenerator:
         self._reused = 0
         # What reading context costs on this machine, learnt across answers; a new
         # conversation keeps it (reset), since it is the machine's, not the context's.
-        self.book = Book()
+        self.book = Book(target_size=layer_params(target.config))
 
     @property
     def graphs_off(self) -> str | None:

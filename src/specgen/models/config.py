@@ -28,6 +28,19 @@ STATED = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_h
 FROM_MODEL = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
+def layer_params(config) -> int | None:
+    """The multiply-adds of a Llama-family model's decoder layers per token (its q/k/v, o and
+    MLP weights; attention over the context and the output layer left out): what reading a
+    prompt costs, whatever the weights' format. None where the config does not say."""
+    try:
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        attention = hidden * head_dim * (2 * heads + 2 * config.num_key_value_heads)
+        return config.num_hidden_layers * (attention + 3 * hidden * config.intermediate_size)
+    except (AttributeError, TypeError):
+        return None
+
+
 def rope_parameters(config) -> dict:
     params = getattr(config, "rope_parameters", None) or {}
     return {"rope_type": "default", **params}
