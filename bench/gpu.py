@@ -40,8 +40,9 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   specgen only, with each of its drafts;
 - a head contestant (`head-k4`): a random one-layer EAGLE-style head on each target (specgen's
   EagleHead), its layer damped so that its guess is the target's next token HEAD_AGREEMENT of
-  the time, drafting K a step: tau, tok/s and the head's cost per drafted token as a share of
-  a target pass. It measures the machinery at a set agreement, not a trained head;
+  the time, drafting K a step, and adaptive (`head-adaptive`, token trees from the head's
+  q): tau, tok/s and the head's cost per drafted token as a share of a target pass. It
+  measures the machinery at a set agreement, not a trained head;
 - per contestant: tokens per second (128 new tokens), tokens per target pass, a drafting
   pass's milliseconds and their share of a one-token target pass, the steps that verified a
   token tree and those that kept a branch, whether its
@@ -516,6 +517,8 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
     if head is not None:
         vocab = target.config.vocab_size
         out[f"head-k{k}"] = spec(target, make_drafter("eagle", None, vocab, head=head), k, False)
+        out["head-adaptive"] = spec(target, make_drafter("eagle", None, vocab, head=head), k_max,
+                                    True)
     if int4_target is not None:
         out["int4-generate"] = Contestant(hf(int4_target), eager_prompts)
         out["int4-plain"] = spec(int4_target, first, 0, False)

@@ -1,6 +1,7 @@
 """Token trees: their layout, a tree verify pass whose every row is the one-token pass along
 its branch (bit for bit, on a target), exact sampling down a tree, and the engine's output."""
 
+import copy
 from collections import Counter
 
 import pytest
@@ -233,3 +234,81 @@ def test_the_planner_branches_where_a_row_costs_less_than_what_the_branch_is_wor
     assert (0, 5) in planner.branches(scores, tokens, 2)
     assert not Planner(4, adaptive=False).branches(scores, tokens, 2)
     assert len(Planner(4).branches(scores, tokens, MAX_TREE_ROWS - 1)) == 0  # no room
+
+
+@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48), ("medusa", None)])
+@pytest.mark.parametrize("decoder", ["lean", "cuda"])
+def test_trees_from_a_head_give_the_targets_greedy_output(kind, draft_vocab, decoder,
+                                                          fitted_head, monkeypatch):
+    """A head's q ranks its branches; after a tree the target's capture keeps the kept
+    branch's states, which the head reads next (on the CPU's decoder and the GPU's)."""
+    from specgen.core.drafters import make_drafter
+    from specgen.decoding.cuda import CudaDecoder
+
+    monkeypatch.setattr(Planner, "branches", every_branch)
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
+    target = copy.deepcopy(target)  # prepared for the lean decoder: the cached one stays as it is
+    kept = 0
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(seed))
+        want = target.generate(prompt, do_sample=False, max_new_tokens=40, min_new_tokens=40)
+        drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
+        gen = SpeculativeGenerator(target, drafter, 4, adaptive=False)
+        assert hasattr(gen._decoder, "tree_logits")
+        if decoder == "cuda":
+            gen._decoder = CudaDecoder(target, static=True)
+            drafter.bind_target(gen._decoder, target)
+        result = gen.generate(prompt, max_new_tokens=40)
+        assert result.token_ids == want[0, 9:].tolist()
+        assert result.stats.tree_steps > (result.stats.target_passes - 1) // 2
+        kept += result.stats.branch_kept
+    assert kept > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_sampled_output_with_trees_from_a_head_has_the_target_distribution(kind, distribution,
+                                                                           fitted_head, monkeypatch):
+    from specgen.core.drafters import make_drafter
+
+    monkeypatch.setattr(Planner, "branches", every_branch)
+    target, head = fitted_head(kind, vocab=16, layers=2, hidden=32, scale=10.0)
+    target = copy.deepcopy(target)
+    params = SamplingParams(1.0)
+    joint = distribution.target_joint(target, distribution.PROMPT, 3, params)
+    drafter = make_drafter(kind, None, target.config.vocab_size, head=head)
+    gen = SpeculativeGenerator(target, drafter, 2, adaptive=False)
+    samples, sources = distribution.draw(gen, 3, params, samples=3000)
+    assert gen.stats.tree_steps and min(sources.values()) > 60
+    pvalue = distribution.chi_square_pvalue(samples, joint)
+    assert pvalue > distribution.ALPHA, f"{kind}: tree samples differ from the target (p = {pvalue:.2e})"
+
+
+@pytest.mark.parametrize("decoder", ["lean", "cuda"])
+def test_after_trees_a_head_holds_the_true_states_of_every_kept_position(decoder, fitted_head,
+                                                                        monkeypatch):
+    """What makes a head draft well after a tree kept a branch (the output is exact either
+    way): its store holds, for every position, the state a plain pass over the final text
+    gives there, the branch's rows included, not the tree's rows in the tree's order."""
+    from specgen.core.drafters import make_drafter
+    from specgen.decoding.cuda import CudaDecoder
+
+    monkeypatch.setattr(Planner, "branches", every_branch)
+    target, head = fitted_head("eagle")
+    target = copy.deepcopy(target)
+    for seed in range(6):  # until a branch was kept (so a tree's rows were reordered)
+        drafter = make_drafter("eagle", None, target.config.vocab_size, head=head)
+        gen = SpeculativeGenerator(target, drafter, 4, adaptive=False)
+        if decoder == "cuda":
+            gen._decoder = CudaDecoder(target, static=True)
+            drafter.bind_target(gen._decoder, target)
+        prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(seed))
+        if gen.generate(prompt, max_new_tokens=40).stats.branch_kept:
+            break
+    assert gen.stats.branch_kept > 0
+    drafter.rollback(len(gen._tokens) - 1)
+    text = gen._tokens[:-1]
+    with torch.no_grad():
+        want = target.base_model(input_ids=text[None]).last_hidden_state[0]
+    stored = drafter._feats
+    assert drafter._start + stored.shape[0] == len(text)
+    torch.testing.assert_close(stored, want[drafter._start:], atol=1e-5, rtol=1e-4)

@@ -224,6 +224,9 @@ class ModelDrafter:
     # Its q (returned with greedy drafts too: the softmax of its logits) ranks the
     # next-likeliest tokens a token tree may branch to (core/tree.py).
     branches = True
+    # Its cache holds its own drafts: after a tree it is valid only as far as the kept branch
+    # follows its chain (the engine rolls it back there).
+    holds_drafts = True
 
     def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
                  head_rows: int | None = None, confidence: float = 0.0, window: int = 0,

@@ -231,7 +231,9 @@ class SpeculativeGenerator:
                 if tree is not None:
                     self._decoder.keep_branch(path)
                     chain = next((i for i, node in enumerate(path) if node != i + 1), n)
-                tokens = self._tokens = self._accept(tokens, new, len(tokens) + chain)
+                holds = getattr(plan.drafter, "holds_drafts", True)  # a head holds no drafts
+                tokens = self._tokens = self._accept(tokens, new,
+                                                     len(tokens) + chain if holds else None)
 
                 # 4. Observe: the planner learns what the step kept and what it cost.
                 draft_s, verify_s = self._clock.seconds(t0, t1), self._clock.seconds(t1, t2)
@@ -289,10 +291,8 @@ class SpeculativeGenerator:
         return build(tokens[-1], drafts, chosen) if chosen else None
 
     def _trees(self) -> bool:
-        """Whether steps may verify token trees: asked for, a decoder that verifies them, and
-        no drafting head (it reads the states of the chain's rows)."""
-        return (self.tree and hasattr(self._decoder, "tree_logits")
-                and getattr(self._decoder, "capture_layers", None) is None)
+        """Whether steps may verify token trees: asked for, and a decoder that verifies them."""
+        return self.tree and hasattr(self._decoder, "tree_logits")
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
               generator: torch.Generator) -> tuple[tuple, list[int]]:

@@ -66,7 +66,7 @@ class Drafted:
 
     def keep(self, token: Tensor, q: Tensor | None, p: float | None) -> bool:
         self.ids.append(token)
-        if not self.greedy:
+        if q is not None:
             self.qs.append(q)
         if p is not None:
             self.sure *= p
@@ -83,6 +83,12 @@ class HeadDrafter:
     feature store of true features not yet read, rollback and reset."""
 
     ends_own_drafts = True
+    # Its q (returned with greedy drafts too) ranks the next-likeliest tokens a token tree may
+    # branch to (core/tree.py). Its state is true features only, never its own drafts: after a
+    # tree it keeps every kept position, the branch's too (the target's capture keeps the
+    # branch's rows: decoding/capture.py).
+    branches = True
+    holds_drafts = False
 
     def __init__(self, head: Head, target_vocab: int, head_rows: int | None = None,
                  confidence: float = 0.0) -> None:
@@ -170,13 +176,14 @@ class HeadDrafter:
 
     def _pick(self, logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
               stop_below: float) -> tuple[Tensor, Tensor | None, float | None]:
-        """A draft token from `logits`, the q it was drawn from (None when greedy and no stop
-        needs it) and the draft's probability of it (None: unknown)."""
+        """A draft token from `logits`, the q it was drawn from (with greedy drafts, the
+        softmax of the logits: a tree's branches are ranked by it) and the draft's probability
+        of it (None where no stop needs it: reading it waits for the device)."""
         if params.greedy:
             token = logits.argmax(-1)
-            if not (self.confidence or stop_below):
-                return token, None, None
             q = torch.softmax(logits.float(), -1)
+            if not (self.confidence or stop_below):
+                return token, q, None
             return token, q, float(q[token])
         q = probs_from_logits(logits, params)
         token = sample(q, generator)

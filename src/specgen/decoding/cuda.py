@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specgen.choices import MAX_K, MAX_TREE_ROWS
-from specgen.decoding.capture import Capture, States
+from specgen.decoding.capture import Capture, States, keep_branch_states
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 from specgen.errors import SpecgenWarning
 from specgen.kernels.gpu import tree_table
@@ -227,6 +227,9 @@ class CudaDecoder:
             sources = start + self._tree[nodes[-1], 2 : depth + 2].long()
             targets = start + 1 + self._offsets[:depth]
             self.kv.index_copy_(4, targets, self.kv.index_select(4, sources))
+        if self.capture_layers is not None:  # the branch's rows: its nodes from the root
+            leaf = nodes[-1] if nodes else 0
+            keep_branch_states(self.captured, start, self._tree[leaf, 1 : depth + 2].long())
         self.crop(start + 1 + depth)
 
     def _pass(self, ids: Tensor, n: int, head: bool, skip: Skip, tree: bool = False) -> Tensor:

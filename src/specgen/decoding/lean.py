@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specgen.decoding.capture import Capture
+from specgen.decoding.capture import Capture, keep_branch_states
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
@@ -205,6 +205,8 @@ class LeanDecoder:
             index = torch.tensor(nodes, device=saved[0].device)
             for layer, kv in zip(self.kv, saved):
                 layer[..., start + 1 : end, :] = kv.index_select(-2, index)
+        if self.capture_layers is not None:
+            keep_branch_states(self.captured, start, torch.tensor([0, *nodes]))
         self.length = end
 
     def _pass(self, ids: Tensor, depths: Tensor, runs: list[tuple[int, int, int]], skip: Skip,
