@@ -528,10 +528,12 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
 
 
 def graph_status(gen) -> dict[str, str]:
-    """Per CUDA decoder of a specgen generator: "on", "off: <its one line>", or "eager"
-    (built without graphs: on a CPU)."""
+    """Per CUDA decoder of a specgen generator, and for an EAGLE head's draft step: "on",
+    "off: <its one line>", or "eager" (built without graphs: on a CPU)."""
     decoders = {"target": gen._decoder, "draft": getattr(getattr(gen.drafter, "lm", None),
                                                           "decoder", None)}
+    if hasattr(gen.drafter, "_graph"):
+        decoders["head"] = gen.drafter
     status = {}
     for role, d in decoders.items():
         if d is None or not hasattr(d, "graph_error"):

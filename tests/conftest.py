@@ -86,6 +86,7 @@ chat_greedy = _hand_out(_tiny.chat_greedy, "chat_greedy")
 
 # CUDA graph capture stood in for on a CPU (the decoder's capture seam), failing on request.
 fake_graphs = _hand_out(_graphs.fake_graphs, "fake_graphs")
+fake_head_graphs = _hand_out(_graphs.fake_head_graphs, "fake_head_graphs")
 
 # The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
 # .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.

@@ -60,7 +60,7 @@ def test_the_gpu_bench_runs_end_to_end_on_tiny_shapes(tmp_path):
         # states the head reads).
         head = rows["head-k4"]
         assert head["tokens_per_target_pass"] > 1 and head["draft_pass_share_of_target_pass"] > 0
-        assert head["graphs"]["target"] == "eager"
+        assert head["graphs"] == {"target": "eager", "head": "eager"}
         assert 0.5 < pair["head_agreement"] < 0.9
         curves = pair["verify_cost"]
         schemes = {pair["target_scheme"]} | ({"int4-gpu"} | ({"nf4"} if bnb else set())

@@ -242,3 +242,64 @@ def test_a_pass_the_head_never_saw_restarts_it_and_the_output_stays_exact(fitted
     result = gen.generate(prompt(8), max_new_tokens=N)
     assert len(dropped) == 2 and result.token_ids == reference(target, prompt(8))
     assert drafter._base > 0  # it restarted past the gap
+
+
+def recorded(drafter) -> list[tuple[list[int], list[float]]]:
+    """Every proposal the drafter makes from now on: its tokens and q (to the bit)."""
+    proposals: list[tuple[list[int], list[float]]] = []
+    propose = drafter.propose
+
+    def wrapped(*args, **kwargs):
+        drafts, q = propose(*args, **kwargs)
+        proposals.append((drafts.tolist(), [] if q is None else q.flatten().tolist()))
+        return drafts, q
+
+    drafter.propose = wrapped
+    return proposals
+
+
+def head_runs(kind, draft_vocab, fitted_head, modes, graphs=None):
+    """For each mode ("exact", "static": the graph's form eagerly, "graphs": replayed, the
+    capture stood in for by `graphs`, or real on a GPU): the output and every proposal."""
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
+    device = "cuda" if torch.cuda.is_available() and graphs is None else "cpu"
+    if device == "cuda":
+        target, head = deepcopy(target).cuda(), deepcopy(head).cuda()
+    ids = prompt(3).to(device)
+    out = {}
+    for mode in modes:
+        drafter = EagleDrafter(head, target.config.vocab_size, graphs=mode == "graphs")
+        drafter.static = mode != "exact"
+        gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
+        replays = graphs(drafter) if mode == "graphs" and graphs is not None else None
+        proposals = recorded(drafter)
+        result = gen.generate(ids, max_new_tokens=N)
+        out[mode] = (result.token_ids, proposals, replays, drafter)
+    return target, ids, out
+
+
+@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48)])
+def test_a_heads_draft_steps_replay_one_graph_over_a_static_cache(kind, draft_vocab, fitted_head,
+                                                                  fake_head_graphs):
+    """The draft step's graph (its capture stood in for on the CPU) drafts what the same
+    step run eagerly over the static cache drafts, tokens and q to the bit, through
+    catch-ups and rollbacks; the output stays the target's own."""
+    target, ids, runs = head_runs(kind, draft_vocab, fitted_head, ("exact", "static", "graphs"),
+                                  fake_head_graphs)
+    want = reference(target, ids)
+    for tokens, *_ in runs.values():
+        assert tokens == want
+    assert runs["graphs"][1] == runs["static"][1]
+    replays, drafter = runs["graphs"][2], runs["graphs"][3]
+    assert len(replays) > len(runs["graphs"][1])  # more than one step a proposal replayed
+    assert drafter._graph is not None and drafter.graphs_off is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48)])
+def test_on_a_gpu_a_heads_draft_steps_replay_their_graph(kind, draft_vocab, fitted_head):
+    target, ids, runs = head_runs(kind, draft_vocab, fitted_head, ("static", "graphs"))
+    assert runs["graphs"][0] == runs["static"][0] == reference(target, ids)
+    assert runs["graphs"][1] == runs["static"][1]
+    drafter = runs["graphs"][3]
+    assert drafter._graph is not None and drafter.graphs_off is None

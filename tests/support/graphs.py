@@ -43,3 +43,29 @@ def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> l
     decoder.graphs = decoder.static = True
     decoder._capture_graph = capture
     return keys
+
+
+def fake_head_graphs(drafter) -> list[int]:
+    """Stand in for an EAGLE drafter's capture of its draft step (`_capture`): the step run
+    once as a capture would, into static outputs, and a "graph" whose replay runs it eagerly
+    over the same static inputs into them. Returns a list that gets one entry per replay."""
+    import torch
+
+    replays: list[int] = []
+
+    def capture() -> None:
+        inputs = (torch.zeros(drafter.head.config.hidden, dtype=drafter.dtype, device=drafter.device),
+                  torch.zeros(1, dtype=torch.long, device=drafter.device),
+                  torch.zeros(1, dtype=torch.long, device=drafter.device))
+        outputs = tuple(t.clone() for t in drafter._draft_body(*inputs))
+
+        class Graph:
+            def replay(self) -> None:
+                replays.append(1)
+                for static, new in zip(outputs, drafter._draft_body(*inputs)):
+                    static.copy_(new)
+
+        drafter._graph = (Graph(), inputs, outputs)
+
+    drafter._capture = capture
+    return replays

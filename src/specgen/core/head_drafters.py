@@ -16,14 +16,24 @@ feature: head i guesses the token i + 2 places after it.
 
 Exactness is the engine's, as for every drafter: greedy drafts are verified against the
 target's argmax, and sampled drafts come with the distribution q they were drawn from, on the
-target's vocabulary (EAGLE-3's reduced vocabulary scattered through d2t)."""
+target's vocabulary (EAGLE-3's reduced vocabulary scattered through d2t).
+
+On a GPU an EAGLE head's draft steps after the first (one token each: embedding, the head's
+layer, the output layer) replay one CUDA graph, captured when the engine reserves room before
+the prompt's pass, over a static head cache (heads/modules.py: HeadCache) whose length is also
+on the device; the catch-up, of any width, runs eagerly over the same cache. A capture that
+fails twice leaves the steps eager, and says so once (as the CUDA decoder does)."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
 
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
+from specgen.decoding.cuda import CAPTURE_TRIES, graphs_off_line, retried
+from specgen.errors import SpecgenWarning
 from specgen.heads.modules import Eagle3Head, EagleHead, Head, HeadCache, MedusaHeads
 
 
@@ -194,10 +204,16 @@ class EagleDrafter(HeadDrafter):
     """EAGLE-1/2 and EAGLE-3: one decoder layer run autoregressively on its own features."""
 
     def __init__(self, head: EagleHead | Eagle3Head, target_vocab: int,
-                 head_rows: int | None = None, confidence: float = 0.0) -> None:
+                 head_rows: int | None = None, confidence: float = 0.0,
+                 graphs: bool | None = None) -> None:
         super().__init__(head, target_vocab, head_rows, confidence)
         self.cache = HeadCache()
         self._base = 0  # the position of the head cache's first pair
+        # The draft step's CUDA graph (None: default, on a CUDA device, decided when bound);
+        # `static` (default: graphs) runs the graph's form (a static cache) eagerly too.
+        self.graphs, self.static = graphs, graphs
+        self.graph_error: str | None = None
+        self._graph = None  # (graph, static inputs (out, token, position), static outputs)
 
     def capture_layers(self) -> tuple[int, ...]:
         return tuple(self.head.config.aux_layers) if self.kind == "eagle3" else ()
@@ -212,6 +228,47 @@ class EagleDrafter(HeadDrafter):
         if self.kind == "eagle3":  # where each draft id's probability goes in the target's vocabulary
             self.d2t_index = self.head.target_ids(
                 torch.arange(self.head.config.draft_vocab, device=self.device))
+        if self.graphs is None:
+            self.graphs = self.device.type == "cuda"
+        self.static = self.graphs if self.static is None else self.static
+        self.cache, self._graph = HeadCache(static=self.static or self.graphs), None
+
+    @property
+    def graphs_off(self) -> str | None:
+        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room in a static head cache for `positions` pairs, and the draft step's graph
+        captured (on a GPU), before a generation's first timed pass; growth moves the cache,
+        so the graph that read it is captured again."""
+        if not self.cache.static:
+            return
+        c = self.head.config
+        like = torch.zeros(1, c.kv_heads, 1, c.head_dim, dtype=self.dtype, device=self.device)
+        if self.cache.reserve(positions, like):
+            self._graph = None
+        if self.graphs and self._graph is None:
+            reason = retried(self._capture, lambda: None, CAPTURE_TRIES)
+            if reason is not None:
+                self.graphs, self.graph_error, self._graph = False, reason, None
+                warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
+
+    def _capture(self) -> None:
+        """The draft step as a CUDA graph over static inputs and outputs. Its warm-ups write
+        the cache past its length, which the next step rewrites."""
+        inputs = (torch.zeros(self.head.config.hidden, dtype=self.dtype, device=self.device),
+                  torch.zeros(1, dtype=torch.long, device=self.device),
+                  torch.zeros(1, dtype=torch.long, device=self.device))
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._draft_body(*inputs)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            outputs = self._draft_body(*inputs)
+        self._graph = (graph, inputs, outputs)
 
     def _features(self, capture) -> Tensor:
         if self.kind == "eagle3":
@@ -245,15 +302,45 @@ class EagleDrafter(HeadDrafter):
               ) -> tuple[Tensor, Tensor]:
         """The head over pairs (hidden[i], tokens[i]) at positions start.., written to its
         cache: (its last output [H], the logits read from it)."""
+        t = tokens.shape[0]
         embeds = self.embed(tokens.to(self.device))[None].to(self.dtype)
-        positions = torch.arange(start, start + tokens.shape[0], device=self.device)
+        positions = torch.arange(start, start + t, device=self.device)
         hidden = hidden[None].to(self.dtype)
         self._passes += 1
+        if self.cache.static and self.cache.length + t > self.cache.capacity:
+            self.reserve(self.cache.length + t)
         if isinstance(self.head, Eagle3Head):
             out, logits = self.head(hidden, embeds, positions, self.cache, fused=fused)
-            return out[0, -1], logits[0, -1]
-        out = self.head(hidden, embeds, positions, self.cache)
-        return out[0, -1], None
+            result = out[0, -1], logits[0, -1]
+        else:
+            result = self.head(hidden, embeds, positions, self.cache)[0, -1], None
+        if self.cache.static:
+            self.cache.advance(t)
+        return result[0], self._logits(*result)
+
+    def _draft_body(self, out: Tensor, token: Tensor, position: Tensor) -> tuple[Tensor, Tensor]:
+        """One draft step over the static cache, as its graph replays it: the pair (out,
+        token) at `position` (all on the device) -> (the head's output [H], its logits)."""
+        embeds = self.embed(token)[None].to(self.dtype)
+        if isinstance(self.head, Eagle3Head):
+            o, logits = self.head(out[None, None], embeds, position, self.cache, fused=False)
+            return o[0, -1], logits[0, -1]
+        o = self.head(out[None, None], embeds, position, self.cache)[0, -1]
+        return o, self._logits(o, None)
+
+    def _draft_step(self, out: Tensor, token: Tensor, position: int) -> tuple[Tensor, Tensor]:
+        """The pair (out, token) at `position` read into the cache: (the head's next output,
+        its logits), replayed from the step's graph where there is one and room for it."""
+        if self._graph is None or self.cache.length + 1 > self.cache.capacity:
+            return self._step(out[None], token[None], position, fused=False)
+        graph, (s_out, s_token, s_position), (o, logits) = self._graph
+        s_out.copy_(out)
+        s_token.copy_(token.view(1))
+        s_position.fill_(position)
+        graph.replay()
+        self._passes += 1
+        self.cache.advance(1)
+        return o.clone(), logits.clone()
 
     @torch.no_grad()  # when called outside the engine's inference mode, as tests do
     def propose(self, tokens: Tensor, k: int, params: SamplingParams,
@@ -274,10 +361,9 @@ class EagleDrafter(HeadDrafter):
         true_length = self.cache.length + feats.shape[0]
         # 1. Catch up: every kept pair since the last draft, in one forward; its last output
         #    predicts the pending token's feature, whose logits give the first draft.
-        out, head_logits = self._step(feats, tokens[first + 1 : last + 1], first, fused=True)
+        out, logits = self._step(feats, tokens[first + 1 : last + 1], first, fused=True)
         drafted = Drafted(params.greedy, self.confidence, stop_below)
         for i in range(k):
-            logits = self._logits(out, head_logits)
             token, q, p = self._pick(logits, params, generator, stop_below)
             if self.kind == "eagle3":
                 token = self.head.target_ids(token)
@@ -286,7 +372,7 @@ class EagleDrafter(HeadDrafter):
             if not drafted.keep(token, q, p):
                 break
             if i + 1 < k:  # 2. Draft on: the head's own output as the next feature.
-                out, head_logits = self._step(out[None], token[None], last + i, fused=False)
+                out, logits = self._draft_step(out, token, last + i)
         self.cache.crop(true_length)  # its guesses never stay in the cache
         return drafted.result(tokens.device)
 

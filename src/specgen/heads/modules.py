@@ -100,23 +100,45 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class HeadCache:
     """The keys and values of a head's one decoder layer: one tensor grown by doubling;
-    `length` positions are valid and rollback only moves it."""
+    `length` positions are valid and rollback only moves it.
 
-    def __init__(self) -> None:
+    A `static` cache is what a CUDA graph of a head's step can replay over (as the CUDA
+    decoder's, decoding/cuda.py): its length is also on the device (`pos`), a pass writes
+    there and attends over the whole capacity with a mask, and the pass leaves the length to
+    its owner (`advance`: a replayed step cannot move the host's)."""
+
+    def __init__(self, static: bool = False) -> None:
         self.kv: Tensor | None = None  # [2, 1, kv_heads, capacity, head_dim]
         self.length = 0
+        self.static = static
+        self.pos: Tensor | None = None  # static: the length, on the device
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.kv is None else self.kv.shape[3]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+        if self.pos is not None:
+            self.pos.fill_(self.length)
 
-    def reserve(self, needed: int, like: Tensor) -> None:
-        capacity = 0 if self.kv is None else self.kv.shape[3]
+    def advance(self, t: int) -> None:
+        """A static cache's pass of t rows is done."""
+        self.length += t
+        self.pos.fill_(self.length)
+
+    def reserve(self, needed: int, like: Tensor) -> bool:
+        """Room for `needed` positions (like: [1, kv_heads, t, head_dim]); whether it moved."""
+        capacity = self.capacity
         if needed <= capacity:
-            return
+            return False
         kv = like.new_zeros(2, 1, like.shape[1], max(needed, 2 * capacity, 256), like.shape[3])
         if self.kv is not None:
             kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
         self.kv = kv
+        if self.static and self.pos is None:
+            self.pos = torch.full((1,), self.length, dtype=torch.long, device=like.device)
+        return True
 
 
 class Attention(nn.Module):
@@ -142,6 +164,14 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        elif cache.static:  # at cache.pos, over the whole capacity (room reserved before)
+            slots = cache.pos + torch.arange(t, device=x.device)
+            keys, values = cache.kv[0], cache.kv[1]
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+            visible = torch.arange(keys.shape[2], device=x.device)[None, :] <= slots[:, None]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
+                                                 enable_gqa=True)
         else:  # one sequence: write the cache, then attend over everything up to each row
             start = cache.length
             end = start + t
