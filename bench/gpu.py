@@ -513,7 +513,8 @@ def contestants(target, drafts: dict[str, object], k: int, k_max: int, device, c
     for prefix, draft in drafts.items():
         out[f"{prefix}k{k}"] = spec(target, draft, k, False)
         out[f"{prefix}adaptive"] = spec(target, draft, k_max, True)
-        out[f"{prefix}chain"] = spec(target, draft, k_max, True, tree=False)
+        if draft is first:  # trees against chains: once a pair
+            out["chain"] = spec(target, draft, k_max, True, tree=False)
     if head is not None:
         vocab = target.config.vocab_size
         out[f"head-k{k}"] = spec(target, make_drafter("eagle", None, vocab, head=head), k, False)
