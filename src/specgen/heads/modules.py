@@ -86,7 +86,9 @@ class Rotary(nn.Module):
     def forward(self, like: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin [1 or B, T, head_dim] for `positions` [T] or [B, T]."""
         positions = positions if positions.dim() == 2 else positions[None]
-        freqs = positions[..., None].float() * self.inv_freq.to(like.device)
+        if self.inv_freq.device != like.device:  # moved once: a copy per step would wait for
+            self.inv_freq = self.inv_freq.to(like.device)  # the device, and break a capture
+        freqs = positions[..., None].float() * self.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
         return ((angles.cos() * self.scaling).to(like.dtype),
                 (angles.sin() * self.scaling).to(like.dtype))
