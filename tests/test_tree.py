@@ -283,7 +283,7 @@ def test_sampled_output_with_trees_from_a_head_has_the_target_distribution(kind,
     assert pvalue > distribution.ALPHA, f"{kind}: tree samples differ from the target (p = {pvalue:.2e})"
 
 
-@pytest.mark.parametrize("decoder", ["lean", "cuda"])
+@pytest.mark.parametrize("decoder", ["lean", "cuda", "fused"])
 def test_after_trees_a_head_holds_the_true_states_of_every_kept_position(decoder, fitted_head,
                                                                         monkeypatch):
     """What makes a head draft well after a tree kept a branch (the output is exact either
@@ -298,8 +298,9 @@ def test_after_trees_a_head_holds_the_true_states_of_every_kept_position(decoder
     for seed in range(6):  # until a branch was kept (so a tree's rows were reordered)
         drafter = make_drafter("eagle", None, target.config.vocab_size, head=head)
         gen = SpeculativeGenerator(target, drafter, 4, adaptive=False)
-        if decoder == "cuda":
-            gen._decoder = CudaDecoder(target, static=True)
+        if decoder != "lean":  # the GPU's decoders in their captured form (fused: in Triton's
+            gen._decoder = (CudaDecoder(target, static=True) if decoder == "cuda"  # interpreter)
+                            else fused_decoder(target, static=True))
             drafter.bind_target(gen._decoder, target)
         prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(seed))
         if gen.generate(prompt, max_new_tokens=40).stats.branch_kept:
@@ -312,3 +313,13 @@ def test_after_trees_a_head_holds_the_true_states_of_every_kept_position(decoder
     stored = drafter._feats
     assert drafter._start + stored.shape[0] == len(text)
     torch.testing.assert_close(stored, want[drafter._start:], atol=1e-5, rtol=1e-4)
+
+
+def fused_decoder(model, **kwargs):
+    pytest.importorskip("triton")
+    from specgen.decoding.fused import FusedDecoder
+    from specgen.kernels import gpu
+
+    if not gpu.available("cpu"):
+        pytest.skip("Triton's interpreter is off")
+    return FusedDecoder(model, **kwargs)
