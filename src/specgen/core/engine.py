@@ -26,10 +26,10 @@ from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, re
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability, tree_greedy_accept)
 from specgen.core.tree import Tree, branch_scores, build, rejection_walk
-from specgen.models.config import layer_params
 from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
+from specgen.models.config import layer_params
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -68,8 +68,8 @@ class SpeculativeGenerator:
     choosing each step); `draft-model` drafts with the model alone. A Drafter passed as
     `draft` drafts as it is.
 
-    `tree` (the default) lets the planner verify a draft model's chain with branches, its
-    next-likeliest tokens, as a token tree in the same pass, where its measured costs say a
+    `tree` (the default) lets the planner verify a draft model's or a head's chain with
+    branches, its next-likeliest tokens, as a token tree in the same pass, where its measured costs say a
     branch pays (core/tree.py; on the decoders that verify trees: the CPU's lean decoder and
     the GPU's)."""
 
@@ -282,7 +282,7 @@ class SpeculativeGenerator:
     def _grow(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
               q: Tensor | None) -> Tree | None:
         """The step's token tree, where the planner finds branches worth their rows and the
-        decoder verifies trees; else None (a chain). A draft model's q ranks the branches."""
+        decoder verifies trees; else None (a chain). The drafter's q ranks the branches."""
         if (q is None or not drafts.numel() or not self._trees()
                 or not getattr(plan.drafter, "branches", False)):
             return None
