@@ -233,3 +233,13 @@ def test_no_tree_keeps_chains(tiny_profile, monkeypatch):
     trees_on, chains = run_json(tiny_profile, *args), run_json(tiny_profile, "--no-tree", *args)
     assert trees_on["stats"]["tree_steps"] > 0 and chains["stats"]["tree_steps"] == 0
     assert [t["id"] for t in trees_on["tokens"]] == [t["id"] for t in chains["tokens"]]
+
+
+def test_the_summary_line_counts_tree_steps():
+    from specgen.app.render import summary_line
+    from specgen.core.stats import Stats
+
+    trees = Stats(k_max=4, adaptive=True, new_tokens=12, target_passes=5, tree_steps=3,
+                  branch_kept=1)
+    assert "5 target passes · 3 as trees, 1 kept a branch · est." in summary_line(trees)
+    assert "as trees" not in summary_line(Stats(k_max=4, adaptive=True, new_tokens=12))

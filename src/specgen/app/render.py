@@ -93,8 +93,10 @@ def summary_line(stats: Stats) -> str:
     parts += [
         f"tau {stats.tau:.2f}",
         f"{stats.target_passes} target passes",
-        f"est. speedup {stats.speedup_estimate:.2f}x",
     ]
+    if stats.tree_steps:
+        parts.append(f"{stats.tree_steps} as trees, {stats.branch_kept} kept a branch")
+    parts.append(f"est. speedup {stats.speedup_estimate:.2f}x")
     if stats.stop_reason == "interrupted":
         parts.append("interrupted")
     return " · ".join(parts)
