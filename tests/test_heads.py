@@ -279,11 +279,11 @@ def head_runs(kind, draft_vocab, fitted_head, modes, graphs=None):
 
 
 @pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48)])
-def test_a_heads_draft_steps_replay_one_graph_over_a_static_cache(kind, draft_vocab, fitted_head,
+def test_a_heads_passes_replay_graphs_over_a_static_cache(kind, draft_vocab, fitted_head,
                                                                   fake_head_graphs):
-    """The draft step's graph (its capture stood in for on the CPU) drafts what the same
-    step run eagerly over the static cache drafts, tokens and q to the bit, through
-    catch-ups and rollbacks; the output stays the target's own."""
+    """The head's graphs (the draft step's and each catch-up width's, their capture stood in
+    for on the CPU) draft what the same passes run eagerly over the static cache draft,
+    tokens and q to the bit, through rollbacks; the output stays the target's own."""
     target, ids, runs = head_runs(kind, draft_vocab, fitted_head, ("exact", "static", "graphs"),
                                   fake_head_graphs)
     want = reference(target, ids)
@@ -291,7 +291,11 @@ def test_a_heads_draft_steps_replay_one_graph_over_a_static_cache(kind, draft_vo
         assert tokens == want
     assert runs["graphs"][1] == runs["static"][1]
     replays, drafter = runs["graphs"][2], runs["graphs"][3]
-    assert len(replays) > len(runs["graphs"][1])  # more than one step a proposal replayed
+    # every proposal but the first (its catch-up reads the prompt) replayed its catch-up,
+    # and its draft steps after the first
+    assert replays.count("_catch_up_body") == len(runs["graphs"][1]) - 1
+    assert replays.count("_draft_body") > len(runs["graphs"][1])
+    assert sorted(drafter._catch_ups) == list(range(1, 6))  # K + 1 = 5
     assert drafter._graph is not None and drafter.graphs_off is None
 
 

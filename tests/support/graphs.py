@@ -45,27 +45,22 @@ def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> l
     return keys
 
 
-def fake_head_graphs(drafter) -> list[int]:
-    """Stand in for an EAGLE drafter's capture of its draft step (`_capture`): the step run
-    once as a capture would, into static outputs, and a "graph" whose replay runs it eagerly
-    over the same static inputs into them. Returns a list that gets one entry per replay."""
-    import torch
+def fake_head_graphs(drafter) -> list[str]:
+    """Stand in for an EAGLE drafter's graph capture (`_capture_graph`): the pass run once as
+    a capture would, into static outputs, and a "graph" whose replay runs it eagerly over the
+    same static inputs into them. Returns a list that gets the pass's name on each replay."""
+    replays: list[str] = []
 
-    replays: list[int] = []
-
-    def capture() -> None:
-        inputs = (torch.zeros(drafter.head.config.hidden, dtype=drafter.dtype, device=drafter.device),
-                  torch.zeros(1, dtype=torch.long, device=drafter.device),
-                  torch.zeros(1, dtype=torch.long, device=drafter.device))
-        outputs = tuple(t.clone() for t in drafter._draft_body(*inputs))
+    def capture(body, inputs):
+        outputs = tuple(t.clone() for t in body(*inputs))
 
         class Graph:
             def replay(self) -> None:
-                replays.append(1)
-                for static, new in zip(outputs, drafter._draft_body(*inputs)):
+                replays.append(body.__name__)
+                for static, new in zip(outputs, body(*inputs)):
                     static.copy_(new)
 
-        drafter._graph = (Graph(), inputs, outputs)
+        return Graph(), outputs
 
-    drafter._capture = capture
+    drafter._capture_graph = capture
     return replays

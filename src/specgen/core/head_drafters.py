@@ -18,11 +18,12 @@ Exactness is the engine's, as for every drafter: greedy drafts are verified agai
 target's argmax, and sampled drafts come with the distribution q they were drawn from, on the
 target's vocabulary (EAGLE-3's reduced vocabulary scattered through d2t).
 
-On a GPU an EAGLE head's draft steps after the first (one token each: embedding, the head's
-layer, the output layer) replay one CUDA graph, captured when the engine reserves room before
-the prompt's pass, over a static head cache (heads/modules.py: HeadCache) whose length is also
-on the device; the catch-up, of any width, runs eagerly over the same cache. A capture that
-fails twice leaves the steps eager, and says so once (as the CUDA decoder does)."""
+On a GPU an EAGLE head's passes replay CUDA graphs over a static head cache (heads/modules.py:
+HeadCache) whose length is also on the device: one graph for a draft step (one token: its
+embedding, the head's layer, the output layer) and one per width of a catch-up up to the
+generation's K + 1, all captured when the engine reserves room before the prompt's pass; a
+wider catch-up (the prompt's) runs eagerly over the same cache. A capture that fails twice
+leaves the passes eager, and says so once (as the CUDA decoder does)."""
 
 from __future__ import annotations
 
@@ -209,11 +210,14 @@ class EagleDrafter(HeadDrafter):
         super().__init__(head, target_vocab, head_rows, confidence)
         self.cache = HeadCache()
         self._base = 0  # the position of the head cache's first pair
-        # The draft step's CUDA graph (None: default, on a CUDA device, decided when bound);
-        # `static` (default: graphs) runs the graph's form (a static cache) eagerly too.
+        # CUDA graphs of its passes (None: default, on a CUDA device, decided when bound);
+        # `static` (default: graphs) runs the graphs' form (a static cache) eagerly too.
         self.graphs, self.static = graphs, graphs
         self.graph_error: str | None = None
-        self._graph = None  # (graph, static inputs (out, token, position), static outputs)
+        self.widest = 1  # catch-ups of up to this many pairs replay graphs
+        self._graph = None  # the draft step's: (graph, static outputs, static inputs)
+        self._catch_ups: dict[int, tuple] = {}  # width -> (graph, static outputs)
+        self._catch_up_inputs: tuple[Tensor, Tensor, Tensor] | None = None
 
     def capture_layers(self) -> tuple[int, ...]:
         return tuple(self.head.config.aux_layers) if self.kind == "eagle3" else ()
@@ -231,44 +235,68 @@ class EagleDrafter(HeadDrafter):
         if self.graphs is None:
             self.graphs = self.device.type == "cuda"
         self.static = self.graphs if self.static is None else self.static
-        self.cache, self._graph = HeadCache(static=self.static or self.graphs), None
+        self.cache = HeadCache(static=self.static or self.graphs)
+        self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
+        self._graph, self._catch_ups, self._catch_up_inputs = None, {}, None
 
     @property
     def graphs_off(self) -> str | None:
         return None if self.graph_error is None else graphs_off_line(self.graph_error)
 
     def reserve(self, positions: int, widest: int = 1) -> None:
-        """Room in a static head cache for `positions` pairs, and the draft step's graph
-        captured (on a GPU), before a generation's first timed pass; growth moves the cache,
-        so the graph that read it is captured again."""
+        """Room in a static head cache for `positions` pairs, and (on a GPU) the graphs of a
+        draft step and of catch-ups of up to `widest` pairs captured, before a generation's
+        first timed pass; growth moves the cache, so the graphs that read it are captured
+        again."""
         if not self.cache.static:
             return
+        self.widest = max(self.widest, widest)
         c = self.head.config
         like = torch.zeros(1, c.kv_heads, 1, c.head_dim, dtype=self.dtype, device=self.device)
-        if self.cache.reserve(positions, like):
-            self._graph = None
-        if self.graphs and self._graph is None:
-            reason = retried(self._capture, lambda: None, CAPTURE_TRIES)
+        # a capture's warm-ups write as many pairs past the length as its width
+        if self.cache.reserve(max(positions, self.cache.length + self.widest), like):
+            self._drop_graphs()
+        if self.graphs and (self._graph is None or len(self._catch_ups) < self.widest):
+            reason = retried(self._capture, self._drop_graphs, CAPTURE_TRIES)
             if reason is not None:
-                self.graphs, self.graph_error, self._graph = False, reason, None
+                self.graphs, self.graph_error = False, reason
                 warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
 
     def _capture(self) -> None:
-        """The draft step as a CUDA graph over static inputs and outputs. Its warm-ups write
-        the cache past its length, which the next step rewrites."""
-        inputs = (torch.zeros(self.head.config.hidden, dtype=self.dtype, device=self.device),
-                  torch.zeros(1, dtype=torch.long, device=self.device),
-                  torch.zeros(1, dtype=torch.long, device=self.device))
+        """The graphs not captured yet, over static inputs and outputs: the draft step's and
+        each catch-up width's. Their warm-ups write the cache past its length, which the next
+        pass rewrites."""
+        c, like = self.head.config, dict(device=self.device)
+        if self._graph is None:
+            inputs = (torch.zeros(c.hidden, dtype=self.dtype, **like),
+                      torch.zeros(1, dtype=torch.long, **like), torch.zeros(1, dtype=torch.long, **like))
+            self._graph = (*self._capture_graph(self._draft_body, inputs), inputs)
+        if self._catch_up_inputs is None or self._catch_up_inputs[1].shape[0] < self.widest:
+            features = 3 * (c.target_hidden or c.hidden) if self.kind == "eagle3" else c.hidden
+            self._catch_up_inputs = (torch.zeros(self.widest, features, dtype=self.dtype, **like),
+                                     torch.zeros(self.widest, dtype=torch.long, **like),
+                                     torch.zeros(1, dtype=torch.long, **like))
+            self._catch_ups = {}
+        hidden, tokens, start = self._catch_up_inputs
+        for width in range(1, self.widest + 1):
+            if width not in self._catch_ups:
+                self._catch_ups[width] = self._capture_graph(
+                    self._catch_up_body, (hidden[:width], tokens[:width], start))
+
+    def _capture_graph(self, body, inputs: tuple[Tensor, ...]) -> tuple:
+        """body(*inputs) as a CUDA graph: (the graph, its static outputs)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._draft_body(*inputs)
+                body(*inputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = self._draft_body(*inputs)
-        self._graph = (graph, inputs, outputs)
+            outputs = body(*inputs)
+        return graph, outputs
 
     def _features(self, capture) -> Tensor:
         if self.kind == "eagle3":
@@ -318,6 +346,34 @@ class EagleDrafter(HeadDrafter):
             self.cache.advance(t)
         return result[0], self._logits(*result)
 
+    def _catch_up_body(self, hidden: Tensor, tokens: Tensor, start: Tensor
+                       ) -> tuple[Tensor, Tensor]:
+        """A catch-up over the static cache, as its graph replays it: pairs (hidden[i],
+        tokens[i]) at positions start.. (all on the device) -> (the last output, its logits)."""
+        embeds = self.embed(tokens)[None].to(self.dtype)
+        positions = start + torch.arange(tokens.shape[0], device=self.device)
+        if isinstance(self.head, Eagle3Head):
+            o, logits = self.head(hidden[None], embeds, positions, self.cache, fused=True)
+            return o[0, -1], logits[0, -1]
+        o = self.head(hidden[None], embeds, positions, self.cache)[0, -1]
+        return o, self._logits(o, None)
+
+    def _catch_up(self, hidden: Tensor, tokens: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """The catch-up's pairs read into the cache, replayed from its width's graph where
+        there is one and room for it: (the head's last output, its logits)."""
+        t = tokens.shape[0]
+        if t not in self._catch_ups or self.cache.length + t > self.cache.capacity:
+            return self._step(hidden, tokens, start, fused=True)
+        s_hidden, s_tokens, s_start = self._catch_up_inputs
+        s_hidden[:t].copy_(hidden)
+        s_tokens[:t].copy_(tokens)
+        s_start.fill_(start)
+        graph, (o, logits) = self._catch_ups[t]
+        graph.replay()
+        self._passes += 1
+        self.cache.advance(t)
+        return o.clone(), logits.clone()
+
     def _draft_body(self, out: Tensor, token: Tensor, position: Tensor) -> tuple[Tensor, Tensor]:
         """One draft step over the static cache, as its graph replays it: the pair (out,
         token) at `position` (all on the device) -> (the head's output [H], its logits)."""
@@ -333,7 +389,7 @@ class EagleDrafter(HeadDrafter):
         its logits), replayed from the step's graph where there is one and room for it."""
         if self._graph is None or self.cache.length + 1 > self.cache.capacity:
             return self._step(out[None], token[None], position, fused=False)
-        graph, (s_out, s_token, s_position), (o, logits) = self._graph
+        graph, (o, logits), (s_out, s_token, s_position) = self._graph
         s_out.copy_(out)
         s_token.copy_(token.view(1))
         s_position.fill_(position)
@@ -361,7 +417,7 @@ class EagleDrafter(HeadDrafter):
         true_length = self.cache.length + feats.shape[0]
         # 1. Catch up: every kept pair since the last draft, in one forward; its last output
         #    predicts the pending token's feature, whose logits give the first draft.
-        out, logits = self._step(feats, tokens[first + 1 : last + 1], first, fused=True)
+        out, logits = self._catch_up(feats, tokens[first + 1 : last + 1], first)
         drafted = Drafted(params.greedy, self.confidence, stop_below)
         for i in range(k):
             token, q, p = self._pick(logits, params, generator, stop_below)
