@@ -268,8 +268,11 @@ def head_runs(kind, draft_vocab, fitted_head, modes, graphs=None):
     ids = prompt(3).to(device)
     out = {}
     for mode in modes:
-        drafter = EagleDrafter(head, target.config.vocab_size, graphs=mode == "graphs")
-        drafter.static = mode != "exact"
+        if kind == "medusa":  # no cache: its graph is every head's logits from one feature
+            drafter = MedusaDrafter(head, target.config.vocab_size, graphs=mode == "graphs")
+        else:
+            drafter = EagleDrafter(head, target.config.vocab_size, graphs=mode == "graphs")
+            drafter.static = mode != "exact"
         gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
         replays = graphs(drafter) if mode == "graphs" and graphs is not None else None
         proposals = recorded(drafter)
@@ -300,10 +303,20 @@ def test_a_heads_passes_replay_graphs_over_a_static_cache(kind, draft_vocab, fit
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48)])
+@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("eagle3", 48), ("medusa", None)])
 def test_on_a_gpu_a_heads_draft_steps_replay_their_graph(kind, draft_vocab, fitted_head):
-    target, ids, runs = head_runs(kind, draft_vocab, fitted_head, ("static", "graphs"))
-    assert runs["graphs"][0] == runs["static"][0] == reference(target, ids)
-    assert runs["graphs"][1] == runs["static"][1]
+    eager = "exact" if kind == "medusa" else "static"  # a Medusa head has no cache
+    target, ids, runs = head_runs(kind, draft_vocab, fitted_head, (eager, "graphs"))
+    assert runs["graphs"][0] == runs[eager][0] == reference(target, ids)
+    assert runs["graphs"][1] == runs[eager][1]
     drafter = runs["graphs"][3]
     assert drafter._graph is not None and drafter.graphs_off is None
+
+
+def test_a_medusa_heads_logits_replay_one_graph(fitted_head, fake_head_graphs):
+    target, ids, runs = head_runs("medusa", None, fitted_head, ("exact", "graphs"), fake_head_graphs)
+    assert runs["graphs"][0] == runs["exact"][0] == reference(target, ids)
+    assert runs["graphs"][1] == runs["exact"][1]  # tokens and q to the bit
+    replays, drafter = runs["graphs"][2], runs["graphs"][3]
+    assert replays == ["_heads_body"] * len(runs["graphs"][1])  # one replay a proposal
+    assert drafter.graphs_off is None

@@ -22,8 +22,9 @@ On a GPU an EAGLE head's passes replay CUDA graphs over a static head cache (hea
 HeadCache) whose length is also on the device: one graph for a draft step (one token: its
 embedding, the head's layer, the output layer) and one per width of a catch-up up to the
 generation's K + 1, all captured when the engine reserves room before the prompt's pass; a
-wider catch-up (the prompt's) runs eagerly over the same cache. A capture that fails twice
-leaves the passes eager, and says so once (as the CUDA decoder does)."""
+wider catch-up (the prompt's) runs eagerly over the same cache. A Medusa head's logits, every
+head from one feature, are one graph. A capture that fails twice leaves the passes eager, and
+says so once (as the CUDA decoder does)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ class HeadDrafter:
         self.confidence = confidence
         self.decoder = None
         self.device = torch.device("cpu")
+        self.graph_error: str | None = None
         self._passes = 0
         self._feats: Tensor | None = None  # true features of positions [_start, _start + len)
         self._start = 0
@@ -134,6 +136,34 @@ class HeadDrafter:
 
     def capture_layers(self) -> tuple[int, ...]:
         return ()
+
+    # --- CUDA graphs of the head's passes (on a GPU) ----------------------------------------
+
+    @property
+    def graphs_off(self) -> str | None:
+        """The one line that says this head gave up on graphs, and why (None: it did not)."""
+        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+
+    def _captured_or_off(self, capture, drop) -> None:
+        """capture(), tried twice with drop() between; a second failure leaves the head's
+        passes eager and says so once."""
+        reason = retried(capture, drop, CAPTURE_TRIES)
+        if reason is not None:
+            self.graphs, self.graph_error = False, reason
+            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=3)
+
+    def _capture_graph(self, body, inputs: tuple[Tensor, ...]) -> tuple:
+        """body(*inputs) as a CUDA graph: (the graph, its static outputs)."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                body(*inputs)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            outputs = body(*inputs)
+        return graph, outputs
 
     # --- the feature store -------------------------------------------------------------------
 
@@ -213,7 +243,6 @@ class EagleDrafter(HeadDrafter):
         # CUDA graphs of its passes (None: default, on a CUDA device, decided when bound);
         # `static` (default: graphs) runs the graphs' form (a static cache) eagerly too.
         self.graphs, self.static = graphs, graphs
-        self.graph_error: str | None = None
         self.widest = 1  # catch-ups of up to this many pairs replay graphs
         self._graph = None  # the draft step's: (graph, static outputs, static inputs)
         self._catch_ups: dict[int, tuple] = {}  # width -> (graph, static outputs)
@@ -241,10 +270,6 @@ class EagleDrafter(HeadDrafter):
     def _drop_graphs(self) -> None:
         self._graph, self._catch_ups, self._catch_up_inputs = None, {}, None
 
-    @property
-    def graphs_off(self) -> str | None:
-        return None if self.graph_error is None else graphs_off_line(self.graph_error)
-
     def reserve(self, positions: int, widest: int = 1) -> None:
         """Room in a static head cache for `positions` pairs, and (on a GPU) the graphs of a
         draft step and of catch-ups of up to `widest` pairs captured, before a generation's
@@ -259,10 +284,7 @@ class EagleDrafter(HeadDrafter):
         if self.cache.reserve(max(positions, self.cache.length + self.widest), like):
             self._drop_graphs()
         if self.graphs and (self._graph is None or len(self._catch_ups) < self.widest):
-            reason = retried(self._capture, self._drop_graphs, CAPTURE_TRIES)
-            if reason is not None:
-                self.graphs, self.graph_error = False, reason
-                warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
+            self._captured_or_off(self._capture, self._drop_graphs)
 
     def _capture(self) -> None:
         """The graphs not captured yet, over static inputs and outputs: the draft step's and
@@ -285,18 +307,6 @@ class EagleDrafter(HeadDrafter):
                 self._catch_ups[width] = self._capture_graph(
                     self._catch_up_body, (hidden[:width], tokens[:width], start))
 
-    def _capture_graph(self, body, inputs: tuple[Tensor, ...]) -> tuple:
-        """body(*inputs) as a CUDA graph: (the graph, its static outputs)."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                body(*inputs)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = body(*inputs)
-        return graph, outputs
 
     def _features(self, capture) -> Tensor:
         if self.kind == "eagle3":
@@ -439,14 +449,50 @@ class MedusaDrafter(HeadDrafter):
     from, so rejection sampling stays exact)."""
 
     def __init__(self, head: MedusaHeads, target_vocab: int, head_rows: int | None = None,
-                 confidence: float = 0.0) -> None:
+                 confidence: float = 0.0, graphs: bool | None = None) -> None:
         super().__init__(head, target_vocab, head_rows, confidence)
         rows = head.config.draft_vocab or target_vocab
         self.rows = min(rows, target_vocab, head_rows or rows)
+        # Every head's logits from one feature as one CUDA graph (None: default, on a CUDA
+        # device, decided when bound): (graph, static outputs, static inputs).
+        self.graphs = graphs
+        self._graph = None
 
     def bind_target(self, decoder, model) -> None:
         super().bind_target(decoder, model)
         self.outputs = [as_linear(head[-1].weight[: self.rows]) for head in self.head]
+        if self.graphs is None:
+            self.graphs = self.device.type == "cuda"
+        self._graph = None
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Every head's graph captured (on a GPU) before a generation's first timed pass."""
+        if self.graphs and self._graph is None:
+            self._captured_or_off(self._capture, lambda: setattr(self, "_graph", None))
+
+    def _capture(self) -> None:
+        inputs = (torch.zeros(self.head.config.hidden, dtype=self.dtype, device=self.device),)
+        self._graph = (*self._capture_graph(self._heads_body, inputs), inputs)
+
+    def _head_logits(self, i: int, feature: Tensor) -> Tensor:
+        x = feature
+        for block in self.head[i][:-1]:
+            x = block(x)
+        return self.outputs[i](x)
+
+    def _heads_body(self, feature: Tensor) -> tuple[Tensor]:
+        """Every head's logits from `feature` [H], as the graph replays it: ([heads, rows],)."""
+        return (torch.stack([self._head_logits(i, feature) for i in range(len(self.head))]),)
+
+    def _replayed(self, feature: Tensor) -> Tensor | None:
+        """Every head's logits [heads, rows] from the graph; None where there is none (the
+        heads then run eagerly, each only if its token is asked for)."""
+        if self._graph is None:
+            return None
+        graph, (logits,), (s_feature,) = self._graph
+        s_feature.copy_(feature)
+        graph.replay()
+        return logits.clone()
 
     @torch.no_grad()
     def propose(self, tokens: Tensor, k: int, params: SamplingParams,
@@ -459,12 +505,10 @@ class MedusaDrafter(HeadDrafter):
             return tokens.new_empty(0), None
         self._passes += 1
         drafted = Drafted(params.greedy, self.confidence, stop_below)
+        feature = feature.to(self.dtype)
+        replayed = self._replayed(feature)
         for i in range(k):
-            head = self.head[i]
-            x = feature.to(self.dtype)
-            for block in head[:-1]:
-                x = block(x)
-            logits = self.outputs[i](x)
+            logits = replayed[i] if replayed is not None else self._head_logits(i, feature)
             token, q, p = self._pick(logits, params, generator, stop_below)
             if not drafted.keep(token, q, p):
                 break
