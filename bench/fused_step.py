@@ -51,21 +51,27 @@ def kernels_per_pass(decoder, ids: torch.Tensor) -> int | None:
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
 
 
-def ms_per_pass(decoder, ids: torch.Tensor, width: int, repeats: int) -> float | None:
-    """Median milliseconds of a pass of `width` tokens at the same position (rolled back)."""
-    if ids.device.type != "cuda":
+def median_ms(decoder, run, repeats: int) -> float | None:
+    """Median milliseconds (CUDA events) of run(), a pass at the decoder's position, rolled
+    back after each; None without CUDA."""
+    if decoder.device.type != "cuda":
         return None
     start = decoder.length
     times = []
     for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        decoder.logits(ids[:width], width)
+        run()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
         decoder.crop(start)
     return sorted(times)[len(times) // 2]
+
+
+def ms_per_pass(decoder, ids: torch.Tensor, width: int, repeats: int) -> float | None:
+    """Median milliseconds of a pass of `width` tokens at the same position."""
+    return median_ms(decoder, lambda: decoder.logits(ids[:width], width), repeats)
 
 
 # A chain of 5 drafts (nodes 1..5), then two branches at each depth, deepest first (core/tree.py)
@@ -73,20 +79,8 @@ TREE = (-1, 0, 1, 2, 3, 4, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
 
 
 def tree_ms(decoder, ids: torch.Tensor, repeats: int) -> float | None:
-    """Median milliseconds of TREE's verify pass at the same position (rolled back)."""
-    if ids.device.type != "cuda":
-        return None
-    start = decoder.length
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        decoder.tree_logits(ids[:len(TREE)], TREE)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-        decoder.crop(start)
-    return sorted(times)[len(times) // 2]
+    """Median milliseconds of TREE's verify pass at the same position."""
+    return median_ms(decoder, lambda: decoder.tree_logits(ids[:len(TREE)], TREE), repeats)
 
 
 def tree_rows_alone(decoder, prompt: torch.Tensor, ids: torch.Tensor) -> bool:
