@@ -327,46 +327,50 @@ class EagleDrafter(HeadDrafter):
         # Pair j reads token j + 1: it stays while tokens 0..j+1 do.
         self.cache.crop(max(0, n_valid - 1 - self._base))
 
-    def _logits(self, out: Tensor, head_logits: Tensor | None) -> Tensor:
-        """Logits over target ids 0..V'-1 for EAGLE-1/2 (the target's head); EAGLE-3's over
-        its draft vocabulary (mapped to target ids by `_target_id`)."""
-        if head_logits is not None:
-            return head_logits
+    def _forward(self, hidden: Tensor, tokens: Tensor, positions: Tensor, fused: bool
+                 ) -> tuple[Tensor, Tensor]:
+        """The head over pairs (hidden[i], tokens[i]) at `positions`, written to its cache
+        (all on the device; a graph replays this): (its last output [H], the logits read
+        from it: over target ids 0..V'-1 for EAGLE-1/2, through the target's output layer;
+        over its draft vocabulary for EAGLE-3, mapped to target ids by `target_ids`)."""
+        embeds = self.embed(tokens)[None].to(self.dtype)
+        if isinstance(self.head, Eagle3Head):
+            out, logits = self.head(hidden[None], embeds, positions, self.cache, fused=fused)
+            return out[0, -1], logits[0, -1]
+        out = self.head(hidden[None], embeds, positions, self.cache)[0, -1]
         if self.rows is not None:
-            return self.rows(out)
-        return self.lm_head(out)[..., : self.vocab_size]
+            return out, self.rows(out)
+        return out, self.lm_head(out)[..., : self.vocab_size]
 
     def _step(self, hidden: Tensor, tokens: Tensor, start: int, fused: bool
               ) -> tuple[Tensor, Tensor]:
-        """The head over pairs (hidden[i], tokens[i]) at positions start.., written to its
-        cache: (its last output [H], the logits read from it)."""
+        """`_forward` run eagerly at positions start..: (its last output [H], its logits)."""
         t = tokens.shape[0]
-        embeds = self.embed(tokens.to(self.device))[None].to(self.dtype)
-        positions = torch.arange(start, start + t, device=self.device)
-        hidden = hidden[None].to(self.dtype)
         self._passes += 1
         if self.cache.static and self.cache.length + t > self.cache.capacity:
             self.reserve(self.cache.length + t)
-        if isinstance(self.head, Eagle3Head):
-            out, logits = self.head(hidden, embeds, positions, self.cache, fused=fused)
-            result = out[0, -1], logits[0, -1]
-        else:
-            result = self.head(hidden, embeds, positions, self.cache)[0, -1], None
+        positions = torch.arange(start, start + t, device=self.device)
+        result = self._forward(hidden.to(self.dtype), tokens.to(self.device), positions, fused)
         if self.cache.static:
             self.cache.advance(t)
-        return result[0], self._logits(*result)
+        return result
 
     def _catch_up_body(self, hidden: Tensor, tokens: Tensor, start: Tensor
                        ) -> tuple[Tensor, Tensor]:
-        """A catch-up over the static cache, as its graph replays it: pairs (hidden[i],
-        tokens[i]) at positions start.. (all on the device) -> (the last output, its logits)."""
-        embeds = self.embed(tokens)[None].to(self.dtype)
-        positions = start + torch.arange(tokens.shape[0], device=self.device)
-        if isinstance(self.head, Eagle3Head):
-            o, logits = self.head(hidden[None], embeds, positions, self.cache, fused=True)
-            return o[0, -1], logits[0, -1]
-        o = self.head(hidden[None], embeds, positions, self.cache)[0, -1]
-        return o, self._logits(o, None)
+        """A catch-up as its graph replays it: pairs at positions start.. (a device tensor)."""
+        return self._forward(hidden, tokens, start + torch.arange(tokens.shape[0],
+                                                                  device=self.device), True)
+
+    def _draft_body(self, out: Tensor, token: Tensor, position: Tensor) -> tuple[Tensor, Tensor]:
+        """A draft step as its graph replays it: the pair (out, token) at `position`."""
+        return self._forward(out[None], token, position, False)
+
+    def _replay(self, graph, outputs: tuple[Tensor, Tensor], t: int) -> tuple[Tensor, Tensor]:
+        """A captured pass of t pairs replayed (its inputs copied in): its outputs, kept."""
+        graph.replay()
+        self._passes += 1
+        self.cache.advance(t)
+        return outputs[0].clone(), outputs[1].clone()
 
     def _catch_up(self, hidden: Tensor, tokens: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """The catch-up's pairs read into the cache, replayed from its width's graph where
@@ -378,35 +382,18 @@ class EagleDrafter(HeadDrafter):
         s_hidden[:t].copy_(hidden)
         s_tokens[:t].copy_(tokens)
         s_start.fill_(start)
-        graph, (o, logits) = self._catch_ups[t]
-        graph.replay()
-        self._passes += 1
-        self.cache.advance(t)
-        return o.clone(), logits.clone()
-
-    def _draft_body(self, out: Tensor, token: Tensor, position: Tensor) -> tuple[Tensor, Tensor]:
-        """One draft step over the static cache, as its graph replays it: the pair (out,
-        token) at `position` (all on the device) -> (the head's output [H], its logits)."""
-        embeds = self.embed(token)[None].to(self.dtype)
-        if isinstance(self.head, Eagle3Head):
-            o, logits = self.head(out[None, None], embeds, position, self.cache, fused=False)
-            return o[0, -1], logits[0, -1]
-        o = self.head(out[None, None], embeds, position, self.cache)[0, -1]
-        return o, self._logits(o, None)
+        return self._replay(*self._catch_ups[t], t)
 
     def _draft_step(self, out: Tensor, token: Tensor, position: int) -> tuple[Tensor, Tensor]:
         """The pair (out, token) at `position` read into the cache: (the head's next output,
         its logits), replayed from the step's graph where there is one and room for it."""
         if self._graph is None or self.cache.length + 1 > self.cache.capacity:
             return self._step(out[None], token[None], position, fused=False)
-        graph, (o, logits), (s_out, s_token, s_position) = self._graph
+        graph, outputs, (s_out, s_token, s_position) = self._graph
         s_out.copy_(out)
         s_token.copy_(token.view(1))
         s_position.fill_(position)
-        graph.replay()
-        self._passes += 1
-        self.cache.advance(1)
-        return o.clone(), logits.clone()
+        return self._replay(graph, outputs, 1)
 
     @torch.no_grad()  # when called outside the engine's inference mode, as tests do
     def propose(self, tokens: Tensor, k: int, params: SamplingParams,
