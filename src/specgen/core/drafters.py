@@ -240,7 +240,7 @@ class ModelDrafter:
                               f"({window - 1}), got {head!r}.")
         self.lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
         # Its layers' multiply-adds per token (None: not known, a GGUF's): the planner's prior
-        # for what its reading costs against the target's, until it has read once.
+        # for what its reading costs against the target's, until its passes are measured.
         self.size: int | None = getattr(self.lm, "size", None)
         self.confidence = confidence
         self.window, self.head = window, head
