@@ -11,7 +11,7 @@ LOCK := requirements/lock.txt
 # CPU torch by default (requirements/torch.txt): an unpinned torch pulls a multi-GB CUDA
 # build. For a GPU, set TORCH="torch==2.13.0 --index-url <your CUDA wheel index>".
 TORCH ?= -r requirements/torch.txt
-PIP := pip==26.3
+PIP := pip==26.3 "setuptools>=68"
 PIP_TOOLS := pip-tools==7.6.2
 EXTRAS := demo,quant,test
 PROMPT ?= write quicksort in python

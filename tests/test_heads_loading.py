@@ -262,6 +262,9 @@ def head_profile(tiny_profile, tmp_path, monkeypatch, save_reference, tiny_model
     wide = tiny_model("llama", vocab=target.config.vocab_size, hidden=128, layers=2, seed=5)
     save_reference(new_head("eagle", wide, intermediate=64), wide,
                    tmp_path / "heads" / "wide-eagle", "model.safetensors")
+    # The same in EAGLE-1's published layout: a torch pickle, as the hub's EAGLE heads ship.
+    save_reference(new_head("eagle", wide, intermediate=64), wide,
+                   tmp_path / "heads" / "wide-eagle-bin", "pytorch_model.bin")
     state = {k: v for k, v in head.state_dict().items() if k != "layers.0.mlp.up_proj.weight"}
     save_reference(head, target, tmp_path / "heads" / "cut-eagle", "model.safetensors", state=state)
 
@@ -294,6 +297,8 @@ def test_a_bad_head_is_one_line_and_exit_2(head_profile, head, kind, message):
     ("wide-eagle", "fc.weight has shape [128, 256], but on this target it must be [64, 128]: "
                    "this head was trained for a target of hidden size 128; the profile's target "
                    "has 64: use a head made for "),
+    ("wide-eagle-bin", "fc.weight has shape [128, 256], but on this target it must be "
+                       "[64, 128]: this head was trained for a target of hidden size 128"),
     ("cut-eagle", "lacks layers.0.mlp.up_proj.weight (shape [64, 64] for this target)"),
 ])
 def test_a_head_of_another_model_is_refused_before_the_target_loads(

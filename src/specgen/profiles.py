@@ -114,9 +114,8 @@ TOP_KEYS = ("description", "extends", *SECTIONS)
 # --- where profiles live ------------------------------------------------------------------
 
 def bundled_profile_dir() -> Path:
-    """The profiles/ folder: inside the installed package, or at the repository root."""
-    packaged = Path(__file__).parent / "bundled_profiles"
-    return packaged if packaged.is_dir() else Path(__file__).parents[2] / "profiles"
+    """The profiles shipped inside the package (package data, in a wheel as in the tree)."""
+    return Path(__file__).parent / "bundled_profiles"
 
 
 def list_profiles() -> list[tuple[str, Path]]:

@@ -1,4 +1,4 @@
-"""`specgen profiles list | show NAME | validate FILE`."""
+"""`specgen profiles list | show NAME | validate FILE | check`."""
 
 from __future__ import annotations
 
@@ -76,6 +76,26 @@ def validate_cmd(file: Path = typer.Argument(..., help="A profile .toml file."))
     draft = f", draft {p.draft.model}" if p.draft and p.draft.has_model else ""
     draft += f", {p.draft.kind} head {p.draft.head}" if p.draft and p.draft.head else ""
     Console().print(f"ok: {file} is a valid profile (target {p.target.model}{draft})", highlight=False)
+
+
+@app.command("check")
+def check_cmd() -> None:
+    """Check every profile found (bundled and yours): one line each; exit 2 if any is invalid."""
+    console, bad = Console(), 0
+    found = list_profiles()
+    for name, path in found:
+        try:
+            load_profile(str(path))
+        except SpecgenError as e:
+            bad += 1
+            console.print(f"[red]invalid[/] {name} ({_where(path)}): {escape(str(e))}", highlight=False)
+            continue
+        console.print(f"ok {name} ({_where(path)})", highlight=False)
+    if not found:
+        raise SpecgenError(f"No profiles found: the bundled ones should be in {bundled_profile_dir()}; "
+                           f"reinstall specgen.")
+    if bad:
+        raise SpecgenError(f"{bad} of {len(found)} profiles are invalid (above); fix or remove them.")
 
 
 def to_toml(data: dict) -> str:
