@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 
 from specgen import __version__
 from specgen.cli import (bench, cache, chat, export, heads, profiles, run, serve, signals, stats,
-                         tune)
+                         triton_gate, tune)
 from specgen.cli.options import debug_enabled, err, reflow, warn
 from specgen.errors import SpecgenError
 
@@ -74,4 +74,5 @@ def _root(
 
 def main() -> None:
     """Console-script entry point."""
+    triton_gate.install()
     app()
