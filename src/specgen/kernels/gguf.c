@@ -36,14 +36,18 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml
 // Weights are prefetched this far ahead as a row is read (rows follow each other in the file,
 // so this runs into the next row).
 #define PREFETCH_BYTES 2048
-#define TILE 4
+// Tokens whose dot products share one unpacking of a weight block (a verify pass of 5 or 8
+// rows is one tile).
+#define TILE 8
 
-// One call's activations. Token t's: q + t k, e + t k / group, s16 + t k / 16, c + t k / 4.
+// One call's activations. Token t's: q + t k, e + t k / group, ex + 8 t k / 32, s16 + t k / 16,
+// c + t k / 4.
 typedef struct {
     const int8_t *q;     // int8, inputs in order
     const float *e;      // scale per group (32 or 256 inputs)
-    const int16_t *s16;  // sum of each 16 values (K-quants' minimums and Q6_K's offset)
-    const int32_t *c;    // -offset times the sum of each 4 values (32-blocks: q - offset)
+    const float *ex;     // 32-blocks: each block's scale 8 times (a vector's lanes)
+    const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
+    const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
     int k;
 } Acts;
 
@@ -61,13 +65,14 @@ AI float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// The float step, lane by lane: acc + scale * float(isum) (rounded as written: no FMA).
-AI __m256 step(__m256 acc, __m256i isum, float scale) {
-    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale)));
+// The float step, lane by lane: acc +- float(isum) * scale, one explicit fused multiply-add
+// (rounded once, the same instruction on both paths).
+AI __m256 step(__m256 acc, __m256i isum, __m256 scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
 }
 
-AI __m256 step_sub(__m256 acc, __m256i isum, float scale) {
-    return _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale)));
+AI __m256 step_sub(__m256 acc, __m256i isum, __m256 scale) {
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
 }
 
 // x [m, k] -> int8 q, scales e per `group` inputs. Vectorised; the rounding (nearest, ties to
@@ -131,7 +136,8 @@ AI __m256i weights32(int fmt, const uint8_t *b) {
     return _mm256_loadu_si256((const __m256i *)(b + 2));
 }
 
-// One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining).
+// One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining). Per
+// block and token: acc = fma(float(isum), d e, acc), isum the 8 lanes' exact sums.
 AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
     const int bb = block_bytes(fmt), k = A->k;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -140,7 +146,7 @@ AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int 
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = wr + (int64_t)b * bb;
         _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
-        float d = f16(blk);
+        __m256 d = _mm256_set1_ps(f16(blk));
         __m256i w = weights32(fmt, blk);
         __m256i wa = _mm256_sign_epi8(w, w);  // |q|, for Q8_0's sign trick
         for (int t = 0; t < nt; t++) {
@@ -152,7 +158,8 @@ AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int 
             else
                 p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones),
                                      _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)));
-            acc[t] = step(acc[t], p, d * A->e[tok * nb + b]);
+            __m256 de = _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8));
+            acc[t] = step(acc[t], p, de);
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -192,26 +199,27 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
         const uint8_t *ba = wr + (int64_t)b * bb;
         _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        float da = f16(ba), db = f16(ba + bb);
+        __m512 d = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(f16(ba)))),
+            _mm256_castps_pd(_mm256_set1_ps(f16(ba + bb))), 1));
         __m512i w = weights64(fmt, ba, ba + bb);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m512i p = _mm512_dpbusd_epi32(
                 _mm512_loadu_si512(A->c + tok * (k / 4) + b * 8), w,
                 _mm512_loadu_si512(A->q + tok * k + b * 32));
-            const float *e = A->e + tok * nb + b;
-            __m512 s = _mm512_castpd_ps(_mm512_insertf64x4(
-                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(da * e[0]))),
-                _mm256_castps_pd(_mm256_set1_ps(db * e[1])), 1));
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(p), s);
+            __m512 de = _mm512_mul_ps(d, _mm512_loadu_ps(A->ex + (tok * nb + b) * 8));
+            __m512 f = _mm512_cvtepi32_ps(p);
             // block b, then block b + 1: AVX2's order
-            acc[t] = _mm256_add_ps(acc[t], _mm512_castps512_ps256(f));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+            acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(de), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(de), 1)),
+                                     acc[t]);
         }
     }
     if (b < nb) {  // an odd last block, on 256 bits
         const uint8_t *blk = wr + (int64_t)b * bb;
-        float d = f16(blk);
+        __m256 d = _mm256_set1_ps(f16(blk));
         __m256i w = weights32(fmt, blk);
         if (fmt == Q8_0) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
         for (int t = 0; t < nt; t++) {
@@ -219,7 +227,7 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
             __m256i p = _mm256_dpbusd_epi32(
                 _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)), w,
                 _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32)));
-            acc[t] = step(acc[t], p, d * A->e[tok * nb + b]);
+            acc[t] = step(acc[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -237,27 +245,41 @@ static inline void scales_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     }
 }
 
-// 8 mins -> 16 int16 [m0 m0 m1 m1 ...], against the 16 sums of 16 activations.
-AI __m256i mins16(const uint8_t *mn) {
-    __m128i m = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-    return _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+// The same 16 values as int16 in one register, 8 scales then 8 mins, by 32-bit words (ggml's).
+AI __m256i scales_mins16(const uint8_t *s) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t mins = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins;
+    u[0] &= m1;
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
 }
 
+// bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
+AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
+
 // Q4_K (q5 = 0) and Q5_K (q5 = 1), one row against nt tokens. Per super-block and token:
-// isum (8 lanes) = sum_j sc_j * maddubs/madd(q_j, a_j), msum = madd(sums of 16, mins), then
-// acc = acc + (d e) isum - (dmin e) msum.
+// isum (8 lanes) = sum_j sc_j * maddubs/madd(q_j, a_j), msum = madd(sums of 16, mins paired),
+// then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
 AI void k4_avx2(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
     const int bb = q5 ? 176 : 144, k = A->k;
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                           8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
     __m256 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int s = 0; s < ns; s++) {
         const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
         for (int i = 0; i < bb; i += 64)
             _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        float d = f16(blk), dmin = f16(blk + 2);
-        uint8_t sc[8], mn[8];
-        scales_k4(blk + 4, sc, mn);
+        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
+        __m256i sm = scales_mins16(blk + 4);
+        __m256i scales = _mm256_permute4x64_epi64(sm, 0x44);  // the 8 scales in both lanes
+        // [m0 m0 m1 m1 ... m7 m7], against the sums of 16
+        __m256i m16 = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sm, 0xEE), pairs);
         __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
         __m256i isum[TILE];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
@@ -267,20 +289,19 @@ AI void k4_avx2(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt
             if (q5)
                 w = _mm256_or_si256(w, _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-            __m256i scale = _mm256_set1_epi16(sc[j]);
+            __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
             for (int t = 0; t < nt; t++) {
                 __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
             }
         }
-        __m256i m16 = mins16(mn);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m256i msum = _mm256_madd_epi16(
                 _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
-            float e = A->e[tok * ns + s];
-            acc[t] = step(acc[t], isum[t], d * e);
-            acc[t] = step_sub(acc[t], msum, dmin * e);
+            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
+            acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
+            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -291,27 +312,28 @@ VNNI_TARGET AI __m256i fold(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-// 16 int16 per 16 bits of idx: lanes 0-15 from scale idx[0], 16-31 from idx[1] (of 8 bytes)
-VNNI_TARGET AI __m512i two_scales(__m512i s16, int a, int b) {
-    __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)),
-                                     _mm256_set1_epi16((short)b), 1);
-    return _mm512_permutexvar_epi16(idx, s16);
+// word indices: lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
+VNNI_TARGET AI __m512i word_index(int a, int b, int c, int d) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
+        _mm256_set_m128i(_mm_set1_epi16((short)d), _mm_set1_epi16((short)c)), 1);
 }
 
 VNNI_TARGET AI void k4_vnni(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
                             float *out) {
     const int bb = q5 ? 176 : 144, k = A->k;
     const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     __m256 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int s = 0; s < ns; s++) {
         const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
         for (int i = 0; i < bb; i += 64)
             _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        float d = f16(blk), dmin = f16(blk + 2);
-        uint8_t sc[8], mn[8];
-        scales_k4(blk + 4, sc, mn);
-        __m512i s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
+        __m256i sm = scales_mins16(blk + 4);
+        __m256i m16 = _mm256_permutexvar_epi16(pairs, sm);
+        __m512i sm512 = _mm512_castsi256_si512(sm);
         __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                         : _mm512_setzero_si512();
         __m512i isum[TILE];
@@ -324,34 +346,30 @@ VNNI_TARGET AI void k4_vnni(int q5, const uint8_t *wr, int ns, const Acts *A, in
                 __m512i w = v ? _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2))
                               : _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
                 int j = 4 * h + 2 * v;
-                if (q5) {
-                    __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)j),
-                                                       _mm256_set1_epi16((short)(j + 1)), 1);
-                    w = _mm512_or_si512(w, _mm512_slli_epi16(
-                        _mm512_and_si512(_mm512_srlv_epi16(qh, shift), one), 4));
-                }
-                __m512i scale = two_scales(s16, j, j + 1);
+                if (q5)
+                    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(
+                        _mm512_srlv_epi16(qh, word_index(j, j, j + 1, j + 1)), one), 4));
+                __m512i scale = _mm512_permutexvar_epi16(word_index(j, j, j + 1, j + 1), sm512);
                 for (int t = 0; t < nt; t++) {
                     __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 64 * (2 * h + v));
                     isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
                 }
             }
         }
-        __m256i m16 = mins16(mn);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m256i msum = _mm256_madd_epi16(
                 _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
-            float e = A->e[tok * ns + s];
-            acc[t] = step(acc[t], fold(isum[t]), d * e);
-            acc[t] = step_sub(acc[t], msum, dmin * e);
+            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
+            acc[t] = step(acc[t], fold(isum[t]), _mm256_mul_ps(d, e));
+            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
 }
 
 // Q6_K: isum = sum_g sc_g * (q . a over group g of 16) with q in 0..63, less 32 sum_g sc_g s16_g
-// (exact, lane by lane), then acc = acc + (d e) isum.
+// (exact, lane by lane), then acc = fma(isum, d e, acc).
 AI void k6_avx2(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
     const int k = A->k;
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
@@ -361,35 +379,36 @@ AI void k6_avx2(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float 
         const uint8_t *blk = wr + (int64_t)s * 210;
         for (int i = 0; i < 210; i += 64)
             _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        float d = f16(blk + 208);
+        __m256 d = _mm256_set1_ps(f16(blk + 208));
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         __m256i isum[TILE];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++) {  // 128 inputs
+        for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
+            __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
+                              : _mm256_permute4x64_epi64(sc16, 0x44);
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
-            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on
+            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
                 __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
                                                                  : _mm256_srli_epi16(ql1, 4);
                 __m256i h = i == 0 ? _mm256_slli_epi16(qh, 4) : i == 1 ? _mm256_slli_epi16(qh, 2)
                           : i == 2 ? qh : _mm256_srli_epi16(qh, 2);
                 __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
-                int g = 8 * c + 2 * i;
-                __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
+                    _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
                 for (int t = 0; t < nt; t++) {
                     __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
                 }
             }
         }
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m256i off = _mm256_madd_epi16(
                 _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
             __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
-            acc[t] = step(acc[t], is, d * A->e[tok * ns + s]);
+            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -407,24 +426,20 @@ VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, in
         const uint8_t *blk = wr + (int64_t)s * 210;
         for (int i = 0; i < 210; i += 64)
             _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        float d = f16(blk + 208);
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256 d = _mm256_set1_ps(f16(blk + 208));
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         __m512i sc512 = _mm512_castsi256_si512(sc16);
         __m512i isum[TILE];
         for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         for (int c = 0; c < 2; c++) {
             __m512i ql = _mm512_loadu_si512(blk + 64 * c);
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c)));
-            for (int v = 0; v < 2; v++) {  // inputs 128c + 64v on: groups 8c + 4v .. + 3
+            for (int v = 0; v < 2; v++) {  // inputs 128c + 64v on: groups g .. g + 3
                 __m512i l = v ? _mm512_srli_epi16(ql, 4) : ql;
                 __m512i h = v ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
                 __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
                 int g = 8 * c + 4 * v;
-                __m512i idx = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(g + 1)), _mm_set1_epi16((short)g))),
-                    _mm256_set_m128i(_mm_set1_epi16((short)(g + 3)), _mm_set1_epi16((short)(g + 2))), 1);
-                __m512i scale = _mm512_permutexvar_epi16(idx, sc512);
+                __m512i scale = _mm512_permutexvar_epi16(word_index(g, g + 1, g + 2, g + 3), sc512);
                 for (int t = 0; t < nt; t++) {
                     __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 64 * v);
                     isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
@@ -436,7 +451,7 @@ VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, in
             __m256i off = _mm256_madd_epi16(
                 _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
             __m256i is = _mm256_sub_epi32(fold(isum[t]), _mm256_slli_epi32(off, 5));
-            acc[t] = step(acc[t], is, d * A->e[tok * ns + s]);
+            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
         }
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
@@ -450,7 +465,11 @@ VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, in
         case 1: { enum { N = 1 }; CALL; } break; \
         case 2: { enum { N = 2 }; CALL; } break; \
         case 3: { enum { N = 3 }; CALL; } break; \
-        default: { enum { N = 4 }; CALL; }       \
+        case 4: { enum { N = 4 }; CALL; } break; \
+        case 5: { enum { N = 5 }; CALL; } break; \
+        case 6: { enum { N = 6 }; CALL; } break; \
+        case 7: { enum { N = 7 }; CALL; } break; \
+        default: { enum { N = 8 }; CALL; }       \
     }
 
 static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
@@ -502,6 +521,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
     int16_t *s16 = kq ? malloc(sizeof(int16_t) * ((size_t)m * k / 16)) : NULL;
     int32_t *c = kq ? NULL : malloc(sizeof(int32_t) * ((size_t)m * k / 4));
+    float *ex = kq ? NULL : malloc(sizeof(float) * ((size_t)m * k / 4));
     quantize_acts(x, m, k, group, q, e);
     if (kq)
         for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
@@ -513,8 +533,9 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
         for (int64_t i = 0; i < (int64_t)m * k / 4; i++)
             c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+        for (int64_t i = 0; i < (int64_t)m * k / 4; i++) ex[i] = e[i / 8];
     }
-    Acts A = {q, e, s16, c, k};
+    Acts A = {q, e, ex, s16, c, k};
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < n; row++) {
         const uint8_t *wr = w + (int64_t)row * row_bytes;
@@ -531,6 +552,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     free(e);
     free(s16);
     free(c);
+    free(ex);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
