@@ -1,0 +1,619 @@
+// GGUF's block-quantized weights, read as stored (the file's mapped bytes), times int8
+// activations, on an x86 CPU; gguf.py compiles and calls it. y = x @ W.T with W's rows
+// `row_bytes` apart, each row a sequence of ggml blocks:
+//   Q4_0  (18 B / 32):  fp16 d, 16 B nibbles (byte j: input j low, input j + 16 high); w = d (q - 8)
+//   Q5_0  (22 B / 32):  fp16 d, uint32 qh (bit j: input j's 5th bit), 16 B nibbles;   w = d (q - 16)
+//   Q8_0  (34 B / 32):  fp16 d, 32 int8;                                              w = d q
+//   Q4_K (144 B / 256): fp16 d, dmin, 12 B of 6-bit scales sc and mins m per sub-block of 32,
+//                       128 B nibbles (32 B per 64 inputs: the low nibbles the first sub-block,
+//                       the high ones the second);                       w = d sc q - dmin m
+//   Q5_K (176 B / 256): as Q4_K with 32 B qh after the scales (sub-block s: bit s of qh[l])
+//   Q6_K (210 B / 256): 128 B low nibbles, 64 B high 2 bits, 16 int8 scales (one per 16
+//                       inputs), fp16 d;                                 w = d sc (q - 32)
+// Activations are quantized here, per token: int8 with a float scale e = amax / 127 per block
+// of 32 (the 32-blocks) or per super-block of 256 (the K-quants), rounded to nearest even.
+//
+// The bit contract. Every integer sum is exact, so its value never depends on the order or
+// the instructions. The float work is one fixed sequence of 8-lane operations per token and
+// weight row, the same on both paths and whatever the number of tokens in the pass: an
+// accumulator of 8 lanes, where lane i gets, per block (32-blocks) or super-block (K-quants),
+// scale * float(isum_i), isum_i the exact integer sum over inputs 4i..4i+3 of every 32 inputs
+// of the block (times the sub-block scales, for K-quants); then a fixed horizontal sum (hsum8).
+// The AVX512-VNNI path works on 64 inputs at a time and folds lanes i and i + 8 (exactly, as
+// integers) into lane i, or, for 32-blocks, adds its two halves into the accumulator one after
+// the other: AVX2's lanes and order. Each weight block is unpacked once per tile of up to 4
+// tokens; a token's result never depends on the tile it is in.
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { AVX2 = 0, VNNI = 1 };
+enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's type ids
+
+#define AI static inline __attribute__((always_inline))
+#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+// Weights are prefetched this far ahead as a row is read (rows follow each other in the file,
+// so this runs into the next row).
+#define PREFETCH_BYTES 2048
+// Tokens whose dot products share one unpacking of a weight block (a verify pass of 5 or 8
+// rows is one tile).
+#define TILE 8
+
+// One call's activations. Token t's: q + t k, e + t k / group, ex + 8 t k / 32, s16 + t k / 16,
+// c + t k / 4.
+typedef struct {
+    const int8_t *q;     // int8, inputs in order
+    const float *e;      // scale per group (32 or 256 inputs)
+    const float *ex;     // 32-blocks: each block's scale 8 times (a vector's lanes)
+    const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
+    const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
+    int k;
+} Acts;
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// The fixed horizontal sum every output ends with.
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// The float step, lane by lane: acc +- float(isum) * scale, one explicit fused multiply-add
+// (rounded once, the same instruction on both paths).
+AI __m256 step(__m256 acc, __m256i isum, __m256 scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+}
+
+AI __m256 step_sub(__m256 acc, __m256i isum, __m256 scale) {
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+}
+
+// x [m, k] -> int8 q, scales e per `group` inputs. Vectorised; the rounding (nearest, ties to
+// even: cvtps under the default MXCSR) is that of nearbyintf(x * (1 / e)) in a scalar loop.
+static void quantize_acts(const float *x, int m, int k, int group, int8_t *q, float *e) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    int ng = k / group;
+    for (int r = 0; r < m; r++)
+        for (int g = 0; g < ng; g++) {
+            const float *v = x + (int64_t)r * k + g * group;
+            __m256 mx = _mm256_setzero_ps();
+            for (int i = 0; i < group; i += 8)
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            float s = _mm_cvtss_f32(h) / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
+            e[(int64_t)r * ng + g] = s;
+            __m256 iv = _mm256_set1_ps(inv);
+            for (int i = 0; i < group; i += 32) {
+                __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), iv));
+                __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), iv));
+                __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 16), iv));
+                __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 24), iv));
+                // packs interleave the 128-bit lanes; the permute puts the values back in order
+                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i *)(q + (int64_t)r * k + g * group + i), p);
+            }
+        }
+}
+
+// ---- 32-blocks: Q4_0, Q5_0, Q8_0 ---------------------------------------------------------
+
+static inline int block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q5_0 ? 22 : 34; }
+
+// 16 bytes of nibbles -> 32 bytes 0..15 in input order (low nibbles, then high).
+AI __m256i nibbles32(const uint8_t *p) {
+    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    both = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Q5_0's 32 high bits -> 0x10 in byte j where bit j is set (ggml's bytes_from_bits_32).
+AI __m256i high_bits32(const uint8_t *p) {
+    uint32_t h;
+    memcpy(&h, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    b = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+// A block's 32 weights as bytes in input order: q in 0..15 or 0..31 (unsigned, the offset
+// taken off through Acts.c), or Q8_0's int8.
+AI __m256i weights32(int fmt, const uint8_t *b) {
+    if (fmt == Q4_0) return nibbles32(b + 2);
+    if (fmt == Q5_0) return _mm256_or_si256(nibbles32(b + 6), high_bits32(b + 2));
+    return _mm256_loadu_si256((const __m256i *)(b + 2));
+}
+
+// One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining). Per
+// block and token: acc = fma(float(isum), d e, acc), isum the 8 lanes' exact sums.
+AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
+    const int bb = block_bytes(fmt), k = A->k;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + (int64_t)b * bb;
+        _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(f16(blk));
+        __m256i w = weights32(fmt, blk);
+        __m256i wa = _mm256_sign_epi8(w, w);  // |q|, for Q8_0's sign trick
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32));
+            __m256i p;
+            if (fmt == Q8_0)  // |q| * (a with q's sign): pairs within int16 (|q| <= 128, |a| <= 127)
+                p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)), ones);
+            else
+                p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones),
+                                     _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)));
+            __m256 de = _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8));
+            acc[t] = step(acc[t], p, de);
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// Two blocks' weights in one register, each block's 32 bytes in input order.
+VNNI_TARGET AI __m512i weights64(int fmt, const uint8_t *ba, const uint8_t *bb) {
+    if (fmt == Q8_0)
+        return _mm512_xor_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ba + 2))),
+                               _mm256_loadu_si256((const __m256i *)(bb + 2)), 1),
+            _mm512_set1_epi8((char)0x80));  // q + 128, unsigned; Acts.c takes 128 sum(a) off
+    int at = fmt == Q4_0 ? 2 : 6;
+    __m256i y = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + at))),
+        _mm_loadu_si128((const __m128i *)(bb + at)), 1);
+    __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                         _mm512_castsi256_si512(y));
+    z = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                         _mm512_set1_epi8(0x0F));
+    if (fmt == Q5_0) {
+        uint32_t ha, hb;
+        memcpy(&ha, ba + 2, 4);
+        memcpy(&hb, bb + 2, 4);
+        z = _mm512_or_si512(z, _mm512_maskz_mov_epi8(ha | (uint64_t)hb << 32, _mm512_set1_epi8(0x10)));
+    }
+    return z;
+}
+
+VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt,
+                             float *out) {
+    const int bb = block_bytes(fmt), k = A->k;
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *ba = wr + (int64_t)b * bb;
+        _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        __m512 d = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(f16(ba)))),
+            _mm256_castps_pd(_mm256_set1_ps(f16(ba + bb))), 1));
+        __m512i w = weights64(fmt, ba, ba + bb);
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m512i p = _mm512_dpbusd_epi32(
+                _mm512_loadu_si512(A->c + tok * (k / 4) + b * 8), w,
+                _mm512_loadu_si512(A->q + tok * k + b * 32));
+            __m512 de = _mm512_mul_ps(d, _mm512_loadu_ps(A->ex + (tok * nb + b) * 8));
+            __m512 f = _mm512_cvtepi32_ps(p);
+            // block b, then block b + 1: AVX2's order
+            acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(de), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(de), 1)),
+                                     acc[t]);
+        }
+    }
+    if (b < nb) {  // an odd last block, on 256 bits
+        const uint8_t *blk = wr + (int64_t)b * bb;
+        __m256 d = _mm256_set1_ps(f16(blk));
+        __m256i w = weights32(fmt, blk);
+        if (fmt == Q8_0) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i p = _mm256_dpbusd_epi32(
+                _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)), w,
+                _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32)));
+            acc[t] = step(acc[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// ---- K-quants: Q4_K, Q5_K, Q6_K ------------------------------------------------------------
+
+// Q4_K/Q5_K's 12 bytes -> 8 scales and 8 mins of 6 bits (ggml's get_scale_min_k4).
+static inline void scales_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+// The same 16 values as int16 in one register, 8 scales then 8 mins, by 32-bit words (ggml's).
+AI __m256i scales_mins16(const uint8_t *s) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t mins = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins;
+    u[0] &= m1;
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
+}
+
+// bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
+AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
+
+// Q4_K (q5 = 0) and Q5_K (q5 = 1), one row against nt tokens. Per super-block and token:
+// isum (8 lanes) = sum_j sc_j * maddubs/madd(q_j, a_j), msum = madd(sums of 16, mins paired),
+// then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
+AI void k4_avx2(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+    const int bb = q5 ? 176 : 144, k = A->k;
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                           8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
+        for (int i = 0; i < bb; i += 64)
+            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
+        __m256i sm = scales_mins16(blk + 4);
+        __m256i scales = _mm256_permute4x64_epi64(sm, 0x44);  // the 8 scales in both lanes
+        // [m0 m0 m1 m1 ... m7 m7], against the sums of 16
+        __m256i m16 = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sm, 0xEE), pairs);
+        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i isum[TILE];
+        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+            __m256i w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+            if (q5)
+                w = _mm256_or_si256(w, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
+            __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
+            for (int t = 0; t < nt; t++) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i msum = _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
+            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
+            acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
+            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// lanes i and i + 8 of a 16-lane sum folded into AVX2's 8 lanes (exact)
+VNNI_TARGET AI __m256i fold(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// word indices: lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
+VNNI_TARGET AI __m512i word_index(int a, int b, int c, int d) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
+        _mm256_set_m128i(_mm_set1_epi16((short)d), _mm_set1_epi16((short)c)), 1);
+}
+
+VNNI_TARGET AI void k4_vnni(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
+                            float *out) {
+    const int bb = q5 ? 176 : 144, k = A->k;
+    const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
+        for (int i = 0; i < bb; i += 64)
+            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
+        __m256i sm = scales_mins16(blk + 4);
+        __m256i m16 = _mm256_permutexvar_epi16(pairs, sm);
+        __m512i sm512 = _mm512_castsi256_si512(sm);
+        __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                        : _mm512_setzero_si512();
+        __m512i isum[TILE];
+        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {  // 128 inputs: sub-blocks 4h .. 4h + 3
+            __m512i raw = _mm512_loadu_si512(qs + 64 * h);
+            __m512i lo = _mm512_and_si512(raw, low);                          // [4h | 4h + 2]
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);    // [4h + 1 | 4h + 3]
+            for (int v = 0; v < 2; v++) {  // [4h + 2v | 4h + 2v + 1]: inputs 128h + 64v on
+                __m512i w = v ? _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2))
+                              : _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+                int j = 4 * h + 2 * v;
+                if (q5)
+                    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(
+                        _mm512_srlv_epi16(qh, word_index(j, j, j + 1, j + 1)), one), 4));
+                __m512i scale = _mm512_permutexvar_epi16(word_index(j, j, j + 1, j + 1), sm512);
+                for (int t = 0; t < nt; t++) {
+                    __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 64 * (2 * h + v));
+                    isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i msum = _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
+            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
+            acc[t] = step(acc[t], fold(isum[t]), _mm256_mul_ps(d, e));
+            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// Q6_K: isum = sum_g sc_g * (q . a over group g of 16) with q in 0..63, less 32 sum_g sc_g s16_g
+// (exact, lane by lane), then acc = fma(isum, d e, acc).
+AI void k6_avx2(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+    const int k = A->k;
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        const uint8_t *blk = wr + (int64_t)s * 210;
+        for (int i = 0; i < 210; i += 64)
+            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(f16(blk + 208));
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        __m256i isum[TILE];
+        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
+            __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
+                              : _mm256_permute4x64_epi64(sc16, 0x44);
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
+            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
+                __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
+                                                                 : _mm256_srli_epi16(ql1, 4);
+                __m256i h = i == 0 ? _mm256_slli_epi16(qh, 4) : i == 1 ? _mm256_slli_epi16(qh, 2)
+                          : i == 2 ? qh : _mm256_srli_epi16(qh, 2);
+                __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
+                __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
+                    _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
+                for (int t = 0; t < nt; t++) {
+                    __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i off = _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
+            __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+    const int k = A->k;
+    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+    // per 16-bit lane: the first 32 inputs' shift, then the second's
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        const uint8_t *blk = wr + (int64_t)s * 210;
+        for (int i = 0; i < 210; i += 64)
+            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+        __m256 d = _mm256_set1_ps(f16(blk + 208));
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i isum[TILE];
+        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 2; c++) {
+            __m512i ql = _mm512_loadu_si512(blk + 64 * c);
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c)));
+            for (int v = 0; v < 2; v++) {  // inputs 128c + 64v on: groups g .. g + 3
+                __m512i l = v ? _mm512_srli_epi16(ql, 4) : ql;
+                __m512i h = v ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
+                __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
+                int g = 8 * c + 4 * v;
+                __m512i scale = _mm512_permutexvar_epi16(word_index(g, g + 1, g + 2, g + 3), sc512);
+                for (int t = 0; t < nt; t++) {
+                    __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 64 * v);
+                    isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i off = _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
+            __m256i is = _mm256_sub_epi32(fold(isum[t]), _mm256_slli_epi32(off, 5));
+            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// ---- dispatch ------------------------------------------------------------------------------
+
+// One row against nt tokens on AVX2; nt a constant in each call so the token loops unroll.
+#define BY_NT(CALL)                   \
+    switch (nt) {                     \
+        case 1: { enum { N = 1 }; CALL; } break; \
+        case 2: { enum { N = 2 }; CALL; } break; \
+        case 3: { enum { N = 3 }; CALL; } break; \
+        case 4: { enum { N = 4 }; CALL; } break; \
+        case 5: { enum { N = 5 }; CALL; } break; \
+        case 6: { enum { N = 6 }; CALL; } break; \
+        case 7: { enum { N = 7 }; CALL; } break; \
+        default: { enum { N = 8 }; CALL; }       \
+    }
+
+static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
+    switch (fmt) {
+        case Q4_0: BY_NT(b32_avx2(Q4_0, wr, k / 32, A, t0, N, out)) break;
+        case Q5_0: BY_NT(b32_avx2(Q5_0, wr, k / 32, A, t0, N, out)) break;
+        case Q8_0: BY_NT(b32_avx2(Q8_0, wr, k / 32, A, t0, N, out)) break;
+        case Q4_K: BY_NT(k4_avx2(0, wr, k / 256, A, t0, N, out)) break;
+        case Q5_K: BY_NT(k4_avx2(1, wr, k / 256, A, t0, N, out)) break;
+        default: BY_NT(k6_avx2(wr, k / 256, A, t0, N, out))
+    }
+}
+
+VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt,
+                                  float *out) {
+    switch (fmt) {
+        case Q4_0: BY_NT(b32_vnni(Q4_0, wr, k / 32, A, t0, N, out)) break;
+        case Q5_0: BY_NT(b32_vnni(Q5_0, wr, k / 32, A, t0, N, out)) break;
+        case Q8_0: BY_NT(b32_vnni(Q8_0, wr, k / 32, A, t0, N, out)) break;
+        case Q4_K: BY_NT(k4_vnni(0, wr, k / 256, A, t0, N, out)) break;
+        case Q5_K: BY_NT(k4_vnni(1, wr, k / 256, A, t0, N, out)) break;
+        default: BY_NT(k6_vnni(wr, k / 256, A, t0, N, out))
+    }
+}
+
+// The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2.
+int gguf_path(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") ? VNNI : AVX2;
+}
+
+// Bytes of a row of k inputs, 0 for an unknown format or a k that is not whole blocks.
+int64_t gguf_row_bytes(int fmt, int k) {
+    switch (fmt) {
+        case Q4_0: case Q5_0: case Q8_0: return k % 32 ? 0 : (int64_t)k / 32 * block_bytes(fmt);
+        case Q4_K: return k % 256 ? 0 : (int64_t)k / 256 * 144;
+        case Q5_K: return k % 256 ? 0 : (int64_t)k / 256 * 176;
+        case Q6_K: return k % 256 ? 0 : (int64_t)k / 256 * 210;
+    }
+    return 0;
+}
+
+// y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
+// `path` (AVX2, or VNNI where gguf_path() says so). Threads take weight rows as they finish.
+void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
+                 float *y, int m, int k, int n, int path, int threads) {
+    int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K, group = kq ? 256 : 32;
+    int8_t *q = malloc((size_t)m * k + 64);
+    float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
+    int16_t *s16 = kq ? malloc(sizeof(int16_t) * ((size_t)m * k / 16)) : NULL;
+    int32_t *c = kq ? NULL : malloc(sizeof(int32_t) * ((size_t)m * k / 4));
+    float *ex = kq ? NULL : malloc(sizeof(float) * ((size_t)m * k / 4));
+    quantize_acts(x, m, k, group, q, e);
+    if (kq)
+        for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += q[16 * i + j];
+            s16[i] = (int16_t)sum;
+        }
+    else {  // q - offset: Q4_0 8, Q5_0 16; Q8_0 on VNNI takes q + 128 (AVX2 uses none)
+        int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
+        for (int64_t i = 0; i < (int64_t)m * k / 4; i++)
+            c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+        for (int64_t i = 0; i < (int64_t)m * k / 4; i++) ex[i] = e[i / 8];
+    }
+    Acts A = {q, e, ex, s16, c, k};
+#pragma omp parallel for schedule(guided) num_threads(threads)
+    for (int row = 0; row < n; row++) {
+        const uint8_t *wr = w + (int64_t)row * row_bytes;
+        float out[TILE];
+        for (int t0 = 0; t0 < m; t0 += TILE) {
+            int nt = m - t0 < TILE ? m - t0 : TILE;
+            if (path == VNNI) dots_vnni(fmt, wr, k, &A, t0, nt, out);
+            else dots_avx2(fmt, wr, k, &A, t0, nt, out);
+            for (int t = 0; t < nt; t++)
+                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+        }
+    }
+    free(q);
+    free(e);
+    free(s16);
+    free(c);
+    free(ex);
+}
+
+// ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
+
+static void dequantize_row(int fmt, const uint8_t *w, int k, float *y) {
+    if (fmt == Q4_0 || fmt == Q5_0 || fmt == Q8_0) {
+        int bb = block_bytes(fmt);
+        for (int b = 0; b < k / 32; b++, w += bb, y += 32) {
+            float d = f16(w);
+            if (fmt == Q8_0) {
+                for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)w[2 + j] * d;
+                continue;
+            }
+            uint32_t qh = 0;
+            if (fmt == Q5_0) memcpy(&qh, w + 2, 4);
+            const uint8_t *qs = w + (fmt == Q5_0 ? 6 : 2);
+            int off = fmt == Q5_0 ? 16 : 8;
+            for (int j = 0; j < 16; j++) {
+                int lo = (qs[j] & 15) | ((qh >> j) & 1) << 4, hi = (qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+                y[j] = d * (float)(lo - off);
+                y[j + 16] = d * (float)(hi - off);
+            }
+        }
+    } else if (fmt == Q4_K || fmt == Q5_K) {
+        int bb = fmt == Q5_K ? 176 : 144;
+        for (int s = 0; s < k / 256; s++, w += bb, y += 256) {
+            float d = f16(w), dmin = f16(w + 2);
+            uint8_t sc[8], mn[8];
+            scales_k4(w + 4, sc, mn);
+            const uint8_t *qh = w + 16, *qs = w + (fmt == Q5_K ? 48 : 16);
+            for (int j = 0; j < 8; j++) {
+                float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
+                for (int l = 0; l < 32; l++) {
+                    int q = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 15;
+                    if (fmt == Q5_K) q |= ((qh[l] >> j) & 1) << 4;
+                    y[32 * j + l] = ds * (float)q - dm;
+                }
+            }
+        }
+    } else {  // Q6_K
+        for (int s = 0; s < k / 256; s++, w += 210, y += 256) {
+            const int8_t *sc = (const int8_t *)(w + 192);
+            float d = f16(w + 208);
+            for (int c = 0; c < 2; c++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *ql = w + 64 * c, *qh = w + 128 + 32 * c;
+                    int q[4] = {(ql[l] & 15) | (qh[l] & 3) << 4, (ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4,
+                                (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4, (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4};
+                    for (int i = 0; i < 4; i++) {
+                        int at = 128 * c + 32 * i + l;
+                        y[at] = (d * (float)sc[at / 16]) * (float)(q[i] - 32);
+                    }
+                }
+        }
+    }
+}
+
+// out [nrows, k] = the rows `rows` (all n where rows is NULL) of W, as float32.
+void gguf_dequantize(int fmt, const uint8_t *w, int64_t row_bytes, const int64_t *rows, int nrows,
+                     int k, float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (nrows > 64)
+    for (int i = 0; i < nrows; i++)
+        dequantize_row(fmt, w + (rows ? rows[i] : i) * row_bytes, k, out + (int64_t)i * k);
+}

@@ -1,0 +1,208 @@
+"""Linear layers over a GGUF file's tensors, computed from the file's bytes as stored.
+
+`wrap` takes a tensor's raw array as `gguf.GGUFReader` gives it (a read-only memmap: uint8
+[N, row bytes] for the block formats) without copying it; `linear` multiplies by it with
+`gguf.c`, which reads ggml's blocks in place (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) and
+quantizes the activations to int8 per token inside the kernel. Each token of a pass of up to
+FP32_ROWS rows gets exactly the bits of a one-token pass, on either path (AVX2, AVX512-VNNI),
+which is what keeps speculative decoding exact (docs/cpu-kernels.md, the bit contract).
+F32 and BF16 tensors take `linear.py`'s row-alone kernels; F16 ones are converted once to
+float32 when wrapped (rare in GGUF files).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from specgen.errors import ConfigError, ResourceError
+from specgen.kernels import build
+from specgen.kernels import linear as dense
+
+STEM = "gguf"
+
+
+@dataclass(frozen=True)
+class Format:
+    block_weights: int  # weights per block (1 for the float types)
+    block_bytes: int  # bytes per block
+
+
+# Every type this module takes: ggml's blocks (ggml-common.h), and the float types.
+FORMATS: dict[str, Format] = {
+    "F32": Format(1, 4), "F16": Format(1, 2), "BF16": Format(1, 2),
+    "Q4_0": Format(32, 18), "Q5_0": Format(32, 22), "Q8_0": Format(32, 34),
+    "Q4_K": Format(256, 144), "Q5_K": Format(256, 176), "Q6_K": Format(256, 210),
+}
+FLOATS = ("F32", "F16", "BF16")
+_IDS = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # gguf.c's (ggml's)
+
+AVX2, VNNI = 0, 1  # the kernel's paths (gguf.c)
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.gguf_linear.argtypes = [i, p, p, i64, p, p, i, i, i, i, i]
+    lib.gguf_linear.restype = None
+    lib.gguf_dequantize.argtypes = [i, p, i64, p, i, i, p, i]
+    lib.gguf_dequantize.restype = None
+    lib.gguf_row_bytes.argtypes = [i, i]
+    lib.gguf_row_bytes.restype = i64
+
+
+def check_cpu() -> None:
+    """The block kernels need AVX2, FMA and F16C (x86 CPUs from about 2013 on)."""
+    if not build.has_avx2():
+        raise ResourceError(
+            f"GGUF's quantized tensors are computed by a kernel that needs an x86 CPU with "
+            f"AVX2; this one offers {torch.backends.cpu.get_cpu_capability()}. Load the model "
+            f"from its safetensors (Hugging Face) weights instead.")
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernel, loaded once per process; there is no PyTorch fallback, so a CPU
+    without AVX2 or a missing compiler is a ResourceError that names the alternative."""
+    check_cpu()
+    return build.load(STEM, "the GGUF kernel", declare,
+                      instead="the model's safetensors weights (Hugging Face)")
+
+
+@functools.cache
+def best_path() -> int:
+    return library().gguf_path()
+
+
+def paths() -> tuple[int, ...]:
+    """Every path this CPU runs (tests and benches compare them)."""
+    return (AVX2, VNNI) if best_path() == VNNI else (AVX2,)
+
+
+def supported(kind: str) -> bool:
+    return kind in FORMATS
+
+
+def _format(kind: str) -> Format:
+    if kind not in FORMATS:
+        raise ConfigError(f"GGUF tensor type {kind!r} is not supported; specgen computes "
+                          f"{', '.join(FORMATS)}.")
+    return FORMATS[kind]
+
+
+@dataclass(frozen=True)
+class GGUFWeight:
+    """A GGUF tensor as a linear layer's weight [n, k]: `data` is uint8 [n, row bytes] over
+    the file's bytes for the block formats, float32 [n, k] for F32 and F16, bfloat16 for
+    BF16."""
+    data: Tensor
+    kind: str
+    n: int  # out features
+    k: int  # in features
+
+
+def _view(array: np.ndarray) -> Tensor:
+    """A tensor over `array`'s memory, no copy; a read-only memmap stays read-only (the
+    kernels never write their weights), so PyTorch's warning about it is not for us."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                                category=UserWarning)
+        return torch.from_numpy(array)
+
+
+def wrap(kind: str, data: np.ndarray, n: int, k: int) -> GGUFWeight:
+    """The weight [n, k] (out, in features) of GGUF type `kind` whose raw array is `data`
+    (GGUFReader's tensor.data), viewed in place; F16 alone is converted (to float32)."""
+    fmt = _format(kind)
+    if k % fmt.block_weights:
+        raise ConfigError(f"A {kind} tensor's rows are whole blocks of {fmt.block_weights} "
+                          f"weights; {k} inputs are not.")
+    row_bytes = k // fmt.block_weights * fmt.block_bytes
+    if data.nbytes != n * row_bytes:
+        raise ConfigError(f"A {kind} tensor [{n}, {k}] is {n * row_bytes} bytes; this one is "
+                          f"{data.nbytes}.")
+    if not data.flags["C_CONTIGUOUS"]:
+        raise ConfigError(f"A {kind} tensor's array must be contiguous (a GGUFReader's is).")
+    if kind in FLOATS:
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[kind]
+        t = _view(data.reshape(-1).view(np.uint8).view(dtype).reshape(n, k))
+        if kind == "F16":
+            t = t.float()
+        elif kind == "BF16":
+            t = t.view(torch.bfloat16)
+        return GGUFWeight(t, kind, n, k)
+    return GGUFWeight(_view(data.reshape(-1).view(np.uint8).reshape(n, row_bytes)), kind, n, k)
+
+
+def linear(x: Tensor, w: GGUFWeight, bias: Tensor | None = None, path: int | None = None
+           ) -> Tensor:
+    """x [M, K] float32 @ W.T (+ bias float32 [N]) -> [M, N] float32, on `best_path()` unless
+    `path` names another this CPU has. Each row's result is that of a one-row pass (passes of
+    up to FP32_ROWS rows for F32 and BF16; any width for the block formats)."""
+    if w.kind in FLOATS:
+        if w.kind == "BF16":
+            return dense.linear(x.to(torch.bfloat16), w.data,
+                                None if bias is None else bias.to(torch.bfloat16)).float()
+        if x.shape[0] > dense.FP32_ROWS or dense.library() is None:
+            y = torch.mm(x, w.data.t())
+            return y if bias is None else y + bias
+        return dense.linear(x.contiguous(), w.data, bias)
+    lib = library()
+    if path is None:
+        path = best_path()
+    elif path not in paths():
+        raise ValueError(f"this CPU has no GGUF kernel path {path} (it has {paths()})")
+    m, k = x.shape
+    if k != w.k:
+        raise ValueError(f"input has {k} features, the weight {w.k}")
+    x = x.float().contiguous()
+    y = torch.empty(m, w.n)
+    if bias is not None:
+        bias = bias.float().contiguous()
+    lib.gguf_linear(_IDS[w.kind], x.data_ptr(), w.data.data_ptr(), w.data.shape[1],
+                    None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, w.n, path,
+                    torch.get_num_threads())
+    return y
+
+
+def dequantize(w: GGUFWeight, rows: Tensor | None = None) -> Tensor:
+    """W's rows `rows` (all where None) as float32 [len(rows), K]: gguf.quants.dequantize's
+    values. For an embedding lookup, a few rows of a large table are read and nothing else."""
+    if w.kind in FLOATS:
+        return (w.data if rows is None else w.data[rows]).float()
+    idx = None
+    count = w.n
+    if rows is not None:
+        idx = rows.reshape(-1).to(torch.int64).contiguous()
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= w.n):
+            raise IndexError(f"rows out of range for a weight of {w.n} rows")
+        count = idx.numel()
+    out = torch.empty(count, w.k)
+    library().gguf_dequantize(_IDS[w.kind], w.data.data_ptr(), w.data.shape[1],
+                              None if idx is None else idx.data_ptr(), count, w.k,
+                              out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+class GGUFLinear(nn.Module):
+    """A linear layer whose weight is a GGUF tensor computed as stored. The weight is no
+    nn.Parameter (nor buffer), so the model's state dict never copies the file."""
+
+    def __init__(self, weight: GGUFWeight, bias: Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = weight.k, weight.n
+        self.weight = weight
+        self.bias = None if bias is None else bias.float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = linear(rows.float(), self.weight, self.bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"kind={self.weight.kind}, bias={self.bias is not None}")

@@ -1,0 +1,244 @@
+"""gguf.c: GGUF's block formats computed from their bytes as stored. Each format against a
+float64 reference (gguf's own dequantizer, int8 activations); dequantize gives gguf's values
+exactly; each row of a pass of up to FP32_ROWS rows has the bits of a one-row pass; AVX2 and
+AVX512-VNNI give the same bits; 1 and 2 threads too."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+gguf_lib = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+
+from specgen.errors import ConfigError, ResourceError  # noqa: E402
+from specgen.kernels import gguf  # noqa: E402
+from specgen.kernels.linear import FP32_ROWS  # noqa: E402
+
+try:
+    BEST = gguf.best_path()
+except ResourceError:  # no AVX2, no C compiler
+    BEST = None
+needs_kernel = pytest.mark.skipif(BEST is None, reason="no AVX2 or no C compiler here")
+needs_vnni = pytest.mark.skipif(BEST != gguf.VNNI, reason="this CPU has no AVX512-VNNI")
+
+BLOCKS = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# where each block keeps its fp16 scales (d, and dmin for Q4_K/Q5_K)
+HALVES = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """n rows of k weights of `kind` as a GGUF file stores them: every quant, scale, min and
+    high bit random (all values the format can hold, Q8_0's -128 included), and the fp16
+    scales finite."""
+    fmt = gguf.FORMATS[kind]
+    rng = np.random.default_rng(seed)
+    nb = k // fmt.block_weights
+    raw = rng.integers(0, 256, (n, nb, fmt.block_bytes), dtype=np.uint8)
+    for at in HALVES[kind]:
+        half = (rng.standard_normal((n, nb)) * 0.01).astype(np.float16)
+        raw[:, :, at:at + 2] = half.view(np.uint8).reshape(n, nb, 2)
+    return raw.reshape(n, -1)
+
+
+def weight(kind: str, n: int, k: int, seed: int = 0) -> tuple[gguf.GGUFWeight, np.ndarray]:
+    raw = blocks(kind, n, k, seed)
+    return gguf.wrap(kind, raw, n, k), raw
+
+
+def small_k(kind: str) -> int:
+    return 512 if kind in K_QUANTS else 96  # 2 super-blocks; 3 blocks (an odd last pair)
+
+
+def int8_reference(x: torch.Tensor, w: np.ndarray, kind: str) -> torch.Tensor:
+    """x @ W.T in float64 with x quantized as the kernel quantizes it (float32 scale per block
+    of 32 or super-block of 256, rounded to nearest even), W by gguf's dequantizer."""
+    group = 256 if kind in K_QUANTS else 32
+    m, k = x.shape
+    g = x.reshape(m, k // group, group)
+    e = g.abs().amax(-1) / 127
+    inv = torch.where(e > 0, 1 / e, torch.zeros_like(e))
+    a = torch.round(g * inv[..., None])  # float32 product, ties to even: the kernel's
+    xq = (a.double() * e.double()[..., None]).reshape(m, k)
+    return xq @ torch.from_numpy(w).double().T
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", BLOCKS)
+def test_dequantize_gives_ggufs_values(kind):
+    w, raw = weight(kind, 21, small_k(kind))
+    want = gguf_dequantize(raw, GGMLQuantizationType[kind])
+    assert np.array_equal(gguf.dequantize(w).numpy(), want)
+    rows = torch.tensor([20, 0, 7, 7])
+    assert np.array_equal(gguf.dequantize(w, rows).numpy(), want[[20, 0, 7, 7]])
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", BLOCKS)
+@pytest.mark.parametrize("m", [1, 5, 9])
+def test_each_format_computes_its_dot_products(kind, m):
+    """Against float64 with the same int8 activations: only the float rounding of the scales
+    and the summation order may differ. And against the unquantized activations, within the
+    error that int8 activations bring."""
+    n, k = 37, small_k(kind) * 2
+    w, raw = weight(kind, n, k, seed=m)
+    deq = gguf_dequantize(raw, GGMLQuantizationType[kind])
+    x = torch.randn(m, k) * 2
+    bias = torch.randn(n)
+    size = torch.from_numpy(np.abs(deq)).double() @ x.double().abs().T  # sum |w| |x|, [n, m]
+    want = int8_reference(x, deq, kind) + bias.double()
+    for p in gguf.paths():
+        got = gguf.linear(x, w, bias, path=p).double()
+        assert ((got - want).abs() <= 1e-5 * size.T + 1e-6).all(), kind
+        exact = x.double() @ torch.from_numpy(deq).double().T + bias.double()
+        assert ((got - exact).abs() <= 0.02 * size.T).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", BLOCKS)
+def test_every_row_of_a_pass_has_its_one_row_bits(kind):
+    w, _ = weight(kind, 19, small_k(kind))  # 19 rows: no multiple of anything
+    x = torch.randn(FP32_ROWS, w.k) * 3
+    bias = torch.randn(19)
+    for p in gguf.paths():
+        alone = torch.cat([gguf.linear(x[i:i + 1], w, bias, p) for i in range(FP32_ROWS)])
+        for m in list(range(2, 34)) + [FP32_ROWS]:
+            assert torch.equal(gguf.linear(x[:m], w, bias, p), alone[:m]), (kind, p, m)
+        assert torch.equal(gguf.linear(x[11:16], w, bias, p), alone[11:16])
+
+
+@needs_vnni
+@pytest.mark.parametrize("kind,k", [
+    ("Q4_0", 96), ("Q4_0", 1536), ("Q5_0", 896), ("Q5_0", 4864), ("Q5_0", 160), ("Q8_0", 896),
+    ("Q8_0", 96), ("Q4_K", 1536), ("Q4_K", 256), ("Q5_K", 768), ("Q6_K", 4864), ("Q6_K", 1536)])
+def test_vnni_gives_the_avx2_paths_bits(kind, k):
+    """Several super-blocks, block counts odd and even (the VNNI path takes blocks in pairs),
+    the draft's K = 896 and 4864, and rows not a multiple of the tile."""
+    w, _ = weight(kind, 29, k, seed=k)
+    x = torch.randn(13, k) * 5
+    x[3] = 0  # a row of zeros: scale 0
+    x[4, :40] *= 1000  # one block far larger than the rest
+    bias = torch.randn(29)
+    for m in (1, 2, 4, 5, 8, 9, 13):
+        for b in (bias, None):
+            assert torch.equal(gguf.linear(x[:m], w, b, gguf.VNNI),
+                               gguf.linear(x[:m], w, b, gguf.AVX2)), (kind, m)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q5_0", "Q4_K", "Q6_K"])
+def test_one_and_two_threads_give_the_same_bits(kind):
+    w, _ = weight(kind, 301, 1024 if kind in K_QUANTS else 896)
+    x = torch.randn(6, w.k)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [gguf.linear(x, w, path=p) for p in gguf.paths()]
+        torch.set_num_threads(2)
+        two = [gguf.linear(x, w, path=p) for p in gguf.paths()]
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q8_0"])
+def test_blocks_from_ggufs_own_quantizer(kind):
+    """Blocks as gguf (and so llama.cpp) writes them, not only random bytes."""
+    n, k = 24, 896
+    data = np.random.default_rng(1).standard_normal((n, k)).astype(np.float32)
+    raw = gguf_lib.quants.quantize(data, GGMLQuantizationType[kind])
+    w = gguf.wrap(kind, raw, n, k)
+    deq = gguf_dequantize(raw, GGMLQuantizationType[kind])
+    assert np.array_equal(gguf.dequantize(w).numpy(), deq)
+    x = torch.randn(3, k)
+    got = gguf.linear(x, w).double()
+    size = torch.from_numpy(np.abs(deq)).double() @ x.double().abs().T
+    assert ((got - int8_reference(x, deq, kind)).abs() <= 1e-5 * size.T + 1e-6).all()
+
+
+@needs_kernel
+def test_a_gguf_files_tensors_are_read_in_place(tmp_path):
+    """Through gguf.GGUFReader as a loader uses it: the weight is a view of the file's
+    read-only map (no copy, no warning), and computes what gguf's dequantizer says."""
+    writer = gguf_lib.GGUFWriter(tmp_path / "t.gguf", "test")
+    shapes = {"q4k": ("Q4_K", 40, 512), "q6k": ("Q6_K", 24, 256), "q5_0": ("Q5_0", 16, 896)}
+    for name, (kind, n, k) in shapes.items():
+        writer.add_tensor(name, blocks(kind, n, k), raw_dtype=GGMLQuantizationType[kind])
+    writer.add_tensor("f32", np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf_lib.GGUFReader(tmp_path / "t.gguf")
+    for t in reader.tensors:
+        k, n = int(t.shape[0]), int(t.shape[1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            w = gguf.wrap(t.tensor_type.name, t.data, n, k)
+        assert w.data.data_ptr() == t.data.ctypes.data  # the file's own pages
+        assert not t.data.flags["WRITEABLE"]
+        deq = gguf_dequantize(t.data, t.tensor_type).reshape(n, k)
+        assert np.array_equal(gguf.dequantize(w).numpy(), deq)
+        x = torch.randn(2, k)
+        want = x.double() @ torch.from_numpy(deq).double().T
+        size = torch.from_numpy(np.abs(deq)).double() @ x.double().abs().T
+        assert ((gguf.linear(x, w).double() - want).abs() <= 0.02 * size.T + 1e-6).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
+def test_float_tensors(kind):
+    data = np.random.default_rng(0).standard_normal((10, 64)).astype(np.float32)
+    raw = {"F32": data, "F16": data.astype(np.float16),
+           "BF16": gguf_lib.quants.quantize(data, GGMLQuantizationType.BF16)}[kind]
+    w = gguf.wrap(kind, raw, 10, 64)
+    deq = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(10, 64).copy())
+    assert torch.equal(gguf.dequantize(w), deq)
+    assert torch.equal(gguf.dequantize(w, torch.tensor([3, 1])), deq[[3, 1]])
+    x = torch.randn(3, 64)
+    tol = 2e-2 if kind == "BF16" else 1e-4  # bf16 activations on the bf16 kernel
+    assert torch.allclose(gguf.linear(x, w), x @ deq.T, rtol=tol, atol=tol)
+    if kind != "BF16":
+        assert torch.equal(gguf.linear(x, w)[1:2], gguf.linear(x[1:2], w))
+
+
+@needs_kernel
+def test_the_layer_keeps_no_copy_of_the_weight():
+    w, raw = weight("Q4_K", 16, 256)
+    layer = gguf.GGUFLinear(w, torch.randn(16))
+    assert list(layer.state_dict()) == [] and list(layer.parameters()) == []
+    x = torch.randn(2, 3, 256, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
+    want = gguf.linear(x.reshape(6, 256).float(), w, layer.bias).to(torch.bfloat16)
+    assert torch.equal(y.reshape(6, 16), want)
+
+
+def test_an_unknown_type_is_a_config_error_naming_the_supported_ones():
+    assert gguf.supported("Q4_K") and not gguf.supported("IQ2_XS")
+    with pytest.raises(ConfigError, match="Q4_K"):
+        gguf.wrap("IQ2_XS", np.zeros((4, 66), np.uint8), 4, 256)
+    with pytest.raises(ConfigError, match="whole blocks"):
+        gguf.wrap("Q4_K", np.zeros((4, 144), np.uint8), 4, 200)
+    with pytest.raises(ConfigError, match="bytes"):
+        gguf.wrap("Q4_K", np.zeros((4, 100), np.uint8), 4, 256)
+
+
+@needs_kernel
+def test_a_path_the_cpu_lacks_is_refused():
+    w, _ = weight("Q8_0", 4, 32)
+    with pytest.raises(ValueError, match="no GGUF kernel path"):
+        gguf.linear(torch.ones(1, 32), w, path=7)
+
+
+def test_every_format_declares_its_block():
+    assert {k: (f.block_weights, f.block_bytes) for k, f in gguf.FORMATS.items()
+            if k in BLOCKS} == {k: gguf_lib.GGML_QUANT_SIZES[GGMLQuantizationType[k]]
+                                for k in BLOCKS}
