@@ -51,6 +51,10 @@ def mapped_from(t: torch.Tensor, name: str) -> bool:
 
 
 def write_profile(tmp_path: Path, target: str, name: str = "p.toml") -> Path:
+    """A profile whose target is cached: converted to float32 unless it names a scheme (a
+    GGUF named without one would run as stored, with nothing in the cache)."""
+    if "quantization" not in target:
+        target += '\nquantization = "none"'
     path = tmp_path / name
     path.write_text(f'[target]\n{target}\ndtype = "float32"\n[speculation]\nmethod = "prompt-lookup"\n')
     return path
@@ -439,8 +443,8 @@ def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(
 
     other = tiny_gguf(tmp_path / "other.gguf", hidden=64, ff=128, seed=1)
     path = tmp_path / "pair.toml"
-    path.write_text(f'[target]\nmodel = "{gguf_file}"\ndtype = "float32"\n'
-                    f'[draft]\nmodel = "{other}"\ndtype = "float32"\n')
+    path.write_text(f'[target]\nmodel = "{gguf_file}"\ndtype = "float32"\nquantization = "none"\n'
+                    f'[draft]\nmodel = "{other}"\ndtype = "float32"\nquantization = "none"\n')
     load_pair(load_profile(str(path)))  # converts both
     calls = []
     real = models.load_tokenizer

@@ -103,7 +103,8 @@ def test_profile_naming_a_hub_gguf_loads_from_demo_packages_offline(tmp_path, pa
     monkeypatch.setattr(demo, "ASSETS", (asset,))
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    spec = f'model = "{asset.repo}"\ngguf_file = "{asset.filename}"\nsha256 = "{asset.sha256}"\ndtype = "float32"\n'
+    spec = (f'model = "{asset.repo}"\ngguf_file = "{asset.filename}"\nsha256 = "{asset.sha256}"\n'
+            'dtype = "float32"\nquantization = "none"\n')  # converted: the route to float
     (tmp_path / "p.toml").write_text(f"[target]\n{spec}[draft]\n{spec}")
     seen = []
     pair = load_pair(load_profile(str(tmp_path / "p.toml")), seen.append)
@@ -119,6 +120,42 @@ def test_profile_naming_a_hub_gguf_loads_from_demo_packages_offline(tmp_path, pa
     assert not any("Assembling" in m or "Converting" in m for m in seen)
     x = torch.tensor([[3, 4, 5]])
     assert torch.equal(pair.target(x).logits, again.target(x).logits)
+
+
+def test_the_default_route_maps_the_assembled_file_and_converts_nothing(
+        tmp_path, packages, monkeypatch, tiny_gguf):
+    """The default profile's path on a tiny GGUF cut into fake packages: assembled once,
+    verified, and run as stored (its quantization unnamed): nothing is converted, and the
+    second load reads the assembled copy."""
+    data = tiny_gguf(tmp_path / "tiny.gguf", hidden=64, ff=128, arch="qwen2", kind="Q8_0").read_bytes()
+    fake_packages(packages, "demof", data)
+    asset = asset_for(data, "demof")
+    monkeypatch.setattr(demo, "ASSETS", (asset,))
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    spec = f'model = "{asset.repo}"\ngguf_file = "{asset.filename}"\nsha256 = "{asset.sha256}"\n'
+    (tmp_path / "p.toml").write_text(f"[target]\n{spec}[draft]\n{spec}")
+    seen = []
+    pair = load_pair(load_profile(str(tmp_path / "p.toml")), seen.append)
+    assert any("Assembling fake.gguf" in m for m in seen)
+    assert any("Mapping target org/fake-GGUF as stored in fake.gguf" in m for m in seen), seen
+    assert not any("Converting" in m for m in seen) and pair.quantization == "gguf"
+    assert not (tmp_path / "cache" / "converted").exists()
+    seen.clear()
+    monkeypatch.setattr(demo, "part_paths", None)  # packages not even looked at: the copy is enough
+    load_pair(load_profile(str(tmp_path / "p.toml")), seen.append)
+    assert not any("Assembling" in m or "Converting" in m for m in seen)
+
+
+def greedy(model, ids: torch.Tensor, n: int) -> list[int]:
+    """The model's own greedy continuation, one token a pass, through specgen's decoder."""
+    from specgen.decoding import make_decoder
+
+    decoder, out = make_decoder(model), []
+    logits = decoder.logits(ids, 1)
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = decoder.logits(torch.tensor([out[-1]]), 1)
+    return out
 
 
 # --- the real demo pair ---------------------------------------------------------------------------
@@ -147,6 +184,5 @@ def test_real_demo_pair_answers_sensibly(demo_cache, monkeypatch):
     ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                              return_tensors="pt", return_dict=True)["input_ids"]
     for model in (pair.target, pair.draft):
-        out = model.generate(ids, max_new_tokens=24, do_sample=False)
-        text = pair.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        text = pair.tokenizer.decode(greedy(model, ids[0], 56), skip_special_tokens=True)
         assert "def add(a, b)" in text, text

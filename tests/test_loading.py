@@ -61,11 +61,17 @@ def bnb_pair_dirs(tmp_path_factory, save_pair_dir) -> tuple[Path, Path]:
             save_pair_dir(root / "draft", seed=1))
 
 
+def converted(entry: str) -> str:
+    """A GGUF entry that names no scheme runs as stored (tests/test_stored.py); these tests
+    load GGUFs converted to float, the route quantization = "none" keeps."""
+    return entry + '\nquantization = "none"' if "gguf" in entry and "quantization" not in entry else entry
+
+
 def profile(tmp_path: Path, target: str, draft: str | None = None, extra: str = "",
             draft_extra: str = "") -> Path:
-    text = f'[target]\n{target}\ndtype = "float32"\n{extra}\n'
+    text = f'[target]\n{converted(target)}\ndtype = "float32"\n{extra}\n'
     if draft is not None:
-        text += f'[draft]\n{draft}\ndtype = "float32"\n{draft_extra}\n'
+        text += f'[draft]\n{converted(draft)}\ndtype = "float32"\n{draft_extra}\n'
     else:
         text += '[speculation]\nmethod = "prompt-lookup"\n'
     path = tmp_path / "p.toml"
@@ -237,13 +243,14 @@ def test_cpu_quantization_is_refused_when_the_whole_model_cannot_load(tmp_path, 
 
 
 def test_memory_refusal_suggests_a_profile_that_fits(tmp_path, pair_dirs, monkeypatch):
-    # 6 GB free: the bf16 demo pair (~4.4 GB) fits, its fp32 variant (~7.7 GB) does not.
+    # 6 GB free: the bf16 demo pair (~4.4 GB) is the largest that fits (the default, its
+    # files run as stored, is smaller); its fp32 variant (~7.7 GB) does not.
     monkeypatch.setattr(memory, "free_bytes", lambda device: 6e9)
     monkeypatch.setattr(models, "free_bytes", lambda device: 6e9)
     monkeypatch.setattr(models, "estimate_bytes", lambda *a, **k: int(30e9))
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"', f'model = "{pair_dirs[1]}"')
     with pytest.raises(ResourceError, match="needs about 60.0 GB .* 6.0 GB is free. "
-                                            r"Try a smaller profile: --profile qwen-coder-demo \(or"):
+                                            r"Try a smaller profile: --profile qwen-coder-demo-bf16 \(or"):
         load(path)
 
 
@@ -326,7 +333,7 @@ def test_gguf_is_converted_once_and_cached(tmp_path, gguf_file, monkeypatch):
 def test_gguf_cache_is_keyed_by_dtype(tmp_path, gguf_file):
     load(profile(tmp_path, f'model = "{gguf_file}"'))
     (tmp_path / "p.toml").write_text(f'[target]\nmodel = "{gguf_file}"\ndtype = "bfloat16"\n'
-                                     '[speculation]\nmethod = "prompt-lookup"\n')
+                                     'quantization = "none"\n[speculation]\nmethod = "prompt-lookup"\n')
     pair = load(tmp_path / "p.toml")
     assert pair.target.dtype == torch.bfloat16
     names = sorted(p.name.split("-")[1] for p in (tmp_path / "cache" / "converted").iterdir())

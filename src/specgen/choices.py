@@ -13,13 +13,17 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 BNB_SCHEMES = ("nf4", "fp4", "int8")
 CPU_SCHEMES = ("int8-wo", "int4-wo", "int8-dyn", "int4-dyn")
 DYNAMIC_SCHEMES = ("int8-dyn", "int4-dyn")
+# A GGUF file's own quantization, its blocks computed as stored by specgen's CPU kernels
+# (kernels/gguf.py, loading/stored.py): no conversion, every row computed alone.
+STORED_SCHEME = "gguf"
 # CUDA only: 4-bit weight-only through PyTorch's tinygemm kernel (kernels/cuda_int4.py), whose
 # cost stays flat up to 16 tokens a pass.
 GPU_SCHEMES = ("int4-gpu",)
-QUANTIZATIONS = ("none", *BNB_SCHEMES, *CPU_SCHEMES, *GPU_SCHEMES)
+QUANTIZATIONS = ("none", STORED_SCHEME, *BNB_SCHEMES, *CPU_SCHEMES, *GPU_SCHEMES)
 # Bytes a weight of a quantized linear layer takes (4-bit counts its block scales).
 QUANT_BYTES = {"nf4": 0.53, "fp4": 0.53, "int8": 1.0, "int8-wo": 1.0, "int4-wo": 0.53,
-               "int8-dyn": 1.0, "int4-dyn": 0.63, "int4-gpu": 0.53}
+               "int8-dyn": 1.0, "int4-dyn": 0.63, "int4-gpu": 0.53,
+               STORED_SCHEME: 0.63}  # a Q4_K_M file's mix; the loader counts the file itself
 
 # Heads that draft from the target's own hidden states (heads/): EAGLE-1/2, EAGLE-3, Medusa-1.
 HEAD_KINDS = ("eagle", "eagle3", "medusa")

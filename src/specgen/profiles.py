@@ -20,7 +20,7 @@ from typing import Any
 
 from specgen.choices import (DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT, DTYPES, GPU_SCHEMES,
                              HEAD_KINDS, MAX_K, METHODS, MIN_DRAFT_WINDOW, MIN_K, QUANTIZATIONS,
-                             RUNTIMES, listing)
+                             RUNTIMES, STORED_SCHEME, listing)
 from specgen.errors import ConfigError
 from specgen.paths import user_profile_dir
 
@@ -283,7 +283,17 @@ def _build_section(cls: type, table: dict[str, Any], section: str, where: Any) -
     values = {}
     for key, value in table.items():
         values[key] = _coerce(value, fields[key].type, f"{section}.{key}", where)
+    if cls is ModelSpec and "quantization" not in values and _runs_stored(values):
+        values["quantization"] = STORED_SCHEME  # a GGUF runs its own blocks unless told
     return cls(**values)
+
+
+def _runs_stored(values: dict[str, Any]) -> bool:
+    """Whether a model entry that names no quantization runs as stored: a GGUF file that
+    specgen runs itself (not llama.cpp) on the CPU (its kernels are the CPU's)."""
+    gguf = bool(values.get("gguf_file")) or str(values.get("model", "")).endswith(".gguf")
+    return (gguf and values.get("runtime", "transformers") == "transformers"
+            and not str(values.get("device", "auto")).startswith("cuda"))
 
 
 def _coerce(value: Any, annotation: str, key: str, where: Any) -> Any:
@@ -361,6 +371,14 @@ def _validate(p: Profile, where: Any) -> None:
         if not DEVICE_RE.match(spec.device):
             raise ConfigError(f"{where}: {role}.device = {spec.device!r} is not allowed. "
                               "Allowed: auto, cpu, cuda, cuda:N (N a GPU index).")
+        if spec.quantization == STORED_SCHEME and not (spec.gguf_file or spec.model.endswith(".gguf")):
+            raise ConfigError(f"{where}: {role}.quantization = \"{STORED_SCHEME}\" runs a GGUF file "
+                              f"as stored, but {role}.model names none. Name a .gguf file (model "
+                              "or gguf_file), or choose another quantization.")
+        if spec.quantization == STORED_SCHEME and spec.device.startswith("cuda"):
+            raise ConfigError(f"{where}: {role}.quantization = \"{STORED_SCHEME}\" runs on the CPU, "
+                              f"but {role}.device = {spec.device!r}. On a GPU use \"none\" (the "
+                              "GGUF converted to the dtype) or \"int4-gpu\".")
         if spec.quantization in GPU_SCHEMES and spec.device == "cpu":
             raise ConfigError(f"{where}: {role}.quantization = {spec.quantization!r} runs on a "
                               f"CUDA GPU, but {role}.device = \"cpu\". On the CPU use int4-dyn "

@@ -212,13 +212,16 @@ def fake_llama_cpp():
 
 def write_tiny_gguf(path: Path, vocab: int = 64, hidden: int = 32, layers: int = 2,
                     heads: int = 4, kv: int = 2, ff: int = 64, seed: int = 0,
-                    merges: tuple[str, ...] = ()) -> Path:
-    """A real (F32) llama GGUF file with a byte-level tokenizer, written with gguf's writer.
-    llama.cpp refuses a file without merges: give it one (e.g. "a a")."""
+                    merges: tuple[str, ...] = (), arch: str = "llama", kind: str = "F32",
+                    scale: float = 0.1) -> Path:
+    """A real llama (or qwen2, with q/k/v biases) GGUF file with a byte-level tokenizer, written
+    with gguf's writer; its matrices stored as `kind` (F32, or a block format gguf's writer
+    quantizes: Q8_0, Q5_0, Q4_0, ...; norms and biases stay F32). llama.cpp refuses a file
+    without merges: give it one (e.g. "a a")."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_context_length(128)
     w.add_embedding_length(hidden)
@@ -242,23 +245,35 @@ def write_tiny_gguf(path: Path, vocab: int = 64, hidden: int = 32, layers: int =
     w.add_eos_token_id(2)
 
     def t(*shape):
-        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", t(vocab, hidden))
-    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    w.add_tensor("output.weight", t(vocab, hidden))
+    def matrix(name: str, *shape):
+        if kind == "F32":
+            return w.add_tensor(name, t(*shape))
+        qtype = gguf.GGMLQuantizationType[kind]
+        w.add_tensor(name, gguf.quants.quantize(t(*shape), qtype), raw_dtype=qtype)
+
+    def norm(name: str):
+        w.add_tensor(name, np.ones(hidden, np.float32))
+
+    matrix("token_embd.weight", vocab, hidden)
+    norm("output_norm.weight")
+    matrix("output.weight", vocab, hidden)
     hd = hidden // heads
     for i in range(layers):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(p + "attn_q.weight", t(hidden, hidden))
-        w.add_tensor(p + "attn_k.weight", t(kv * hd, hidden))
-        w.add_tensor(p + "attn_v.weight", t(kv * hd, hidden))
-        w.add_tensor(p + "attn_output.weight", t(hidden, hidden))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(p + "ffn_gate.weight", t(ff, hidden))
-        w.add_tensor(p + "ffn_up.weight", t(ff, hidden))
-        w.add_tensor(p + "ffn_down.weight", t(hidden, ff))
+        norm(p + "attn_norm.weight")
+        matrix(p + "attn_q.weight", hidden, hidden)
+        matrix(p + "attn_k.weight", kv * hd, hidden)
+        matrix(p + "attn_v.weight", kv * hd, hidden)
+        if arch == "qwen2":
+            for name, n in (("attn_q", hidden), ("attn_k", kv * hd), ("attn_v", kv * hd)):
+                w.add_tensor(f"{p}{name}.bias", t(n))
+        matrix(p + "attn_output.weight", hidden, hidden)
+        norm(p + "ffn_norm.weight")
+        matrix(p + "ffn_gate.weight", ff, hidden)
+        matrix(p + "ffn_up.weight", ff, hidden)
+        matrix(p + "ffn_down.weight", hidden, ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -15,7 +15,7 @@ from typing import Literal
 
 from torch import nn
 
-from specgen.choices import CPU_SCHEMES, DYNAMIC_SCHEMES
+from specgen.choices import CPU_SCHEMES, DYNAMIC_SCHEMES, STORED_SCHEME
 
 Role = Literal["target", "draft"]
 ROLES = ("target", "draft")
@@ -26,6 +26,8 @@ def prepare(model: nn.Module, role: Role = "target", quantization: str = "none")
 
     - `quantization` one of choices.CPU_SCHEMES: its linear layers are quantized
       (kernels.quantize), unless they already are (a packed model loaded from the cache);
+      STORED_SCHEME: its linears are a GGUF file's blocks (kernels.gguf), which compute each
+      row alone;
     - plain fp32 and bf16 CPU linears compute each row alone (kernels.linear);
     - a dynamic scheme's float32 RMSNorms run in C (kernels.rows);
     - a target whose every linear computes each row alone also attends row by row
@@ -41,13 +43,14 @@ def prepare(model: nn.Module, role: Role = "target", quantization: str = "none")
         raise ConfigError(f"role must be 'target' or 'draft', got {role!r}.")
     if quantization in CPU_SCHEMES:
         quantize.apply(model, quantization, verifier=role == "target")
-    elif quantization != "none":
+    elif quantization not in ("none", STORED_SCHEME):
         raise ConfigError(f"kernels.prepare quantizes with the CPU schemes "
                           f"({', '.join(CPU_SCHEMES)}), not {quantization!r}.")
-    rows_alone = quantization in DYNAMIC_SCHEMES
+    integer = quantization in (*DYNAMIC_SCHEMES, STORED_SCHEME)  # int8 activations, row alone
+    rows_alone = integer
     if linear.use_decode_linears(model) and linear.library() is not None:
         rows_alone = True
-    if quantization in DYNAMIC_SCHEMES:  # the small ops around integer matmuls are worth the C
+    if integer:  # the small ops around integer matmuls are worth the C
         rows.use_row_norms(model)
     if role == "target" and rows_alone and hasattr(model, "set_attn_implementation"):
         use_row_attention(model)

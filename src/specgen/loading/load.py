@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specgen.choices import BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS
+from specgen.choices import (BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS,
+                             STORED_SCHEME)
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
 from specgen.kernels import cuda_int4, prepare
-from specgen.loading import cache, mapped, tokenizer_cache
+from specgen.loading import cache, mapped, stored, tokenizer_cache
 from specgen.loading.convert import ABSENT, convert_gguf, ensure_packed, locate, locate_gguf, problem_of
 from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
 from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
                                     loading_peak, smaller_profiles)
-from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, load_config,
+from specgen.loading.sources import (Progress, Source, fetch_weights, find_head, gguf_tokenizer,
+                                     load_config,
                                      load_tokenizer, pretrained, refused_code, say)
 from specgen.profiles import ModelSpec, Profile
 
@@ -142,6 +144,11 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     (quantized and stored there the first time); a GGUF is converted first. `lean`: the model
     only ever runs through specgen's decoders, so where it fits it is built on specgen's
     own tree (loading/mapped.py), without transformers' model code."""
+    if spec.quantization == STORED_SCHEME:  # the file's own blocks, mapped: nothing converted
+        say(progress, f"Mapping {role} {source.name} as stored in {source.gguf}")
+        model = stored.load(source.gguf_path)
+        model.generation_config = stored.generation_settings(model.config)
+        return prepare(model, role, STORED_SCHEME).eval()
     if spec.quantization in CPU_SCHEMES:
         if device != "cpu":
             raise ResourceError(
@@ -283,17 +290,23 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         raise ConfigError(f"draft.runtime = \"llama.cpp\" needs llama-cpp-python: "
                           f"{llamacpp.INSTALL_HINT}. Or set draft.runtime = \"transformers\".")
     devices, dtypes, sources, tokenizers = {}, {}, {}, {}
+    tokenizer_folder = {}  # where each role's tokenizer was read (a GGUF's: its saved copy)
+    # Read from the GGUF file itself: a llama.cpp draft, and a model run as stored (on the CPU,
+    # float32 around its blocks).
+    as_file = {role for role, spec in roles
+               if spec.quantization == STORED_SCHEME or llama and role == "draft"}
     for role, spec in roles:
-        dev = "cpu" if llama and role == "draft" else resolve_device(spec.device, role)
+        dev = "cpu" if role in as_file else resolve_device(spec.device, role)
         if role == "draft" and dev == "cuda":
             dev = "cuda:0"  # the draft sits on the first GPU; the target may spread
-        devices[role], dtypes[role] = dev, resolve_dtype(spec.dtype, dev)
+        devices[role] = dev
+        dtypes[role] = torch.float32 if spec.quantization == STORED_SCHEME else resolve_dtype(spec.dtype, dev)
         if spec.quantization in GPU_SCHEMES and not dev.startswith("cuda"):
             raise ResourceError(
                 f"{role}.quantization = {spec.quantization!r} runs on a CUDA GPU, and this "
                 f"machine has none ({role} device: {dev}). On the CPU use int4-dyn or int4-wo "
                 "(--target-quantization int4-dyn).")
-        if llama and role == "draft":  # llama.cpp reads the GGUF file itself
+        if role in as_file:
             sources[role] = locate_gguf(spec, role, progress, base)
         else:
             sources[role] = locate(spec, role, dtypes[role], progress, base)
@@ -305,7 +318,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
         head_folder = check_head(profile, target_config, sources["target"].name, progress)
     needs, loads = [], []
     for role, spec in roles:
-        if llama and role == "draft":  # mapped from the file as it is
+        if role in as_file:  # mapped from the file as it is
             n = int(sources[role].gguf_path.stat().st_size * OVERHEAD)
             needs.append((f"draft {sources[role].name}", "cpu", n))
             loads.append((n, n))
@@ -337,16 +350,20 @@ def load_pair(profile: Profile, progress: Progress | None = None, peer_draft: bo
     for role, spec in roles:
         if role == "draft" and same_tokenizer_files(sources["target"], sources[role]):
             tokenizers[role] = tokenizers["target"]  # the same files: the same tokenizer
-        elif role == "draft" and llama and tokenizer_cache.matched(sources["target"].path,
-                                                                   sources[role].gguf_path):
+        elif role == "draft" and role in as_file and tokenizer_cache.matched(
+                tokenizer_folder["target"], sources[role].gguf_path):
             tokenizers[role] = tokenizers["target"]  # this file matched on an earlier run
         else:
-            tokenizers[role] = load_tokenizer(sources[role], spec.trust_remote_code, lean)
+            found = sources[role]
+            if spec.quantization == STORED_SCHEME:  # the file's tokenizer, saved once as a folder's
+                found = Source(found.name, gguf_tokenizer(found))
+            tokenizer_folder[role] = found.path
+            tokenizers[role] = load_tokenizer(found, spec.trust_remote_code, lean)
     if "draft" in sources and tokenizers["draft"] is not tokenizers["target"]:
         check_tokenizers(tokenizers["target"], tokenizers["draft"],
                          sources["target"].name, sources["draft"].name)
-        if llama:
-            tokenizer_cache.remember_match(sources["target"].path, sources["draft"].gguf_path)
+        if "draft" in as_file:
+            tokenizer_cache.remember_match(tokenizer_folder["target"], sources["draft"].gguf_path)
 
     key = _weights_key(sources["target"], dtypes["target"])  # before loading converts a GGUF
     models = {role: load_model(sources[role], spec, devices[role], dtypes[role], progress, role, lean)

@@ -231,6 +231,25 @@ def load_tokenizer(source: Source, trust_remote_code: bool = False, lean: bool =
     return tok
 
 
+def gguf_tokenizer(source: Source) -> Path:
+    """A folder holding the tokenizer of the GGUF file `source` (sha256 known), as transformers
+    reads it from the file's metadata: seconds for a 150k-token vocabulary, so the first load
+    saves it under the cache (tokenizers/gguf-<sha256>), and the folder then loads as any
+    model folder's tokenizer does (tokenizer_cache: a fast copy, checked to answer the same).
+    No weight is read or written."""
+    folder = cache_dir() / tokenizer_cache.FOLDER / f"gguf-{source.sha256[:32]}"
+    if cache.check(folder) is None:
+        return folder
+    from transformers import AutoTokenizer
+
+    tok = _from_pretrained(AutoTokenizer, source, False, "load the tokenizer")
+    with cache.building(folder) as tmp:
+        tok.save_pretrained(tmp)
+        cache.finish(tmp, kind="tokenizer", tokenizer_format=tokenizer_cache.FORMAT, same=True,
+                     source=str(source.gguf_path))
+    return folder
+
+
 def pretrained(path, **kwargs):
     """`AutoModelForCausalLM.from_pretrained(path, **kwargs)` as specgen loads every model:
     transformers' progress bars off (specgen's status line says what is loading), and its hub

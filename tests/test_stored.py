@@ -1,0 +1,143 @@
+"""A GGUF file run as stored (quantization "gguf", loading/stored.py): its blocks mapped and
+computed in place, nothing converted, and greedy speculation exactly the file's own greedy
+decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specgen.cli import app
+from specgen.decoding.lean import LeanDecoder
+from specgen.errors import ConfigError, ModelError
+from specgen.kernels import prepare
+from specgen.loading import cache, stored
+from specgen.profiles import load_profile
+
+IDS = [5, 9, 17, 3, 40, 41, 12, 8, 33, 21]
+
+
+def write(tiny_gguf, folder: Path, **kwargs) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return tiny_gguf(folder / "m.gguf", hidden=64, ff=128, **kwargs)
+
+
+def lean(path: Path, role: str = "target") -> LeanDecoder:
+    return LeanDecoder(prepare(stored.load(path), role, "gguf"))
+
+
+@pytest.mark.parametrize("arch, kind, tolerance", [("llama", "F32", 1e-4), ("qwen2", "Q8_0", 0.03),
+                                                   ("qwen2", "Q4_0", 0.05)])
+def test_the_files_blocks_compute_what_transformers_computes_from_them(
+        tmp_path, tiny_gguf, arch, kind, tolerance):
+    """Against transformers' own GGUF loader (which dequantizes, and puts a llama file's q/k
+    rows back in its order): the same model, up to the activations' int8 rounding."""
+    from transformers import AutoModelForCausalLM
+
+    path = write(tiny_gguf, tmp_path, arch=arch, kind=kind, scale=0.3)
+    ours = lean(path).logits(torch.tensor(IDS), len(IDS))
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=torch.float32)
+    theirs = reference(torch.tensor([IDS])).logits[0]
+    error = (ours - theirs).norm() / theirs.norm()
+    assert error < tolerance, float(error)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+
+
+def test_the_config_comes_from_the_files_metadata(tmp_path, tiny_gguf):
+    config = stored.read_config(stored.File(write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")))
+    assert (config.model_type, config.hidden_size, config.intermediate_size) == ("qwen2", 64, 128)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert (config.vocab_size, config.num_hidden_layers, config.eos_token_id) == (64, 2, 2)
+    assert not config.tie_word_embeddings
+
+
+def test_every_row_of_a_verify_pass_is_a_one_token_pass(tmp_path, tiny_gguf):
+    decoder = lean(write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0"))
+    decoder.logits(torch.tensor(IDS[:4]), 1)
+    wide = decoder.logits(torch.tensor(IDS[4:]), len(IDS) - 4)
+    decoder.crop(4)
+    one = torch.cat([decoder.logits(torch.tensor([i]), 1) for i in IDS[4:]])
+    assert torch.equal(wide, one)
+
+
+def test_the_weights_stay_in_the_files_mapping(tmp_path, tiny_gguf):
+    path = write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")
+    model = stored.load(path)
+    layer = model.model.layers[0].mlp.down_proj
+    assert layer.weight.kind == "Q8_0"
+    assert not any(p.numel() > 64 * 64 for p in model.parameters())  # norms and biases only
+    start = model.file.map.ctypes.data
+    assert start <= layer.weight.data.data_ptr() < start + path.stat().st_size
+
+
+def test_a_model_the_tree_does_not_build_is_one_clear_line(tmp_path, tiny_gguf):
+    import gguf
+
+    path = tmp_path / "g.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_tensor("token_embd.weight", torch.zeros(4, 32).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError, match="'gemma3' model.*quantization = \"none\""):
+        stored.read_config(stored.File(path))
+    (tmp_path / "junk.gguf").write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        stored.File(tmp_path / "junk.gguf")
+
+
+def test_a_gguf_entry_runs_as_stored_unless_told(tmp_path):
+    def profile(extra: str = "", model: str = "m.gguf") -> str:
+        p = tmp_path / "p.toml"
+        p.write_text(f'[target]\nmodel = "{tmp_path / model}"\n{extra}')
+        return load_profile(str(p)).target.quantization
+
+    assert profile() == "gguf"
+    assert profile('quantization = "none"') == "none"
+    assert profile('device = "cuda"') == "none"  # the kernels are the CPU's
+    with pytest.raises(ConfigError, match="names none"):
+        profile('quantization = "gguf"', model="folder")
+    with pytest.raises(ConfigError, match="runs on the CPU"):
+        profile('quantization = "gguf"\ndevice = "cuda"')
+
+
+@pytest.fixture(scope="module")
+def stored_pair(tmp_path_factory, tiny_gguf) -> Path:
+    root = tmp_path_factory.mktemp("stored")
+    target = write(tiny_gguf, root / "target", arch="qwen2", kind="Q8_0", scale=0.3)
+    draft = write(tiny_gguf, root / "draft", arch="qwen2", kind="Q8_0", scale=0.3, layers=1)
+    profile = root / "pair.toml"
+    profile.write_text(f'[target]\nmodel = "{target}"\n[draft]\nmodel = "{draft}"\n'
+                       '[speculation]\nmethod = "draft-model"\nadaptive = false\n'
+                       'num_speculative_tokens = 3\n')
+    return profile
+
+
+def test_greedy_speculation_is_the_files_own_greedy_decoding(stored_pair, tmp_path, monkeypatch):
+    from specgen.loading import load
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a GGUF run as stored was converted")
+
+    monkeypatch.setattr(load, "convert_gguf", no_conversion)
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+    def run(*args: str) -> dict:
+        result = CliRunner().invoke(app, ["run", "-p", str(stored_pair), "--format", "json",
+                                          "-n", "24", *args, "abcabcab"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    spec, plain = run(), run("--k", "0")
+    assert [t["id"] for t in spec["tokens"]] == [t["id"] for t in plain["tokens"]]
+    assert spec["stats"]["proposed"] > 0 and plain["stats"]["proposed"] == 0
+    manifests = list((tmp_path / "cache").rglob(cache.MANIFEST))
+    assert manifests  # the tokenizer's copy
+    kinds = {json.loads(m.read_text()).get("kind") for m in manifests}
+    assert kinds == {"tokenizer"}, kinds  # no converted or packed weights
