@@ -20,7 +20,7 @@ from rich.markup import escape
 from specgen.bench import report as rep
 from specgen.bench import runner as b
 from specgen.bench.prompts import code_categories
-from specgen.choices import MAX_K, METHODS, MIN_K, listing
+from specgen.choices import MAX_K, METHODS, MIN_K, STORED_SCHEME, listing
 from specgen.errors import ConfigError
 from specgen.profiles import Profile, finite, load_profile, with_overrides
 
@@ -114,6 +114,13 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
         raise ConfigError(f"Unknown contestant(s) {', '.join(unknown) or '(none given)'}; choose "
                           f"from {', '.join(everyone)}.")
     picked = [everyone[n] for n in dict.fromkeys(names)]
+    stored = (request.target_quantization or prof.target.quantization) == STORED_SCHEME
+    if stored and any(c.kind in ("peer", "api") for c in picked):  # they run transformers' models
+        if chosen:
+            raise ConfigError(f"{', '.join(c.name for c in picked if c.kind in ('peer', 'api'))} "
+                              "run transformers' models, and this target runs as stored "
+                              "(quantization = \"gguf\"): add --target-quantization none.")
+        picked = [c for c in picked if c.kind not in ("peer", "api")]
     if any(c.needs_draft_model for c in picked) and not (prof.draft and prof.draft.has_model):
         if chosen:
             raise ConfigError(f"Profile {prof.name!r} has no draft model, which "

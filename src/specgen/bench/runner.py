@@ -70,6 +70,10 @@ class Contestant:
         return self.kind == "specgen" and self.method in HEAD_KINDS
 
 
+# specgen's own loop and forward with speculation off (K = 0: nothing drafts)
+PLAIN = Contestant("plain", "specgen", "prompt-lookup", 0)
+
+
 def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = True
                 ) -> dict[str, Contestant]:
     """Every contestant by name. `method` drafts for the fixed-K and adaptive entries (with
@@ -78,8 +82,7 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
     own = method == "self" or (method == "hybrid" and not has_draft)
     made = {
         "baseline": Contestant("baseline", "baseline"),
-        # specgen's own loop and forward with speculation off (K = 0: nothing drafts)
-        "plain": Contestant("plain", "specgen", "prompt-lookup", 0),
+        "plain": PLAIN,
         "peer": Contestant("peer", "peer"),
         **{f"k{k}": Contestant(f"k{k}", "specgen", method, k, self_drafts=own) for k in (2, 4, 6)},
         "adaptive": Contestant("adaptive", "specgen", method, k_max, adaptive=True, self_drafts=own),
@@ -279,6 +282,8 @@ class Bench:
                 ) -> tuple[list[int], Stats]:
         """Generate with one contestant; its tokens and a Stats of what it did."""
         n = max_new_tokens or self.max_new_tokens
+        if c.kind == "baseline" and getattr(self.target, "lean_only", False):
+            c = PLAIN  # a model on specgen's tree (a GGUF run as stored) has no `generate`
         if c.kind in ("specgen", "api"):
             gen = self.generator(c) if c.kind == "specgen" else self.api_generator()
             gen.reset()  # no KV reuse across measurements: every contestant prefills

@@ -44,6 +44,7 @@ from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
 from specgen.errors import ConfigError, ModelError
+from specgen.kernels.gguf import GGUFLinear, GGUFWeight
 from specgen.kernels.quantize import QuantLinear
 from specgen.models.config import layer_params
 
@@ -118,11 +119,15 @@ def as_set(ids: int | Sequence[int]) -> set[int]:
 
 class HeadRows:
     """The first rows of an output layer, called as the layer is: a float head's weight rows
-    (a view), an int8-dyn head's rows and scales (views), or an int4-dyn head's packed rows (a
-    view) with their scales (a copy of those rows' scales, which the kernel reads contiguous)."""
+    (a view), an int8-dyn head's rows and scales (views), an int4-dyn head's packed rows (a
+    view) with their scales (a copy of those rows' scales, which the kernel reads contiguous),
+    or a GGUF head's first rows of blocks (a view of the file: its rows are independent)."""
 
     def __init__(self, out: torch.nn.Module, rows: int) -> None:
-        if isinstance(out, QuantLinear):
+        if isinstance(out, GGUFLinear):
+            w = out.weight
+            self.layer, self.weight = GGUFLinear(GGUFWeight(w.data[:rows], w.kind, rows, w.k)), None
+        elif isinstance(out, QuantLinear):
             scales = out.scales[:rows] if out.kind == "int8-dyn" else out.scales[:, :rows].contiguous()
             self.layer: torch.nn.Module | None = QuantLinear(
                 out.in_features, rows, out.kind, out.group_size, out.weight[:rows], scales, None)
@@ -149,7 +154,7 @@ def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> HeadRows | No
         apart = (out.kind == "int4-dyn" and out.joined is None
                  or out.kind == "int8-dyn" and out.weight is not None)
         return HeadRows(out, head_rows) if apart else None
-    return HeadRows(out, head_rows) if isinstance(out, torch.nn.Linear) else None
+    return HeadRows(out, head_rows) if isinstance(out, (torch.nn.Linear, GGUFLinear)) else None
 
 
 class TorchDraft:
