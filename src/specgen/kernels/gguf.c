@@ -264,8 +264,8 @@ static inline void scales_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     }
 }
 
-// The same 16 values as int16 in one register, 8 scales then 8 mins, by 32-bit words (ggml's).
-AI __m256i scales_mins16(const uint8_t *s) {
+// The same 16 values as bytes, 8 scales then 8 mins, by 32-bit words (ggml's).
+AI __m128i scales_mins8(const uint8_t *s) {
     uint32_t u[4];
     memcpy(u, s, 12);
     const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
@@ -274,8 +274,11 @@ AI __m256i scales_mins16(const uint8_t *s) {
     u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
     u[2] = mins;
     u[0] &= m1;
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
+    return _mm_loadu_si128((const __m128i *)u);
 }
+
+// ... as int16
+AI __m256i scales_mins16(const uint8_t *s) { return _mm256_cvtepu8_epi16(scales_mins8(s)); }
 
 // bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
 AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
@@ -402,7 +405,9 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts 
         // per 16-bit lane: the first 32 inputs' shift, then the second's
         const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
         const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-        __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+        // the 16 int8 scales in each 128-bit lane; a scale is made a word by vpshufb into the
+        // word's high byte and an arithmetic shift (its sign)
+        __m512i sc = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
         for (int c = 0; c < 2; c++) {
             __m512i ql = _mm512_loadu_si512(blk + 64 * c);
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c)));
@@ -411,7 +416,8 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts 
                 __m512i h = v ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
                 __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
                 int g = 8 * c + 4 * v;
-                __m512i scale = _mm512_permutexvar_epi16(word_index(g, g + 1, g + 2, g + 3), sc);
+                __m512i scale = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, word_index(
+                    g << 8 | 0x80, (g + 1) << 8 | 0x80, (g + 2) << 8 | 0x80, (g + 3) << 8 | 0x80)), 8);
                 for (int t = 0; t < nt; t++) {
                     __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 64 * v);
                     __m512i *to = &part[t][(2 * c + v) % parts];
@@ -423,7 +429,9 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts 
     const int q5 = fmt == Q5_K;
     const __m512i one = _mm512_set1_epi8(1);
     const uint8_t *qs = blk + (q5 ? 48 : 16);
-    __m512i sm = _mm512_castsi256_si512(scales_mins16(blk + 4));
+    // the 16 scale and min bytes in each 128-bit lane: vpshufb makes any word of them (a
+    // byte and a zero) where vpermw would cost twice as much
+    __m512i sm = _mm512_broadcast_i32x4(scales_mins8(blk + 4));
     __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                     : _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {  // 128 inputs: sub-blocks 4h .. 4h + 3
@@ -437,7 +445,8 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts 
             if (q5)
                 w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(
                     _mm512_srlv_epi16(qh, word_index(j, j, j + 1, j + 1)), one), 4));
-            __m512i scale = _mm512_permutexvar_epi16(word_index(j, j, j + 1, j + 1), sm);
+            __m512i scale = _mm512_shuffle_epi8(
+                sm, word_index(0x8000 | j, 0x8000 | j, 0x8000 | (j + 1), 0x8000 | (j + 1)));
             for (int t = 0; t < nt; t++) {
                 __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 64 * (2 * h + v));
                 __m512i *to = &part[t][(2 * h + v) % parts];
@@ -460,10 +469,13 @@ VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin
         *by = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         return;
     }
-    const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    // [m0 m0 m1 m1 ... m7 m7] as words: min bytes 8..15 of the decoded 16, each and a zero
+    const __m256i pairs = _mm256_setr_epi16(
+        0x8008, 0x8008, 0x8009, 0x8009, 0x800A, 0x800A, 0x800B, 0x800B,
+        0x800C, 0x800C, 0x800D, 0x800D, 0x800E, 0x800E, 0x800F, 0x800F);
     *d = f16(blk);
     *dmin = f16(blk + 2);
-    *by = _mm256_permutexvar_epi16(pairs, scales_mins16(blk + 4));
+    *by = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(scales_mins8(blk + 4)), pairs);
 }
 
 // A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register.
