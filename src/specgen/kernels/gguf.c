@@ -667,11 +667,13 @@ static void dequantize_row(int fmt, const uint8_t *w, int k, float *y) {
             const uint8_t *qh = w + 16, *qs = w + (fmt == Q5_K ? 48 : 16);
             for (int j = 0; j < 8; j++) {
                 float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
-                for (int l = 0; l < 32; l++) {
-                    int q = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 15;
-                    if (fmt == Q5_K) q |= ((qh[l] >> j) & 1) << 4;
-                    y[32 * j + l] = ds * (float)q - dm;
-                }
+                const uint8_t *q = qs + 32 * (j / 2);
+                int shift = 4 * (j % 2);
+                if (fmt == Q5_K)
+                    for (int l = 0; l < 32; l++)
+                        y[32 * j + l] = ds * (float)(((q[l] >> shift) & 15) | ((qh[l] >> j) & 1) << 4) - dm;
+                else
+                    for (int l = 0; l < 32; l++) y[32 * j + l] = ds * (float)((q[l] >> shift) & 15) - dm;
             }
         }
     } else {  // Q6_K
