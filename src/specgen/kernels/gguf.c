@@ -33,18 +33,15 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml
 #define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 // Weights are prefetched this far ahead as a row is read (rows follow each other in the file,
 // so this runs into the next row).
-#ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 2048
-#endif
 // Tokens whose dot products share one unpacking of a weight block (a verify pass of 5 or 8
 // rows is one tile).
 #define TILE 8
 
-// One call's activations. Token t's: q + t k, e + t k / group, ex + 8 t k / 32, s16 + t k / 16,
-// c + t k / 4.
+// One call's activations. Token t's: q + t k, ex + 8 t k / group (group: 32 or 256 inputs, a
+// unit), s16 + t k / 16, c + t k / 4.
 typedef struct {
     const int8_t *q;     // int8, inputs in order
-    const float *e;      // scale per group (32 or 256 inputs)
     const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
@@ -617,7 +614,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
             c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
     }
     for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-    Acts A = {q, e, ex, s16, c, k};
+    Acts A = {q, ex, s16, c, k};
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < n; row++) {
         const uint8_t *wr = w + (int64_t)row * row_bytes;
