@@ -242,3 +242,22 @@ def test_every_format_declares_its_block():
     assert {k: (f.block_weights, f.block_bytes) for k, f in gguf.FORMATS.items()
             if k in BLOCKS} == {k: gguf_lib.GGML_QUANT_SIZES[GGMLQuantizationType[k]]
                                 for k in BLOCKS}
+
+
+def test_without_a_compiler_or_avx2_it_says_what_to_do(monkeypatch, tmp_path, fresh_kernels):
+    from specgen.kernels import build
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))  # nothing compiled there yet
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(ResourceError, match="needs a C compiler.*apt install gcc.*safetensors"):
+        gguf.library()
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(ResourceError, match="Compiling the GGUF kernel failed"):
+        gguf.library()
+    assert not list((tmp_path / "kernels").glob("*.so"))  # no half-built library left
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    with pytest.raises(ResourceError, match="needs an x86 CPU with AVX2.*safetensors"):
+        gguf.library()
+    w = gguf.wrap("Q4_K", blocks("Q4_K", 2, 256), 2, 256)  # wrapping needs no kernel
+    assert w.n == 2

@@ -15,14 +15,12 @@
 //
 // The bit contract. Every integer sum is exact, so its value never depends on the order or
 // the instructions. The float work is one fixed sequence of 8-lane operations per token and
-// weight row, the same on both paths and whatever the number of tokens in the pass: an
-// accumulator of 8 lanes, where lane i gets, per block (32-blocks) or super-block (K-quants),
-// scale * float(isum_i), isum_i the exact integer sum over inputs 4i..4i+3 of every 32 inputs
-// of the block (times the sub-block scales, for K-quants); then a fixed horizontal sum (hsum8).
-// The AVX512-VNNI path works on 64 inputs at a time and folds lanes i and i + 8 (exactly, as
-// integers) into lane i, or, for 32-blocks, adds its two halves into the accumulator one after
-// the other: AVX2's lanes and order. Each weight block is unpacked once per tile of up to 4
-// tokens; a token's result never depends on the tile it is in.
+// weight row, the same on both paths and whatever the number of tokens in the pass (see "The
+// order of the float work" below): lane i of a unit's (block's or super-block's) integer sums
+// holds inputs 4i..4i+3 of each 32 of the unit (K-quants: times their sub-block's scale), on
+// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers.
+// Each weight block is unpacked once per tile of up to TILE tokens; a token's result never
+// depends on the tile it is in.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,12 +38,11 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml
 // rows is one tile).
 #define TILE 8
 
-// One call's activations. Token t's: q + t k, e + t k / group, ex + 8 t k / 32, s16 + t k / 16,
-// c + t k / 4.
+// One call's activations. Token t's: q + t k, ex + 8 t k / group (group: 32 or 256 inputs, a
+// unit), s16 + t k / 16, c + t k / 4.
 typedef struct {
     const int8_t *q;     // int8, inputs in order
-    const float *e;      // scale per group (32 or 256 inputs)
-    const float *ex;     // 32-blocks: each block's scale 8 times (a vector's lanes)
+    const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
     int k;
@@ -136,33 +133,45 @@ AI __m256i weights32(int fmt, const uint8_t *b) {
     return _mm256_loadu_si256((const __m256i *)(b + 2));
 }
 
-// One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining). Per
-// block and token: acc = fma(float(isum), d e, acc), isum the 8 lanes' exact sums.
-AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
-    const int bb = block_bytes(fmt), k = A->k;
+// The order of the float work, both paths, every format: a token's dot product with a weight
+// row is split into units (a block of 32, or a super-block of 256), each giving exact 8-lane
+// integer sums; even units add into accumulator E, odd ones into O, lane by lane:
+//     acc = fma(float(isum), d e, acc)   [K4: then acc = fnma(float(msum), dmin e, acc)]
+// and the result is hsum8(E + O). The VNNI path holds E and O as the halves of one 512-bit
+// register and steps two units at once; AVX2 steps them one by one, into E or O.
+
+// One block of 32 (AVX2) against nt tokens, into acc (E or O).
+AI void b32_unit_avx2(int fmt, const uint8_t *blk, int b, int nb, const Acts *A, int t0, int nt,
+                      __m256 *acc) {
+    const int k = A->k;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = wr + (int64_t)b * bb;
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(f16(blk));
-        __m256i w = weights32(fmt, blk);
-        __m256i wa = _mm256_sign_epi8(w, w);  // |q|, for Q8_0's sign trick
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32));
-            __m256i p;
-            if (fmt == Q8_0)  // |q| * (a with q's sign): pairs within int16 (|q| <= 128, |a| <= 127)
-                p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)), ones);
-            else
-                p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones),
-                                     _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)));
-            __m256 de = _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8));
-            acc[t] = step(acc[t], p, de);
-        }
+    _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
+    __m256 d = _mm256_set1_ps(f16(blk));
+    __m256i w = weights32(fmt, blk);
+    __m256i wa = _mm256_sign_epi8(w, w);  // |q|, for Q8_0's sign trick
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32));
+        __m256i p;
+        if (fmt == Q8_0)  // |q| * (a with q's sign): pairs within int16 (|q| <= 128, |a| <= 127)
+            p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)), ones);
+        else
+            p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones),
+                                 _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)));
+        acc[t] = step(acc[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+}
+
+// One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining).
+AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
+    const int bb = block_bytes(fmt);
+    __m256 even[TILE], odd[TILE];
+    for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        b32_unit_avx2(fmt, wr + (int64_t)b * bb, b, nb, A, t0, nt, even);
+        if (b + 1 < nb) b32_unit_avx2(fmt, wr + (int64_t)(b + 1) * bb, b + 1, nb, A, t0, nt, odd);
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
 }
 
 // Two blocks' weights in one register, each block's 32 bytes in input order.
@@ -189,19 +198,29 @@ VNNI_TARGET AI __m512i weights64(int fmt, const uint8_t *ba, const uint8_t *bb) 
     return z;
 }
 
+// [a x 8 | b x 8]
+VNNI_TARGET AI __m512 two_floats(float a, float b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(a))),
+        _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+}
+
+// E and O at the end of a row: an odd last unit has gone into `last` (E's lanes).
+VNNI_TARGET AI float finish(__m512 acc, __m256 last) {
+    return hsum8(_mm256_add_ps(last, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+}
+
 VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt,
                              float *out) {
     const int bb = block_bytes(fmt), k = A->k;
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    __m512 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     int b = 0;
-    for (; b + 2 <= nb; b += 2) {
+    for (; b + 2 <= nb; b += 2) {  // block b into E, b + 1 into O
         const uint8_t *ba = wr + (int64_t)b * bb;
         _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512 d = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(f16(ba)))),
-            _mm256_castps_pd(_mm256_set1_ps(f16(ba + bb))), 1));
+        __m512 d = two_floats(f16(ba), f16(ba + bb));
         __m512i w = weights64(fmt, ba, ba + bb);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
@@ -209,15 +228,12 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
                 _mm512_loadu_si512(A->c + tok * (k / 4) + b * 8), w,
                 _mm512_loadu_si512(A->q + tok * k + b * 32));
             __m512 de = _mm512_mul_ps(d, _mm512_loadu_ps(A->ex + (tok * nb + b) * 8));
-            __m512 f = _mm512_cvtepi32_ps(p);
-            // block b, then block b + 1: AVX2's order
-            acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(de), acc[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
-                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(de), 1)),
-                                     acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), de, acc[t]);
         }
     }
-    if (b < nb) {  // an odd last block, on 256 bits
+    __m256 last[TILE];
+    for (int t = 0; t < nt; t++) last[t] = _mm512_castps512_ps256(acc[t]);
+    if (b < nb) {  // an odd last block (an even unit), on 256 bits
         const uint8_t *blk = wr + (int64_t)b * bb;
         __m256 d = _mm256_set1_ps(f16(blk));
         __m256i w = weights32(fmt, blk);
@@ -227,10 +243,10 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
             __m256i p = _mm256_dpbusd_epi32(
                 _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)), w,
                 _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32)));
-            acc[t] = step(acc[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
+            last[t] = step(last[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
         }
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+    for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
 }
 
 // ---- K-quants: Q4_K, Q5_K, Q6_K ------------------------------------------------------------
@@ -245,8 +261,8 @@ static inline void scales_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     }
 }
 
-// The same 16 values as int16 in one register, 8 scales then 8 mins, by 32-bit words (ggml's).
-AI __m256i scales_mins16(const uint8_t *s) {
+// The same 16 values as bytes, 8 scales then 8 mins, by 32-bit words (ggml's).
+AI __m128i scales_mins8(const uint8_t *s) {
     uint32_t u[4];
     memcpy(u, s, 12);
     const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
@@ -255,61 +271,108 @@ AI __m256i scales_mins16(const uint8_t *s) {
     u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
     u[2] = mins;
     u[0] &= m1;
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
+    return _mm_loadu_si128((const __m128i *)u);
 }
+
+// ... as int16
+AI __m256i scales_mins16(const uint8_t *s) { return _mm256_cvtepu8_epi16(scales_mins8(s)); }
 
 // bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
 AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
 
-// Q4_K (q5 = 0) and Q5_K (q5 = 1), one row against nt tokens. Per super-block and token:
-// isum (8 lanes) = sum_j sc_j * maddubs/madd(q_j, a_j), msum = madd(sums of 16, mins paired),
-// then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
-AI void k4_avx2(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+// Q4_K (q5 = 0) and Q5_K (q5 = 1): one super-block (AVX2) against nt tokens, into acc. Per
+// token: isum (8 lanes) = sum_j sc_j * madd(maddubs(q_j, a_j)), msum = madd(sums of 16,
+// mins paired), then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
+AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt,
+                     __m256 *acc) {
     const int bb = q5 ? 176 : 144, k = A->k;
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
                                            8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int s = 0; s < ns; s++) {
-        const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
-        for (int i = 0; i < bb; i += 64)
-            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
-        __m256i sm = scales_mins16(blk + 4);
-        __m256i scales = _mm256_permute4x64_epi64(sm, 0x44);  // the 8 scales in both lanes
-        // [m0 m0 m1 m1 ... m7 m7], against the sums of 16
-        __m256i m16 = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sm, 0xEE), pairs);
-        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        __m256i isum[TILE];
-        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
-            __m256i w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
-            if (q5)
-                w = _mm256_or_si256(w, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-            __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    for (int i = 0; i < bb; i += 64)
+        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
+    __m256i sm = scales_mins16(blk + 4);
+    __m256i scales = _mm256_permute4x64_epi64(sm, 0x44);  // the 8 scales in both lanes
+    // [m0 m0 m1 m1 ... m7 m7], against the sums of 16
+    __m256i m16 = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(sm, 0xEE), pairs);
+    __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+    __m256i isum[TILE];
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+        __m256i w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+        if (q5)
+            w = _mm256_or_si256(w, _mm256_slli_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
+        __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
+        for (int t = 0; t < nt; t++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        __m256i msum = _mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
+        __m256 e = _mm256_loadu_ps(A->ex + (tok * ns + s) * 8);
+        acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
+        acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
+    }
+}
+
+// Q6_K: one super-block (AVX2). isum = sum_g sc_g * (q . a over group g of 16), q in 0..63,
+// less 32 sum_g sc_g s16_g (exact, lane by lane); then acc = fma(isum, d e, acc).
+AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt, __m256 *acc) {
+    const int k = A->k;
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < 210; i += 64)
+        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    __m256 d = _mm256_set1_ps(f16(blk + 208));
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    __m256i isum[TILE];
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+    for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
+        __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
+                         : _mm256_permute4x64_epi64(sc16, 0x44);
+        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
+        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
+        for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
+            __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
+                                                             : _mm256_srli_epi16(ql1, 4);
+            __m256i h = i == 0 ? _mm256_slli_epi16(qh, 4) : i == 1 ? _mm256_slli_epi16(qh, 2)
+                      : i == 2 ? qh : _mm256_srli_epi16(qh, 2);
+            __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
+            __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
+                _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
             for (int t = 0; t < nt; t++) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
+                __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
             }
         }
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i msum = _mm256_madd_epi16(
-                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
-            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
-            acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
-            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
-        }
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        __m256i off = _mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
+        __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+        acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * ns + s) * 8)));
+    }
 }
 
-// lanes i and i + 8 of a 16-lane sum folded into AVX2's 8 lanes (exact)
-VNNI_TARGET AI __m256i fold(__m512i v) {
-    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+// fmt Q4_K, Q5_K or Q6_K: a row of ns super-blocks on AVX2, even ones into E, odd into O.
+AI void kq_avx2(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    __m256 even[TILE], odd[TILE];
+    for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        __m256 *acc = s % 2 ? odd : even;
+        if (fmt == Q6_K) k6_unit_avx2(wr + (int64_t)s * bb, s, ns, A, t0, nt, acc);
+        else k4_unit_avx2(fmt == Q5_K, wr + (int64_t)s * bb, s, ns, A, t0, nt, acc);
+    }
+    for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
 }
 
 // word indices: lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
@@ -319,118 +382,29 @@ VNNI_TARGET AI __m512i word_index(int a, int b, int c, int d) {
         _mm256_set_m128i(_mm_set1_epi16((short)d), _mm_set1_epi16((short)c)), 1);
 }
 
-VNNI_TARGET AI void k4_vnni(int q5, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
-                            float *out) {
-    const int bb = q5 ? 176 : 144, k = A->k;
-    const __m512i low = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-    const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int s = 0; s < ns; s++) {
-        const uint8_t *blk = wr + (int64_t)s * bb, *qs = blk + (q5 ? 48 : 16);
-        for (int i = 0; i < bb; i += 64)
-            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
-        __m256i sm = scales_mins16(blk + 4);
-        __m256i m16 = _mm256_permutexvar_epi16(pairs, sm);
-        __m512i sm512 = _mm512_castsi256_si512(sm);
-        __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
-                        : _mm512_setzero_si512();
-        __m512i isum[TILE];
-        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {  // 128 inputs: sub-blocks 4h .. 4h + 3
-            __m512i raw = _mm512_loadu_si512(qs + 64 * h);
-            __m512i lo = _mm512_and_si512(raw, low);                          // [4h | 4h + 2]
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);    // [4h + 1 | 4h + 3]
-            for (int v = 0; v < 2; v++) {  // [4h + 2v | 4h + 2v + 1]: inputs 128h + 64v on
-                __m512i w = v ? _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2))
-                              : _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-                int j = 4 * h + 2 * v;
-                if (q5)
-                    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(
-                        _mm512_srlv_epi16(qh, word_index(j, j, j + 1, j + 1)), one), 4));
-                __m512i scale = _mm512_permutexvar_epi16(word_index(j, j, j + 1, j + 1), sm512);
-                for (int t = 0; t < nt; t++) {
-                    __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 64 * (2 * h + v));
-                    isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i msum = _mm256_madd_epi16(
-                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
-            __m256 e = _mm256_broadcast_ss(A->e + tok * ns + s);
-            acc[t] = step(acc[t], fold(isum[t]), _mm256_mul_ps(d, e));
-            acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
-        }
-    }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
-}
-
-// Q6_K: isum = sum_g sc_g * (q . a over group g of 16) with q in 0..63, less 32 sum_g sc_g s16_g
-// (exact, lane by lane), then acc = fma(isum, d e, acc).
-AI void k6_avx2(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+// The integer sums of one super-block (VNNI) for nt tokens: isum[t] (16 lanes; lanes i and
+// i + 8 together are AVX2's lane i). K4: sum_j sc_j q_j . a_j; Q6_K: sum_g sc_g q_g . a_g.
+VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts *A, int t0, int nt,
+                                 __m512i *isum) {
     const int k = A->k;
-    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int s = 0; s < ns; s++) {
-        const uint8_t *blk = wr + (int64_t)s * 210;
-        for (int i = 0; i < 210; i += 64)
-            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(f16(blk + 208));
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-        __m256i isum[TILE];
-        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
-            __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
-                              : _mm256_permute4x64_epi64(sc16, 0x44);
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
-            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
-                __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
-                                                                 : _mm256_srli_epi16(ql1, 4);
-                __m256i h = i == 0 ? _mm256_slli_epi16(qh, 4) : i == 1 ? _mm256_slli_epi16(qh, 2)
-                          : i == 2 ? qh : _mm256_srli_epi16(qh, 2);
-                __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
-                __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
-                    _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
-                for (int t = 0; t < nt; t++) {
-                    __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i off = _mm256_madd_epi16(
-                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
-            __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
-            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
-        }
-    }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
-}
-
-VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
-    const int k = A->k;
-    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
-    // per 16-bit lane: the first 32 inputs' shift, then the second's
-    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int s = 0; s < ns; s++) {
-        const uint8_t *blk = wr + (int64_t)s * 210;
-        for (int i = 0; i < 210; i += 64)
-            _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-        __m256 d = _mm256_set1_ps(f16(blk + 208));
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-        __m512i sc512 = _mm512_castsi256_si512(sc16);
-        __m512i isum[TILE];
-        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < bb; i += 64)
+        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
+    // sums apiece, so that the 4 steps of a super-block need not wait on each other
+    const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
+    __m512i part[TILE][4];
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < parts; i++) part[t][i] = _mm512_setzero_si512();
+    if (fmt == Q6_K) {
+        const __m512i two = _mm512_set1_epi8(0x30);
+        // per 16-bit lane: the first 32 inputs' shift, then the second's
+        const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+        // the 16 int8 scales in each 128-bit lane; a scale is made a word by vpshufb into the
+        // word's high byte and an arithmetic shift (its sign)
+        __m512i sc = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
         for (int c = 0; c < 2; c++) {
             __m512i ql = _mm512_loadu_si512(blk + 64 * c);
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c)));
@@ -439,22 +413,127 @@ VNNI_TARGET AI void k6_vnni(const uint8_t *wr, int ns, const Acts *A, int t0, in
                 __m512i h = v ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
                 __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
                 int g = 8 * c + 4 * v;
-                __m512i scale = _mm512_permutexvar_epi16(word_index(g, g + 1, g + 2, g + 3), sc512);
+                __m512i scale = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, word_index(
+                    g << 8 | 0x80, (g + 1) << 8 | 0x80, (g + 2) << 8 | 0x80, (g + 3) << 8 | 0x80)), 8);
                 for (int t = 0; t < nt; t++) {
                     __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 64 * v);
-                    isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(w, a), scale);
+                    __m512i *to = &part[t][(2 * c + v) % parts];
+                    *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);
                 }
             }
         }
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i off = _mm256_madd_epi16(
-                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
-            __m256i is = _mm256_sub_epi32(fold(isum[t]), _mm256_slli_epi32(off, 5));
-            acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_broadcast_ss(A->e + tok * ns + s)));
+    } else {
+    const int q5 = fmt == Q5_K;
+    const __m512i one = _mm512_set1_epi8(1);
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    // the 16 scale and min bytes in each 128-bit lane: vpshufb makes any word of them (a
+    // byte and a zero) where vpermw would cost twice as much
+    __m512i sm = _mm512_broadcast_i32x4(scales_mins8(blk + 4));
+    __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                    : _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {  // 128 inputs: sub-blocks 4h .. 4h + 3
+        __m512i raw = _mm512_loadu_si512(qs + 64 * h);
+        __m512i lo = _mm512_and_si512(raw, low);                          // [4h | 4h + 2]
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);    // [4h + 1 | 4h + 3]
+        for (int v = 0; v < 2; v++) {  // [4h + 2v | 4h + 2v + 1]: inputs 128h + 64v on
+            __m512i w = v ? _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2))
+                          : _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+            int j = 4 * h + 2 * v;
+            if (q5)
+                w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(
+                    _mm512_srlv_epi16(qh, word_index(j, j, j + 1, j + 1)), one), 4));
+            __m512i scale = _mm512_shuffle_epi8(
+                sm, word_index(0x8000 | j, 0x8000 | j, 0x8000 | (j + 1), 0x8000 | (j + 1)));
+            for (int t = 0; t < nt; t++) {
+                __m512i a = _mm512_loadu_si512(A->q + (int64_t)(t0 + t) * k + s * 256 + 64 * (2 * h + v));
+                __m512i *to = &part[t][(2 * h + v) % parts];
+                *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);
+            }
         }
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(acc[t]);
+    }
+    for (int t = 0; t < nt; t++) {  // exact: any grouping gives the same integers
+        isum[t] = part[t][0];
+        for (int i = 1; i < parts; i++) isum[t] = _mm512_add_epi32(isum[t], part[t][i]);
+    }
+}
+
+// Per super-block, what its integer sums are scaled by: d (and dmin), and what the sums of 16
+// are multiplied by (K4: the mins, paired; Q6_K: the scales, the offset 32 taken off).
+VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin, __m256i *by) {
+    if (fmt == Q6_K) {
+        *d = f16(blk + 208);
+        *by = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        return;
+    }
+    // [m0 m0 m1 m1 ... m7 m7] as words: min bytes 8..15 of the decoded 16, each and a zero
+    const __m256i pairs = _mm256_setr_epi16(
+        0x8008, 0x8008, 0x8009, 0x8009, 0x800A, 0x800A, 0x800B, 0x800B,
+        0x800C, 0x800C, 0x800D, 0x800D, 0x800E, 0x800E, 0x800F, 0x800F);
+    *d = f16(blk);
+    *dmin = f16(blk + 2);
+    *by = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(scales_mins8(blk + 4)), pairs);
+}
+
+// A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register.
+VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
+                            float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, k = A->k;
+    __m512 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    int s = 0;
+    for (; s + 2 <= ns; s += 2) {
+        const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
+        __m512i i0[TILE], i1[TILE];
+        kq_ints_vnni(fmt, b0, s, A, t0, nt, i0);
+        kq_ints_vnni(fmt, b1, s + 1, A, t0, nt, i1);
+        float d0, d1, m0 = 0, m1 = 0;
+        __m256i by0, by1;
+        kq_scales(fmt, b0, &d0, &m0, &by0);
+        kq_scales(fmt, b1, &d1, &m1, &by1);
+        __m512 d = two_floats(d0, d1), dmin = two_floats(m0, m1);
+        __m512i by = _mm512_inserti64x4(_mm512_castsi256_si512(by0), by1, 1);
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            // [super-block s's 8 lanes | s + 1's], each folded as AVX2 holds them (exact)
+            __m512i is = _mm512_add_epi32(_mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(1, 0, 1, 0)),
+                                          _mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(3, 2, 3, 2)));
+            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
+            __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
+            if (fmt == Q6_K) {
+                is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
+            } else {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dmin, e), acc[t]);
+            }
+        }
+    }
+    __m256 last[TILE];
+    for (int t = 0; t < nt; t++) last[t] = _mm512_castps512_ps256(acc[t]);
+    if (s < ns) {  // an odd last super-block (an even unit), on 256 bits
+        const uint8_t *b0 = wr + (int64_t)s * bb;
+        __m512i i0[TILE];
+        kq_ints_vnni(fmt, b0, s, A, t0, nt, i0);
+        float d0, m0 = 0;
+        __m256i by;
+        kq_scales(fmt, b0, &d0, &m0, &by);
+        __m256 d = _mm256_set1_ps(d0), dmin = _mm256_set1_ps(m0);
+        for (int t = 0; t < nt; t++) {
+            int64_t tok = t0 + t;
+            __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(i0[t]), _mm512_extracti64x4_epi64(i0[t], 1));
+            __m256i sums = _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), by);
+            __m256 e = _mm256_loadu_ps(A->ex + (tok * ns + s) * 8);
+            if (fmt == Q6_K) {
+                last[t] = step(last[t], _mm256_sub_epi32(is, _mm256_slli_epi32(sums, 5)), _mm256_mul_ps(d, e));
+            } else {
+                last[t] = step(last[t], is, _mm256_mul_ps(d, e));
+                last[t] = step_sub(last[t], sums, _mm256_mul_ps(dmin, e));
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
 }
 
 // ---- dispatch ------------------------------------------------------------------------------
@@ -477,9 +556,9 @@ static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, 
         case Q4_0: BY_NT(b32_avx2(Q4_0, wr, k / 32, A, t0, N, out)) break;
         case Q5_0: BY_NT(b32_avx2(Q5_0, wr, k / 32, A, t0, N, out)) break;
         case Q8_0: BY_NT(b32_avx2(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(k4_avx2(0, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(k4_avx2(1, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(k6_avx2(wr, k / 256, A, t0, N, out))
+        case Q4_K: BY_NT(kq_avx2(Q4_K, wr, k / 256, A, t0, N, out)) break;
+        case Q5_K: BY_NT(kq_avx2(Q5_K, wr, k / 256, A, t0, N, out)) break;
+        default: BY_NT(kq_avx2(Q6_K, wr, k / 256, A, t0, N, out))
     }
 }
 
@@ -489,9 +568,9 @@ VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts 
         case Q4_0: BY_NT(b32_vnni(Q4_0, wr, k / 32, A, t0, N, out)) break;
         case Q5_0: BY_NT(b32_vnni(Q5_0, wr, k / 32, A, t0, N, out)) break;
         case Q8_0: BY_NT(b32_vnni(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(k4_vnni(0, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(k4_vnni(1, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(k6_vnni(wr, k / 256, A, t0, N, out))
+        case Q4_K: BY_NT(kq_vnni(Q4_K, wr, k / 256, A, t0, N, out)) break;
+        case Q5_K: BY_NT(kq_vnni(Q5_K, wr, k / 256, A, t0, N, out)) break;
+        default: BY_NT(kq_vnni(Q6_K, wr, k / 256, A, t0, N, out))
     }
 }
 
@@ -521,7 +600,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
     int16_t *s16 = kq ? malloc(sizeof(int16_t) * ((size_t)m * k / 16)) : NULL;
     int32_t *c = kq ? NULL : malloc(sizeof(int32_t) * ((size_t)m * k / 4));
-    float *ex = kq ? NULL : malloc(sizeof(float) * ((size_t)m * k / 4));
+    float *ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
     quantize_acts(x, m, k, group, q, e);
     if (kq)
         for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
@@ -533,9 +612,9 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
         for (int64_t i = 0; i < (int64_t)m * k / 4; i++)
             c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
-        for (int64_t i = 0; i < (int64_t)m * k / 4; i++) ex[i] = e[i / 8];
     }
-    Acts A = {q, e, ex, s16, c, k};
+    for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
+    Acts A = {q, ex, s16, c, k};
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < n; row++) {
         const uint8_t *wr = w + (int64_t)row * row_bytes;
@@ -585,11 +664,13 @@ static void dequantize_row(int fmt, const uint8_t *w, int k, float *y) {
             const uint8_t *qh = w + 16, *qs = w + (fmt == Q5_K ? 48 : 16);
             for (int j = 0; j < 8; j++) {
                 float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
-                for (int l = 0; l < 32; l++) {
-                    int q = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 15;
-                    if (fmt == Q5_K) q |= ((qh[l] >> j) & 1) << 4;
-                    y[32 * j + l] = ds * (float)q - dm;
-                }
+                const uint8_t *q = qs + 32 * (j / 2);
+                int shift = 4 * (j % 2);
+                if (fmt == Q5_K)
+                    for (int l = 0; l < 32; l++)
+                        y[32 * j + l] = ds * (float)(((q[l] >> shift) & 15) | ((qh[l] >> j) & 1) << 4) - dm;
+                else
+                    for (int l = 0; l < 32; l++) y[32 * j + l] = ds * (float)((q[l] >> shift) & 15) - dm;
             }
         }
     } else {  // Q6_K
