@@ -152,3 +152,20 @@ def test_a_gguf_drafts_output_layer_cut_to_its_first_rows_is_a_view(tmp_path, ti
     assert head.layer.weight.data.data_ptr() == model.lm_head.weight.data.data_ptr()
     hidden = torch.randn(3, 64)
     assert torch.equal(head(hidden), model.lm_head(hidden)[:, :40])
+
+
+def test_the_python_api_runs_gguf_files_as_the_command_line_does(stored_pair):
+    """SpeculativeGenerator given two GGUF files (load_gguf) drafts, and its greedy output is
+    the target file's own plain decoding."""
+    import specgen
+
+    files = sorted(stored_pair.parent.rglob("m.gguf"))  # draft/, target/
+    target, draft = specgen.load_gguf(files[1]), specgen.load_gguf(files[0], "draft")
+    prompt = torch.tensor([5, 9, 17, 3, 40])
+    spec = specgen.SpeculativeGenerator(target, draft, num_speculative_tokens=3).generate(
+        prompt, max_new_tokens=20)
+    plain = specgen.SpeculativeGenerator(target, draft, num_speculative_tokens=0).generate(
+        prompt, max_new_tokens=20)
+    assert spec.token_ids == plain.token_ids and spec.stats.proposed > 0
+    with pytest.raises(ModelError, match="does not exist"):
+        specgen.load_gguf(stored_pair.parent / "nope.gguf")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.2.0"
 __all__ = ["GenerationResult", "Session", "SpecgenError", "SpeculativeGenerator", "Stats", "Token",
-           "__version__", "load", "prepare"]
+           "__version__", "load", "load_gguf", "prepare"]
 
 if TYPE_CHECKING:
     from specgen.app.session import Session, load
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from specgen.core.stats import Stats, Token
     from specgen.errors import SpecgenError
     from specgen.kernels import prepare
+    from specgen.loading.stored import load_gguf
 
 
 def __getattr__(name: str):
@@ -28,6 +29,10 @@ def __getattr__(name: str):
         from specgen.kernels import prepare
 
         return prepare
+    if name == "load_gguf":  # a GGUF file as stored, ready for SpeculativeGenerator
+        from specgen.loading.stored import load_gguf
+
+        return load_gguf
     if name in ("load", "Session"):  # a profile loaded as the CLI loads it
         from specgen.app import session
 

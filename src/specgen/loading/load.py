@@ -146,9 +146,7 @@ def load_model(source: Source, spec: ModelSpec, device: str, dtype: torch.dtype,
     own tree (loading/mapped.py), without transformers' model code."""
     if spec.quantization == STORED_SCHEME:  # the file's own blocks, mapped: nothing converted
         say(progress, f"Mapping {role} {source.name} as stored in {source.gguf}")
-        model = stored.load(source.gguf_path)
-        model.generation_config = stored.generation_settings(model.config)
-        return prepare(model, role, STORED_SCHEME).eval()
+        return stored.load_gguf(source.gguf_path, role)
     if spec.quantization in CPU_SCHEMES:
         if device != "cpu":
             raise ResourceError(

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from specgen.choices import STORED_SCHEME
 from specgen.errors import ModelError
 from specgen.models import config as config_values, llama
 
@@ -256,6 +257,21 @@ def load(path: Path) -> llama.CausalLM:
     if missing:
         raise ModelError(f"{path.name} lacks tensors the model needs ({', '.join(missing[:3])}).")
     return model.eval()
+
+
+def load_gguf(path: str | Path, role: str = "target") -> llama.CausalLM:
+    """The GGUF file at `path` as stored, prepared for `role` ("target" or "draft"): what
+    `SpeculativeGenerator(load_gguf(t), load_gguf(d, "draft"))` runs, on the same kernels as
+    the command line. Its tokenizer: transformers' `AutoTokenizer.from_pretrained(folder,
+    gguf_file=name)`."""
+    from specgen.kernels import prepare
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelError(f"GGUF file {path} does not exist.")
+    model = load(path)
+    model.generation_config = generation_settings(model.config)
+    return prepare(model, role, STORED_SCHEME).eval()
 
 
 def _parameter(t: Tensor) -> nn.Parameter:
