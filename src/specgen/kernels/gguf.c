@@ -198,11 +198,13 @@ VNNI_TARGET AI __m512i weights64(int fmt, const uint8_t *ba, const uint8_t *bb) 
     return z;
 }
 
-// [a x 8 | b x 8]
-VNNI_TARGET AI __m512 two_floats(float a, float b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(
-        _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(a))),
-        _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+// [a x 8 | b x 8] from the fp16 at a and at b, by one conversion
+VNNI_TARGET AI __m512 two_halves(const uint8_t *a, const uint8_t *b) {
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(ha | (int)hb << 16)));
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1), f);
 }
 
 // E and O at the end of a row: an odd last unit has gone into `last` (E's lanes).
@@ -220,7 +222,7 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
         const uint8_t *ba = wr + (int64_t)b * bb;
         _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512 d = two_floats(f16(ba), f16(ba + bb));
+        __m512 d = two_halves(ba, ba + bb);
         __m512i w = weights64(fmt, ba, ba + bb);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
@@ -490,11 +492,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
         // both super-blocks' scales at once: d (and dmin) by one conversion; what the sums
         // of 16 are multiplied by (kq_scales) by one shuffle or widening
         if (fmt == Q6_K) {
-            uint16_t h0, h1;
-            memcpy(&h0, b0 + 208, 2);
-            memcpy(&h1, b1 + 208, 2);
-            __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(h0 | (int)h1 << 16)));
-            d = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1), f);
+            d = two_halves(b0 + 208, b1 + 208);
             by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
                 _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192))),
                 _mm_loadu_si128((const __m128i *)(b1 + 192)), 1));
