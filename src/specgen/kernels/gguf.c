@@ -198,11 +198,13 @@ VNNI_TARGET AI __m512i weights64(int fmt, const uint8_t *ba, const uint8_t *bb) 
     return z;
 }
 
-// [a x 8 | b x 8]
-VNNI_TARGET AI __m512 two_floats(float a, float b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(
-        _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(a))),
-        _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+// [a x 8 | b x 8] from the fp16 at a and at b, by one conversion
+VNNI_TARGET AI __m512 two_halves(const uint8_t *a, const uint8_t *b) {
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(ha | (int)hb << 16)));
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1), f);
 }
 
 // E and O at the end of a row: an odd last unit has gone into `last` (E's lanes).
@@ -220,7 +222,7 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
         const uint8_t *ba = wr + (int64_t)b * bb;
         _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
         _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512 d = two_floats(f16(ba), f16(ba + bb));
+        __m512 d = two_halves(ba, ba + bb);
         __m512i w = weights64(fmt, ba, ba + bb);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
@@ -384,8 +386,8 @@ VNNI_TARGET AI __m512i word_index(int a, int b, int c, int d) {
 
 // The integer sums of one super-block (VNNI) for nt tokens: isum[t] (16 lanes; lanes i and
 // i + 8 together are AVX2's lane i). K4: sum_j sc_j q_j . a_j; Q6_K: sum_g sc_g q_g . a_g.
-VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts *A, int t0, int nt,
-                                 __m512i *isum) {
+VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s, const Acts *A,
+                                 int t0, int nt, __m512i *isum) {
     const int k = A->k;
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -428,7 +430,7 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, int s, const Acts 
     const uint8_t *qs = blk + (q5 ? 48 : 16);
     // the 16 scale and min bytes in each 128-bit lane: vpshufb makes any word of them (a
     // byte and a zero) where vpermw would cost twice as much
-    __m512i sm = _mm512_broadcast_i32x4(scales_mins8(blk + 4));
+    __m512i sm = _mm512_broadcast_i32x4(sm8);
     __m512i qh = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                     : _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {  // 128 inputs: sub-blocks 4h .. 4h + 3
@@ -484,15 +486,34 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     int s = 0;
     for (; s + 2 <= ns; s += 2) {
         const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
+        __m128i sm0 = _mm_setzero_si128(), sm1 = _mm_setzero_si128();
+        __m512 d, dmin = _mm512_setzero_ps();
+        __m512i by;
+        // both super-blocks' scales at once: d (and dmin) by one conversion; what the sums
+        // of 16 are multiplied by (kq_scales) by one shuffle or widening
+        if (fmt == Q6_K) {
+            d = two_halves(b0 + 208, b1 + 208);
+            by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192))),
+                _mm_loadu_si128((const __m128i *)(b1 + 192)), 1));
+        } else {
+            uint32_t h0, h1;
+            memcpy(&h0, b0, 4);
+            memcpy(&h1, b1, 4);
+            __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)));
+            d = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1), f);
+            dmin = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1), f);
+            sm0 = scales_mins8(b0 + 4);
+            sm1 = scales_mins8(b1 + 4);
+            __m512i pairs = _mm512_broadcast_i64x4(_mm256_setr_epi16(  // [m0 m0 ... m7 m7] as words
+                0x8008, 0x8008, 0x8009, 0x8009, 0x800A, 0x800A, 0x800B, 0x800B,
+                0x800C, 0x800C, 0x800D, 0x800D, 0x800E, 0x800E, 0x800F, 0x800F));
+            by = _mm512_shuffle_epi8(_mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)), _mm256_broadcastsi128_si256(sm1), 1), pairs);
+        }
         __m512i i0[TILE], i1[TILE];
-        kq_ints_vnni(fmt, b0, s, A, t0, nt, i0);
-        kq_ints_vnni(fmt, b1, s + 1, A, t0, nt, i1);
-        float d0, d1, m0 = 0, m1 = 0;
-        __m256i by0, by1;
-        kq_scales(fmt, b0, &d0, &m0, &by0);
-        kq_scales(fmt, b1, &d1, &m1, &by1);
-        __m512 d = two_floats(d0, d1), dmin = two_floats(m0, m1);
-        __m512i by = _mm512_inserti64x4(_mm512_castsi256_si512(by0), by1, 1);
+        kq_ints_vnni(fmt, b0, sm0, s, A, t0, nt, i0);
+        kq_ints_vnni(fmt, b1, sm1, s + 1, A, t0, nt, i1);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             // [super-block s's 8 lanes | s + 1's], each folded as AVX2 holds them (exact)
@@ -514,7 +535,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     if (s < ns) {  // an odd last super-block (an even unit), on 256 bits
         const uint8_t *b0 = wr + (int64_t)s * bb;
         __m512i i0[TILE];
-        kq_ints_vnni(fmt, b0, s, A, t0, nt, i0);
+        kq_ints_vnni(fmt, b0, fmt == Q6_K ? _mm_setzero_si128() : scales_mins8(b0 + 4), s, A, t0, nt, i0);
         float d0, m0 = 0;
         __m256i by;
         kq_scales(fmt, b0, &d0, &m0, &by);
