@@ -11,6 +11,7 @@ from specgen.core.adaptive import (
     Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
     saving, verify_curve,
 )
+from specgen.core.base import Drafter
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -290,8 +291,9 @@ def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
     assert policy.rate(16) == pytest.approx(7 / 1.45) and policy.choose(100) == 16
 
 
-class Guesser:
-    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts."""
+class Guesser(Drafter):
+    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts
+    (every other ability the Drafter's default: nothing to read first)."""
 
     def __init__(self, ends_own_drafts: bool, offers: tuple[str, ...]) -> None:
         self.ends_own_drafts, self.offers = ends_own_drafts, offers
@@ -372,7 +374,7 @@ def test_a_guesser_with_reading_to_do_drafts_only_where_that_is_repaid():
     assert choose_guesser(policies, ("model",), 100, {"model": 2.0}) == (None, 0)  # no estimate
 
 
-class Reader:
+class Reader(Drafter):
     """A draft model as the planner sees it: it has `unread` tokens to read first, and
     after a propose says what its reading cost (`catch_up`)."""
 

@@ -12,6 +12,7 @@ from specgen import SpeculativeGenerator
 from specgen.choices import MAX_TREE_ROWS
 from specgen.core import tree as trees
 from specgen.core.adaptive import Plan, Planner
+from specgen.core.base import Drafter
 from specgen.core.drafters import ModelDrafter
 from specgen.core.sampling import SamplingParams, sample
 from specgen.core.tree import Tree, build, choose_branches, rejection_walk
@@ -228,8 +229,9 @@ def test_the_planner_branches_where_a_row_costs_less_than_what_the_branch_is_wor
     tree = build(torch.tensor(1), torch.tensor([2, 3]), [(0, 5)])
     for _ in range(3):
         planner.observe(Plan(None, None, 0), 0, 0, 0.0, 1.0)  # plain steps keep the rate
-    planner._policy("m", type("Draft", (), {"ends_own_drafts": True})())
-    planner.observe(Plan("m", None, 2), 2, 1, 0.1, 1.25, tree, 0)  # the branch was kept
+    draft = type("Draft", (Drafter,), {"ends_own_drafts": True})()
+    planner._policy("m", draft)
+    planner.observe(Plan("m", draft, 2), 2, 1, 0.1, 1.25, tree, 0)  # the branch was kept
     assert planner.branch_odds > 1.0
     assert (0, 5) in planner.branches(scores, tokens, 2)
     assert not Planner(4, adaptive=False).branches(scores, tokens, 2)

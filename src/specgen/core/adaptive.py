@@ -207,6 +207,10 @@ def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
 
 
 class Policy(Protocol):
+    probing: bool  # the step planned is a probe of a switched-off guesser
+    judging: bool  # the step planned is still finding out (adaptive K)
+    draft_cost: float | None  # seconds per draft pass, this answer (None: not measured)
+
     def choose(self, limit: int) -> int: ...
 
     def rate(self, k: int) -> float: ...
@@ -244,7 +248,7 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
             continue
         score = policy.score(k)
         seconds = (catch_up or {}).get(guesser, 0.0)
-        probe = getattr(policy, "probing", False)
+        probe = policy.probing
         afford = explore(guesser, k) if explore is not None else None
         if afford is not None:
             if not afford:
@@ -258,7 +262,10 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
 
 
 class FixedK:
-    """Always K (adaptive off)."""
+    """Always K (adaptive off): it never probes, never judges, measures no draft cost."""
+
+    probing = judging = False
+    draft_cost = None
 
     def __init__(self, k: int) -> None:
         self.k_max = k
@@ -658,13 +665,10 @@ class Planner:
         self.confidence = moving_average(self.confidence, probability)
 
     def catch_up(self, guesser: str, drafter: Drafter, tokens: Tensor) -> float:
-        """Seconds `drafter` would read before guessing for `guesser` (drafters that read
-        nothing of their own need not say: `unread`)."""
-        unread = getattr(drafter, "unread", None)
-        if unread is None:
-            return 0.0
-        return self.book.catch_up(guesser, unread(tokens), self.verify_cost.get(0),
-                                  getattr(drafter, "size", None))
+        """Seconds `drafter` would read before guessing for `guesser` (its `unread` tokens;
+        none for a drafter that reads nothing of its own)."""
+        return self.book.catch_up(guesser, drafter.unread(tokens), self.verify_cost.get(0),
+                                  drafter.size)
 
     def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
         """The next step's plan, drafting at most `limit` tokens, `made` tokens into the
@@ -689,7 +693,7 @@ class Planner:
                     # out for the rest of the answer, where those rules would start it).
                     policy.end_trial()
                     return None
-                if not (getattr(policy, "probing", False) or getattr(policy, "judging", False)):
+                if not (policy.probing or policy.judging):
                     return None
                 return self._afford(guesser, k, catch_up[guesser], budget)
 
@@ -778,7 +782,7 @@ class Planner:
         if tree is not None:
             hits, offered = self.branch_record
             self.branch_record = (hits + (chain < n_accepted), offered + self.branch_offer)
-        read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
+        read, read_seconds = plan.drafter.catch_up if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:
             self.book.read(plan.guesser, read, read_seconds, self.verify_cost.get(0))
@@ -789,5 +793,5 @@ class Planner:
         policy = self.policies[plan.guesser]
         # The draft is judged on its chain: a branch's token is the tree's, paid by its rows.
         policy.update(k, n_accepted if tree is None else chain, draft_seconds, passes)
-        if getattr(policy, "draft_cost", None) is not None:
+        if policy.draft_cost is not None:
             self.book.drafted(plan.guesser, policy.draft_cost, self.verify_cost.get(0))

@@ -21,8 +21,7 @@ from torch import Tensor
 from specgen import kernels
 from specgen.choices import DEFAULT_METHOD, MAX_K, MIN_K
 from specgen.core.adaptive import Book, Plan, Planner
-from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, reserve_room,
-                                   vocab_size)
+from specgen.core.drafters import Drafter, as_set, check_pair, make_drafter, vocab_size
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability, tree_greedy_accept)
 from specgen.core.tree import Tree, branch_scores, build, rejection_walk
@@ -94,7 +93,7 @@ class SpeculativeGenerator:
             if isinstance(draft, torch.nn.Module):  # a draft model, not a runtime or drafter
                 kernels.prepare(draft, "draft")
         self.target = target
-        if not hasattr(draft, "propose"):  # a draft model (or runtime): `method`'s drafter
+        if not isinstance(draft, Drafter):  # a draft model (or runtime): `method`'s drafter
             check_pair(target, draft)
             draft = make_drafter(method, draft, vocab_size(target))
         self.drafter: Drafter = draft
@@ -110,9 +109,7 @@ class SpeculativeGenerator:
         self._clock = _Clock(self.device)
         # A drafter that reads the target's hidden states (a head) or drafts with its own
         # weights or cache (self) gets the target's decoder, once.
-        bind = getattr(self.drafter, "bind_target", None)
-        if bind is not None:
-            bind(self._decoder, target)
+        self.drafter.bind_target(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
         # What reading context costs on this machine, learnt across answers; a new
@@ -123,8 +120,7 @@ class SpeculativeGenerator:
     def graphs_off(self) -> str | None:
         """The line of the first decoder (target's, then draft's) that gave up on CUDA graphs
         and runs eagerly, several times slower; None where none did."""
-        lines = (getattr(owner, "graphs_off", None) for owner in (self._decoder, self.drafter))
-        return next((line for line in lines if line), None)
+        return self._decoder.graphs_off or self.drafter.graphs_off
 
     def reset(self) -> None:
         """Forget the cached context (start a new conversation)."""
@@ -145,8 +141,8 @@ class SpeculativeGenerator:
         # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
         # to K + 1 tokens (and each token tree's) captured before the first timed pass.
         room = len(tokens) + max_new_tokens + self.k_max + 1
-        reserve_room(self._decoder, room, self.k_max + 1, trees=self.adaptive and self._trees())
-        reserve_room(self.drafter, room, self.k_max + 1)
+        self._decoder.reserve(room, self.k_max + 1, trees=self.adaptive and self._trees())
+        self.drafter.reserve(room, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
@@ -231,7 +227,7 @@ class SpeculativeGenerator:
                 if tree is not None:
                     self._decoder.keep_branch(path)
                     chain = next((i for i, node in enumerate(path) if node != i + 1), n)
-                holds = getattr(plan.drafter, "holds_drafts", True)  # a head holds no drafts
+                holds = plan.drafter is None or plan.drafter.holds_drafts  # a head holds none
                 tokens = self._tokens = self._accept(tokens, new,
                                                      len(tokens) + chain if holds else None)
 
@@ -284,7 +280,7 @@ class SpeculativeGenerator:
         """The step's token tree, where the planner finds branches worth their rows and the
         decoder verifies trees; else None (a chain). The drafter's q ranks the branches."""
         if (q is None or not drafts.numel() or not self._trees()
-                or not getattr(plan.drafter, "branches", False)):
+                or not plan.drafter.branches):
             return None
         scores, alternatives = branch_scores(q.to(drafts.device), drafts)
         chosen = planner.branches(scores.cpu(), alternatives.cpu(), drafts.shape[0])
@@ -292,7 +288,7 @@ class SpeculativeGenerator:
 
     def _trees(self) -> bool:
         """Whether steps may verify token trees: asked for, and a decoder that verifies them."""
-        return self.tree and hasattr(self._decoder, "tree_logits")
+        return self.tree and self._decoder.verifies_trees
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
               generator: torch.Generator) -> tuple[tuple, list[int]]:
@@ -376,7 +372,7 @@ class SpeculativeGenerator:
         return ids.to(self.device)
 
     def _eos_ids(self, eos_token_ids: int | Sequence[int] | None) -> set[int]:
-        if eos_token_ids is None:
+        if eos_token_ids is None:  # transformers' generation config, where the model has one
             config = getattr(self.target, "generation_config", None)
             eos_token_ids = getattr(config, "eos_token_id", None)
         return set() if eos_token_ids is None else as_set(eos_token_ids)
@@ -387,13 +383,13 @@ class SpeculativeGenerator:
                                  or not 0 <= seed < SEED_LIMIT):
             raise ConfigError(f"seed must be an integer from 0 to {SEED_LIMIT - 1}, got {seed!r}.")
         seed = torch.seed() % SEED_LIMIT if seed is None else seed
-        draft_device = getattr(self.drafter, "device", self.device)
+        draft_device = self.drafter.device or self.device
         gen_t = torch.Generator(self.device).manual_seed(seed)
         gen_d = torch.Generator(draft_device).manual_seed(seed + 1)
         return gen_t, gen_d
 
     def _context_limit(self) -> int:
-        config = self.target.config.get_text_config()
+        config = self.target.config.get_text_config()  # a transformers config: may lack it
         return getattr(config, "max_position_embeddings", None) or 1 << 30
 
 

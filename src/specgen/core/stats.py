@@ -84,10 +84,9 @@ class Stats:
             self.per_position_accepted[i] += i < n_accepted
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        for name in ("acceptance_rate", "tau", "tokens_per_second", "speedup_estimate"):
-            d[name] = getattr(self, name)
-        return d
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tau": self.tau,
+                "tokens_per_second": self.tokens_per_second,
+                "speedup_estimate": self.speedup_estimate}
 
 
 def step_speedup(new_tokens: int, target_passes: int, steps: int, draft_seconds: float,
