@@ -25,7 +25,7 @@ from specgen.core.drafters import Drafter, as_set, check_pair, make_drafter, voc
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability, tree_greedy_accept)
 from specgen.core.tree import Tree, branch_scores, build, rejection_walk
-from specgen.core.stats import Source, Stats, Token
+from specgen.core.stats import Origin, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
 from specgen.models.config import layer_params
@@ -45,7 +45,7 @@ SURE_SCALE = 1 << 20
 @dataclass
 class GenerationResult:
     token_ids: list[int]
-    sources: list[Source]
+    sources: list[Origin]
     stats: Stats
 
 
@@ -346,7 +346,7 @@ class SpeculativeGenerator:
               ) -> Generator[Token, None, bool]:
         """Yield a step's tokens (n accepted drafts, then the target's own) up to a stop;
         whether generation stopped."""
-        last: Source = "bonus" if n == k else "resampled"
+        last: Origin = "bonus" if n == k else "resampled"
         for i, token_id in enumerate(ids):
             stats.new_tokens += 1
             yield Token(token_id, "accepted" if i < n else last)

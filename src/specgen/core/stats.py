@@ -1,5 +1,6 @@
-"""What a generation did, as plain data: the tokens' sources and the counts and timings of
-one run (`Stats`), and the figures derived from them. No torch here: the run history and
+"""What a generation did, as plain data: where each token came from (its `Origin`, which
+JSON, the history and the API call its "source") and the counts and timings of one run
+(`Stats`), and the figures derived from them. No torch here: the run history and
 `specgen stats` use it too."""
 
 from __future__ import annotations
@@ -7,8 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Source = Literal["accepted", "resampled", "bonus"]
-SOURCES: tuple[Source, ...] = ("accepted", "resampled", "bonus")
+# A token's origin. (loading/sources.py's `Source` is a model's files: another thing.)
+Origin = Literal["accepted", "resampled", "bonus"]
+ORIGINS: tuple[Origin, ...] = ("accepted", "resampled", "bonus")
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,7 @@ class Token:
     K drafts passed (with K = 0, a plain target step, every token is a bonus)."""
 
     id: int
-    source: Source
+    source: Origin
 
 
 @dataclass
