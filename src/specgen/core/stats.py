@@ -6,7 +6,10 @@ JSON, the history and the API call its "source") and the counts and timings of o
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from specgen.core.step import Step
 
 # A token's origin. (loading/sources.py's `Source` is a model's files: another thing.)
 Origin = Literal["accepted", "resampled", "bonus"]
@@ -72,6 +75,14 @@ class Stats:
         """The estimated speedup over plain decoding (step_speedup)."""
         return step_speedup(self.new_tokens, self.target_passes, len(self.k_per_step),
                             self.draft_seconds, self.verify_seconds)
+
+    def record(self, step: Step) -> None:
+        """A step of the loop (core/step.py): its counts, its tree, its timings."""
+        self.record_step(step.drafted, step.kept)
+        self.tree_steps += step.tree is not None
+        self.branch_kept += step.branch_kept
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
 
     def record_step(self, k: int, n_accepted: int) -> None:
         self.target_passes += 1
