@@ -59,10 +59,10 @@ def main() -> None:
         reads.append((tokens, seconds))
         book_read(book, guesser, tokens, seconds, plain_pass)
 
-    def observe(planner, plan, k, n, draft_s, verify_s):
-        if plan.guesser == "model" and not first:
+    def observe(planner, step):
+        if step.plan.guesser == "model" and not first:
             first.append(sum(t for t, _ in planner.steps) + 1)
-        planner_observe(planner, plan, k, n, draft_s, verify_s)
+        planner_observe(planner, step)
 
     Book.read, Planner.observe = read, observe
     warm = encode_messages(session.tokenizer, messages_for("List five uses of a paperclip.", None), True)

@@ -81,8 +81,8 @@ def main() -> None:
                                     eos_token_ids=session.eos_ids())
             answer = result.token_ids
             for window, head in windows:
-                drafter = ModelDrafter(draft, vocab, window=window, head=head)
-                head = drafter.head
+                drafter = ModelDrafter(draft, vocab, window=window, first=head)
+                head = drafter.first
                 drafter.reset()
                 hits = []
                 start = time.perf_counter()

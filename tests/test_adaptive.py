@@ -7,10 +7,18 @@ import torch
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    EXPLORE_SHARE, FIRST_K, FIRST_STOP, PLAIN, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK, Plan,
+    EXPLORE_SHARE, FIRST_K, FIRST_STOP, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK,
     Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
     saving, verify_curve,
 )
+from specgen.core.base import Drafter
+from specgen.core.step import PLAIN, Plan, Step
+
+
+def observe(planner: Planner, plan: Plan, k: int, n: int, draft_seconds: float,
+            verify_seconds: float) -> None:
+    """The planner shown a step of `plan` that drafted k tokens and kept n (a chain)."""
+    planner.observe(Step(plan, k, n, draft_seconds, verify_seconds))
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -290,8 +298,9 @@ def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
     assert policy.rate(16) == pytest.approx(7 / 1.45) and policy.choose(100) == 16
 
 
-class Guesser:
-    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts."""
+class Guesser(Drafter):
+    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts
+    (every other ability the Drafter's default: nothing to read first)."""
 
     def __init__(self, ends_own_drafts: bool, offers: tuple[str, ...]) -> None:
         self.ends_own_drafts, self.offers = ends_own_drafts, offers
@@ -316,12 +325,12 @@ def test_the_planner_makes_one_policy_per_guesser_on_first_use():
 def test_the_planner_learns_the_passes_and_the_drafts_it_planned():
     planner = Planner(4)
     drafter = Guesser(True, ("model",))
-    planner.observe(planner.plan(drafter, None, 100), 0, 0, 0.0, 0.2)
+    observe(planner, planner.plan(drafter, None, 100), 0, 0, 0.0, 0.2)
     assert planner.verify_cost == {0: 0.2}
     plan = planner.plan(drafter, None, 100)
     assert plan.drafter is drafter and plan.guesser == "model" and plan.k == 4
     assert plan.stop_below == FIRST_STOP  # a self-ended draft's, until its costs are known
-    planner.observe(plan, 3, 3, 0.3, 0.25)  # the drafter found 3 of 4
+    observe(planner, plan, 3, 3, 0.3, 0.25)  # the drafter found 3 of 4
     assert planner.verify_cost == {0: 0.2, 3: 0.25}
     assert planner.policies["model"].hits > 2 * 0.7  # the prior's weight, plus three kept
     assert planner.plan(drafter, None, 2).k <= 2  # never more than are still wanted
@@ -372,7 +381,7 @@ def test_a_guesser_with_reading_to_do_drafts_only_where_that_is_repaid():
     assert choose_guesser(policies, ("model",), 100, {"model": 2.0}) == (None, 0)  # no estimate
 
 
-class Reader:
+class Reader(Drafter):
     """A draft model as the planner sees it: it has `unread` tokens to read first, and
     after a propose says what its reading cost (`catch_up`)."""
 
@@ -402,7 +411,7 @@ def test_a_draft_whose_catch_up_cannot_be_repaid_within_what_is_left_is_not_star
             plan = planner.plan(reader, None, left - made - 1, made)
             if plan.drafter is not None:
                 return made
-            planner.observe(plan, 0, 0, 0.0, 0.2)
+            observe(planner, plan, 0, 0, 0.0, 0.2)
             made += 1
         return None
 
@@ -418,20 +427,20 @@ def test_the_reading_is_measured_apart_from_drafting_and_kept_across_answers():
     book = Book(prefill_cost=0.002)
     planner = Planner(8, book=book)
     reader = Reader(700)
-    planner.observe(planner.plan(reader, None, 100, 1), 0, 0, 0.0, 0.2)
+    observe(planner, planner.plan(reader, None, 100, 1), 0, 0, 0.0, 0.2)
     plan = Plan("model", reader, 8)
     reader.catch_up = (700, 2.1)  # its first forward read 700 tokens, warming up
-    planner.observe(plan, 4, 4, 2.1 + 3 * 0.02, 0.25)
+    observe(planner, plan, 4, 4, 2.1 + 3 * 0.02, 0.25)
     assert "model" not in book.read_share  # a first read is not the reading's cost
     reader.catch_up = (700, 0.7)  # a later one read 700 tokens in 0.7 s
-    planner.observe(plan, 4, 4, 0.7 + 3 * 0.02, 0.25)  # then 3 draft passes of 0.02 s
+    observe(planner, plan, 4, 4, 0.7 + 3 * 0.02, 0.25)  # then 3 draft passes of 0.02 s
     assert book.read_share["model"] == pytest.approx(0.001 / 0.2)  # per second of a plain pass
     reader.catch_up = (0, 0.0)
-    planner.observe(plan, 4, 4, 4 * 0.02, 0.25)
+    observe(planner, plan, 4, 4, 4 * 0.02, 0.25)
     assert planner.policies["model"].draft_cost == pytest.approx(0.02)  # the reading left out
     assert book.draft_share["model"] == pytest.approx(0.02 / 0.2)
     nxt = Planner(8, book=book)  # the next answer prices the draft before it drafts,
-    nxt.observe(nxt.plan(reader, None, 100, 1), 0, 0, 0.0, 0.1)  # on a machine twice as fast
+    observe(nxt, nxt.plan(reader, None, 100, 1), 0, 0, 0.0, 0.1)  # on a machine twice as fast
     assert nxt.catch_up("model", Reader(500), None) == pytest.approx(0.25)
     nxt.plan(reader, None, 100, 2)
     assert nxt.policies["model"].prior_draft_cost == pytest.approx(0.01)
@@ -447,7 +456,7 @@ def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pas
     book.read_share["model"] = 0.002 / 0.045
     assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.2)  # measured wins
     planner = Planner(4, book=Book(prefill_cost=0.003, draft_share={"model": 1 / 3}))
-    planner.observe(PLAIN, 0, 0, 0.0, 0.045)
+    observe(planner, PLAIN, 0, 0, 0.0, 0.045)
     assert planner.catch_up("model", Reader(100), None) == pytest.approx(0.1)
 
 
@@ -523,7 +532,7 @@ class World:
             n = 0
             while n < k and rng.random() < alpha:
                 n += 1
-            planner.observe(plan, k, n, draft_s, 1.0 + self.slope * k)
+            observe(planner, plan, k, n, draft_s, 1.0 + self.slope * k)
             seconds += draft_s + 1.0 + self.slope * k
             made += n + 1
             model.to_read = 1 if plan.drafter is model else model.to_read + n + 1
@@ -577,7 +586,7 @@ def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
     book = Book(read_share={"model": 0.001 / 0.17}, prefill_cost=0.001)
     planner = Planner(6, book=book)
     reader = Reader(20)
-    planner.observe(planner.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.17)
+    observe(planner, planner.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.17)
     planner.policies["model"] = policy = AdaptiveK(6, self_stopping=True,
                                                    verify_cost=planner.verify_cost)
     feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # useless so far: switched off
@@ -586,7 +595,7 @@ def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
         plan = planner.plan(reader, None, 1000, made)
         ks.append(plan.k)
         if not plan.k:
-            planner.observe(plan, 0, 0, 0.0, 0.17)
+            observe(planner, plan, 0, 0, 0.0, 0.17)
     assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6
 
 
@@ -614,7 +623,7 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
             if plan.guesser == "model":
                 return chosen, planner
             n = min(kept, plan.k)
-            planner.observe(plan, plan.k, n, 0.0, 0.2 + 0.01 * plan.k)
+            observe(planner, plan, plan.k, n, 0.0, 0.2 + 0.01 * plan.k)
             made += n + 1
             model.to_read += n + 1
         return chosen, planner
@@ -666,7 +675,7 @@ def test_a_draft_model_starts_sooner_where_the_target_is_sure():
             plan = planner.plan(reader, None, 60, made)
             if plan.guesser == "model":
                 return made
-            planner.observe(plan, 0, 0, 0.0, 0.2)
+            observe(planner, plan, 0, 0, 0.0, 0.2)
             reader.to_read += 1
         return 200
 
@@ -684,19 +693,19 @@ def test_a_busy_spell_of_the_machine_does_not_price_the_draft_out_of_later_answe
 
     def answer(plain: float) -> Planner:
         planner = Planner(6, book=book)
-        planner.observe(planner.plan(reader, None, 1000, 1), 0, 0, 0.0, plain)
+        observe(planner, planner.plan(reader, None, 1000, 1), 0, 0, 0.0, plain)
         plan = Plan("model", reader, 4)
         for read in (500, 500):  # the second read is measured (the first is warm-up)
             reader.catch_up = (read, read * 0.01 * plain)
-            planner.observe(plan, 4, 4, read * 0.01 * plain + 3 * 0.1 * plain, 1.25 * plain)
+            observe(planner, plan, 4, 4, read * 0.01 * plain + 3 * 0.1 * plain, 1.25 * plain)
         reader.catch_up = (0, 0.0)
         for _ in range(3):
-            planner.observe(plan, 4, 4, 4 * 0.1 * plain, 1.25 * plain)
+            observe(planner, plan, 4, 4, 4 * 0.1 * plain, 1.25 * plain)
         return planner
 
     answer(plain=0.4)  # busy
     quiet = Planner(6, book=book)
-    quiet.observe(quiet.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.2)
+    observe(quiet, quiet.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.2)
     assert quiet.catch_up("model", Reader(500), None) == pytest.approx(500 * 0.01 * 0.2)
     quiet.plan(reader, None, 1000, 2)
     assert quiet.policies["model"].prior_draft_cost == pytest.approx(0.1 * 0.2)
@@ -753,7 +762,7 @@ class Pair:
             while n < k and agrees[made + n]:
                 n += 1
             verify_s = 1.0 + self.slope * k
-            planner.observe(plan, k, n, draft_s, verify_s)
+            observe(planner, plan, k, n, draft_s, verify_s)
             seconds += draft_s + verify_s
             made += n + 1
             ks.append(k)
@@ -807,14 +816,14 @@ def test_a_trial_out_of_budget_leaves_the_draft_to_the_ordinary_rules():
     started draft does, judged by what it measures; it is not kept out of the answer."""
     planner, reader = Planner(6, book=Book(prefill_cost=0.0001)), Reader(700)  # priced low
     planner.sure(0.01)  # a low prior: the reading would not be repaid on it
-    planner.observe(planner.plan(reader, None, 200, 1), 0, 0, 0.0, 0.2)
+    observe(planner, planner.plan(reader, None, 200, 1), 0, 0, 0.0, 0.2)
     plan = planner.plan(reader, None, 199, 2)
     assert plan.guesser == "model" and plan.explore  # tried against its prior
     reader.catch_up = (700, 1.4)
-    planner.observe(plan, plan.k, 0, 1.4 + 0.05 * plan.k, 0.25)
+    observe(planner, plan, plan.k, 0, 1.4 + 0.05 * plan.k, 0.25)
     assert planner.explored > EXPLORE_SHARE * 0.2 * 200  # the budget is spent
     reader.to_read, reader.catch_up = 1, (0, 0.0)
     for made in range(3, 6):
         plan = planner.plan(reader, None, 200 - made, made)
         assert plan.guesser == "model" and not plan.explore
-        planner.observe(plan, plan.k, plan.k, 0.05 * plan.k, 0.25)
+        observe(planner, plan, plan.k, plan.k, 0.05 * plan.k, 0.25)

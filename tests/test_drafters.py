@@ -329,12 +329,12 @@ def test_an_int8_dyn_draft_head_is_trimmed_and_an_int8_wo_one_is_not(pair, expec
 
     target, draft = pair
     whole = quantize.apply(deepcopy(draft), "int8-wo", verifier=False)
-    assert ModelDrafter(whole, 64, head_rows=40).lm.head is None  # every row of its int8 head
+    assert ModelDrafter(whole, 64, head_rows=40).lm.output is None  # every row: int8-wo
     quantized = quantize.apply(deepcopy(draft), "int8-dyn", verifier=False)
     drafter = ModelDrafter(quantized, 64, head_rows=40)
-    assert drafter.lm.head is not None
+    assert drafter.lm.output is not None
     hidden = torch.randn(3, draft.config.hidden_size)
-    assert torch.equal(drafter.lm.head(hidden), quantized.lm_head(hidden)[:, :40])
+    assert torch.equal(drafter.lm.output(hidden), quantized.lm_head(hidden)[:, :40])
     context = repetitive_prompt(0)
     ids, _ = drafter.propose(context, 6, GREEDY, None)
     assert ids.max() < 40
@@ -432,9 +432,9 @@ def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, mon
 
 # --- a draft that reads only the context's last tokens (draft_window) ------------------------
 
-def test_a_windowed_draft_reads_only_the_contexts_head_and_tail(tiny_model):
+def test_a_windowed_draft_reads_only_the_contexts_first_part_and_tail(tiny_model):
     """With more than `window` tokens unread, the draft starts over on the context's first
-    `head` tokens (a quarter of the window by default) and its last window - head, as if
+    `first` tokens (a quarter of the window by default) and its last window - first, as if
     the context were those joined; later it catches up one step at a time."""
     draft = tiny_model("llama", seed=1)
     context = repetitive_prompt(0)  # 28 tokens
@@ -448,15 +448,15 @@ def test_a_windowed_draft_reads_only_the_contexts_head_and_tail(tiny_model):
     longer = torch.cat([context, ids[:2], torch.tensor([5])])
     windowed.rollback(len(context) + 2)  # two drafts kept: the cache holds them
     assert windowed.lm.length == 16 + 2 and windowed.unread(longer) == 1
-    windowed.rollback(10)  # a new prompt sharing 10 tokens: the tail is gone, the head stays
+    windowed.rollback(10)  # a new prompt sharing 10 tokens: the tail is gone, the first part stays
     assert (windowed.skip_at, windowed.skipped, windowed.lm.length) == (0, 0, 4)
-    tail = ModelDrafter(draft, 64, window=16, head=0)  # the last 16 alone
+    tail = ModelDrafter(draft, 64, window=16, first=0)  # the last 16 alone
     ids, _ = tail.propose(context, 3, GREEDY, None)
     assert torch.equal(ids, ModelDrafter(draft, 64).propose(context[12:], 3, GREEDY, None)[0])
     with pytest.raises(ConfigError, match="window must be an integer >= 0"):
         ModelDrafter(draft, 64, window=-1)
-    with pytest.raises(ConfigError, match="head must be from 0"):
-        ModelDrafter(draft, 64, window=16, head=16)
+    with pytest.raises(ConfigError, match="first part must be from 0"):
+        ModelDrafter(draft, 64, window=16, first=16)
 
 
 @pytest.mark.parametrize("method", ["draft-model", "hybrid"])

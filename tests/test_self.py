@@ -183,7 +183,7 @@ def test_the_drafter_holds_no_weights_or_cache_of_its_own(tiny_pair):
     drafter = SelfDrafter(MLP_1)
     gen = SpeculativeGenerator(target, drafter, 4)
     assert drafter.lm.decoder is gen._decoder
-    assert drafter.lm.head is None  # the target's own output layer, through its decoder
+    assert drafter.lm.output is None  # the target's own output layer, through its decoder
     before = gen._decoder.length
     ids, _ = drafter.propose(torch.tensor([1, 2, 3]), 3, SamplingParams(), None)
     assert gen._decoder.length == before and drafter.forward_passes == 3
@@ -210,11 +210,11 @@ def test_a_self_draft_over_the_first_rows_of_the_head_stays_exact(scheme, tiny_p
     hidden = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
     full = target.get_output_embeddings()(hidden)
     if scheme == "int4-dyn":  # each row of the kernel's output is computed alone
-        assert torch.equal(drafter.lm.head(hidden), full[:, :40])
-        assert drafter.lm.head.layer.weight.data_ptr() == target.lm_head.weight.data_ptr()
+        assert torch.equal(drafter.lm.output(hidden), full[:, :40])
+        assert drafter.lm.output.layer.weight.data_ptr() == target.lm_head.weight.data_ptr()
     else:
-        torch.testing.assert_close(drafter.lm.head(hidden), full[:, :40])
-        assert drafter.lm.head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+        torch.testing.assert_close(drafter.lm.output(hidden), full[:, :40])
+        assert drafter.lm.output.weight.data_ptr() == target.lm_head.weight.data_ptr()
     for seed in range(2):
         ids = prompt(seed=seed)
         result = gen.generate(ids, max_new_tokens=N)

@@ -144,10 +144,10 @@ def test_greedy_speculation_is_the_files_own_greedy_decoding(stored_pair, tmp_pa
 
 
 def test_a_gguf_drafts_output_layer_cut_to_its_first_rows_is_a_view(tmp_path, tiny_gguf):
-    from specgen.core.drafters import trimmed_head
+    from specgen.core.drafters import trimmed_output
 
     model = prepare(stored.load(write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")), "draft", "gguf")
-    head = trimmed_head(model, 40)
+    head = trimmed_output(model, 40)
     assert head is not None and head.layer.weight.n == 40
     assert head.layer.weight.data.data_ptr() == model.lm_head.weight.data.data_ptr()
     hidden = torch.randn(3, 64)

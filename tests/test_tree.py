@@ -11,8 +11,10 @@ import specgen.core.engine
 from specgen import SpeculativeGenerator
 from specgen.choices import MAX_TREE_ROWS
 from specgen.core import tree as trees
-from specgen.core.adaptive import Plan, Planner
+from specgen.core.adaptive import Planner
+from specgen.core.base import Drafter
 from specgen.core.drafters import ModelDrafter
+from specgen.core.step import Plan, Step
 from specgen.core.sampling import SamplingParams, sample
 from specgen.core.tree import Tree, build, choose_branches, rejection_walk
 from specgen.decoding import LeanDecoder, make_decoder
@@ -227,9 +229,10 @@ def test_the_planner_branches_where_a_row_costs_less_than_what_the_branch_is_wor
     # branches have held better than the draft's odds said: the same price buys more
     tree = build(torch.tensor(1), torch.tensor([2, 3]), [(0, 5)])
     for _ in range(3):
-        planner.observe(Plan(None, None, 0), 0, 0, 0.0, 1.0)  # plain steps keep the rate
-    planner._policy("m", type("Draft", (), {"ends_own_drafts": True})())
-    planner.observe(Plan("m", None, 2), 2, 1, 0.1, 1.25, tree, 0)  # the branch was kept
+        planner.observe(Step(Plan(None, None, 0), 0, 0, 0.0, 1.0))  # plain steps keep the rate
+    draft = type("Draft", (Drafter,), {"ends_own_drafts": True})()
+    planner._policy("m", draft)
+    planner.observe(Step(Plan("m", draft, 2), 2, 1, 0.1, 1.25, chain=0, tree=tree))  # a branch kept
     assert planner.branch_odds > 1.0
     assert (0, 5) in planner.branches(scores, tokens, 2)
     assert not Planner(4, adaptive=False).branches(scores, tokens, 2)

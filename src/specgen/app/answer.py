@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from specgen.app.render import IncrementalDecoder
 from specgen.app.session import Session, encode_messages, messages_for
-from specgen.core.stats import Source, Stats
+from specgen.core.stats import Origin, Stats
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Answer:
 
 
 def answer(session: Session, prompt: str, seed: int | None = None,
-           on_text: Callable[[str, Source], None] | None = None) -> Answer:
+           on_text: Callable[[str, Origin], None] | None = None) -> Answer:
     """Generate the profile's answer to `prompt` (its chat template and system prompt, unless
     the profile says raw), calling `on_text(piece, source)` as the text grows. Ctrl-C ends
     the answer early, and so do SIGTERM and a closed output (`on_text` raising BrokenPipeError):

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:  # the terminal side needs no torch at import time
-    from specgen.core.stats import Source, Stats
+    from specgen.core.stats import Origin, Stats
 
 STYLES: dict[str, str] = {"accepted": "green", "resampled": "yellow", "bonus": "cyan"}
 LEGEND = {
@@ -72,7 +72,7 @@ class TokenPrinter:
             legend.append("■ ", style=STYLES[source]).append(label + "  ", style="dim")
         return legend
 
-    def write(self, text: str, source: Source) -> None:
+    def write(self, text: str, source: Origin) -> None:
         if not text:
             return
         if self.styled:

@@ -86,13 +86,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from specgen.choices import CATCH_UP_TOKENS, MAX_TREE_ROWS
+from specgen.core.step import PLAIN, Plan, Step
 from specgen.core.tree import choose_branches
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from specgen.core.drafters import Drafter
-    from specgen.core.tree import Tree
 
 
 FIRST_K = 2  # a guesser's K while its costs are unknown
@@ -207,6 +207,10 @@ def record_pass(costs: dict[int, float], k: int, seconds: float) -> None:
 
 
 class Policy(Protocol):
+    probing: bool  # the step planned is a probe of a switched-off guesser
+    judging: bool  # the step planned is still finding out (adaptive K)
+    draft_cost: float | None  # seconds per draft pass, this answer (None: not measured)
+
     def choose(self, limit: int) -> int: ...
 
     def rate(self, k: int) -> float: ...
@@ -244,7 +248,7 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
             continue
         score = policy.score(k)
         seconds = (catch_up or {}).get(guesser, 0.0)
-        probe = getattr(policy, "probing", False)
+        probe = policy.probing
         afford = explore(guesser, k) if explore is not None else None
         if afford is not None:
             if not afford:
@@ -258,7 +262,10 @@ def choose_guesser(policies: Mapping[str, Policy], guessers: Sequence[str], limi
 
 
 class FixedK:
-    """Always K (adaptive off)."""
+    """Always K (adaptive off): it never probes, never judges, measures no draft cost."""
+
+    probing = judging = False
+    draft_cost = None
 
     def __init__(self, k: int) -> None:
         self.k_max = k
@@ -530,22 +537,6 @@ class AdaptiveK:
         self.prior_weight *= self.decay
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the next step drafts: `drafter` (None: a plain step) up to `k` tokens, stopping
-    early below `stop_below` if it ends its own drafts; `guesser` names its policy;
-    `explore`: the step is there to measure the guesser."""
-
-    guesser: str | None
-    drafter: Drafter | None
-    k: int
-    stop_below: float = 0.0
-    explore: bool = False  # a trial or probe: its cost counts against EXPLORE_SHARE
-
-
-PLAIN = Plan(None, None, 0)
-
-
 @dataclass
 class Book:
     """What a generator measures about its machine that outlives one answer: the seconds per
@@ -658,13 +649,10 @@ class Planner:
         self.confidence = moving_average(self.confidence, probability)
 
     def catch_up(self, guesser: str, drafter: Drafter, tokens: Tensor) -> float:
-        """Seconds `drafter` would read before guessing for `guesser` (drafters that read
-        nothing of their own need not say: `unread`)."""
-        unread = getattr(drafter, "unread", None)
-        if unread is None:
-            return 0.0
-        return self.book.catch_up(guesser, unread(tokens), self.verify_cost.get(0),
-                                  getattr(drafter, "size", None))
+        """Seconds `drafter` would read before guessing for `guesser` (its `unread` tokens;
+        none for a drafter that reads nothing of its own)."""
+        return self.book.catch_up(guesser, drafter.unread(tokens), self.verify_cost.get(0),
+                                  drafter.size)
 
     def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
         """The next step's plan, drafting at most `limit` tokens, `made` tokens into the
@@ -689,7 +677,7 @@ class Planner:
                     # out for the rest of the answer, where those rules would start it).
                     policy.end_trial()
                     return None
-                if not (getattr(policy, "probing", False) or getattr(policy, "judging", False)):
+                if not (policy.probing or policy.judging):
                     return None
                 return self._afford(guesser, k, catch_up[guesser], budget)
 
@@ -763,22 +751,20 @@ class Planner:
         hits, offered = self.branch_record
         return (hits + PRIOR_WEIGHT) / (offered + PRIOR_WEIGHT)
 
-    def observe(self, plan: Plan, k: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float, tree: Tree | None = None, chain: int | None = None
-                ) -> None:
-        """After verifying a step of `plan` that drafted k tokens (a drafter may find fewer
-        than planned) of which n_accepted were kept, `chain` of them the chain's own (fewer
-        where a `tree`'s branch was kept). A drafter that read context first says so
-        (`catch_up`: tokens read, seconds): the read is measured apart, and its pass is not
-        a draft pass."""
+    def observe(self, step: Step) -> None:
+        """After a step (core/step.py): its verify pass's cost, its acceptance, its draft
+        passes' cost. A drafter that read context first says so (`catch_up`: tokens read,
+        seconds): the read is measured apart, and its pass is not a draft pass."""
+        plan, k, n_accepted = step.plan, step.drafted, step.kept
+        draft_seconds, verify_seconds = step.draft_seconds, step.verify_seconds
         if plan.explore and 0 in self.verify_cost:  # beyond the plain steps its tokens would take
             spent = draft_seconds + verify_seconds - (n_accepted + 1) * self.verify_cost[0]
             self.explored += max(0.0, spent)
-        record_pass(self.verify_cost, k if tree is None else tree.rows - 1, verify_seconds)
-        if tree is not None:
+        record_pass(self.verify_cost, step.width, verify_seconds)
+        if step.tree is not None:
             hits, offered = self.branch_record
-            self.branch_record = (hits + (chain < n_accepted), offered + self.branch_offer)
-        read, read_seconds = (getattr(plan.drafter, "catch_up", None) or (0, 0.0)) if k else (0, 0.0)
+            self.branch_record = (hits + step.branch_kept, offered + self.branch_offer)
+        read, read_seconds = plan.drafter.catch_up if k else (0, 0.0)
         passes = k
         if read >= CATCH_UP_TOKENS:
             self.book.read(plan.guesser, read, read_seconds, self.verify_cost.get(0))
@@ -788,6 +774,6 @@ class Planner:
             return
         policy = self.policies[plan.guesser]
         # The draft is judged on its chain: a branch's token is the tree's, paid by its rows.
-        policy.update(k, n_accepted if tree is None else chain, draft_seconds, passes)
-        if getattr(policy, "draft_cost", None) is not None:
+        policy.update(k, step.chain_kept, draft_seconds, passes)
+        if policy.draft_cost is not None:
             self.book.drafted(plan.guesser, policy.draft_cost, self.verify_cost.get(0))

@@ -16,7 +16,7 @@ A drafter that must read context before it guesses (a draft model catching up) m
 much: `unread(tokens)`, the tokens it would read, and after a propose `catch_up`, the
 (tokens, seconds) of that reading when its first forward read CATCH_UP_TOKENS or more. The
 planner charges and measures that reading apart from drafting. Drafters that read nothing
-of their own (prompt lookup) need neither.
+of their own (prompt lookup, a head) keep the defaults: nothing unread, nothing read.
 
 Four drafters: a small draft model (ModelDrafter), the target itself with some sub-layers
 skipped (SelfDrafter: no second model, no extra weights), prompt lookup (PromptLookupDrafter:
@@ -25,21 +25,26 @@ and lookup together with a model (HybridDrafter: the draft model, or the target 
 heads on the target itself (EAGLE, EAGLE-3, Medusa) are in head_drafters.py. `make_drafter`
 builds one from a profile's `method`.
 
-A drafter that drafts with the target's own weights or cache, or reads its hidden states, has
-`bind_target(decoder, model)`: the generator calls it once, when it is made, with the
-target's decoder.
+Every kind inherits `Drafter` (core/base.py), which declares each optional ability with its default (a kind
+that has one overrides it): `bind_target(decoder, model)`, which the generator calls once
+with the target's decoder (a drafter that drafts with the target's own weights or cache, or
+reads its hidden states, takes them there), `holds_drafts`, `branches`, `unread`, `size`,
+`catch_up`, `reserve`, `graphs_off`, `device`. The engine and the planner read them as
+attributes; whether something passed to the generator is a drafter at all is whether it is a
+`Drafter`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from specgen.choices import CATCH_UP_TOKENS, HEAD_KINDS, METHODS, listing
+from specgen.core.base import Drafter
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
@@ -56,34 +61,6 @@ if TYPE_CHECKING:
 
 MODEL = "model"  # the draft model's guesser name
 SELF = "self"  # the self-speculative drafter's guesser name
-
-
-def reserve_room(owner, positions: int, widest: int = 1, **passes: bool) -> None:
-    """Room for `positions` in `owner`'s static cache, with its passes of up to `widest`
-    tokens made ready (the CUDA decoder captures their graphs then), and the other kinds of
-    pass in `passes` (a target decoder's `trees=True`); nothing where `owner` keeps no static
-    cache."""
-    reserve = getattr(owner, "reserve", None)
-    if reserve is not None:
-        reserve(positions, widest, **passes)
-
-
-class Drafter(Protocol):
-    ends_own_drafts: bool  # stops a draft by its own confidence (honours stop_below)
-
-    def reset(self) -> None: ...
-
-    def guessers(self, tokens: Tensor) -> dict[str, Drafter]: ...
-
-    def propose(
-        self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
-        stop_below: float = 0.0,
-    ) -> tuple[Tensor, Tensor | None]: ...
-
-    def rollback(self, n_valid: int) -> None: ...
-
-    @property
-    def forward_passes(self) -> int: ...
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -117,11 +94,11 @@ def as_set(ids: int | Sequence[int]) -> set[int]:
     return {ids} if isinstance(ids, int) else set(ids)
 
 
-class HeadRows:
-    """The first rows of an output layer, called as the layer is: a float head's weight rows
-    (a view), an int8-dyn head's rows and scales (views), an int4-dyn head's packed rows (a
+class OutputRows:
+    """The first rows of an output layer, called as the layer is: a float layer's weight rows
+    (a view), an int8-dyn layer's rows and scales (views), an int4-dyn layer's packed rows (a
     view) with their scales (a copy of those rows' scales, which the kernel reads contiguous),
-    or a GGUF head's first rows of blocks (a view of the file: its rows are independent)."""
+    or a GGUF layer's first rows of blocks (a view of the file: its rows are independent)."""
 
     def __init__(self, out: torch.nn.Module, rows: int) -> None:
         if isinstance(out, GGUFLinear):
@@ -142,19 +119,21 @@ class HeadRows:
         return torch.nn.functional.linear(hidden, self.weight)
 
 
-def trimmed_head(model: PreTrainedModel, head_rows: int | None) -> HeadRows | None:
+def trimmed_output(model: PreTrainedModel, head_rows: int | None) -> OutputRows | None:
     """The model's output layer cut to its first head_rows rows, or None where it drafts over
-    its whole vocabulary: no trim asked, or a head whose rows cannot be taken apart (int8-wo
-    and int4-wo heads are packed by PyTorch as a whole, an int8-dyn head by fbgemm where
+    its whole vocabulary: no trim asked, or a layer whose rows cannot be taken apart (int8-wo
+    and int4-wo layers are packed by PyTorch as a whole, an int8-dyn layer by fbgemm where
     specgen's int8 kernel cannot be built)."""
     out = model.get_output_embeddings()
+    # `bias`: a torch layer's (an output layer of transformers' may have one; torch's Linear
+    # has the attribute, a quantized layer of specgen's has none).
     if head_rows is None or head_rows >= vocab_size(model) or getattr(out, "bias", None) is not None:
         return None
     if isinstance(out, QuantLinear):
         apart = (out.kind == "int4-dyn" and out.joined is None
                  or out.kind == "int8-dyn" and out.weight is not None)
-        return HeadRows(out, head_rows) if apart else None
-    return HeadRows(out, head_rows) if isinstance(out, (torch.nn.Linear, GGUFLinear)) else None
+        return OutputRows(out, head_rows) if apart else None
+    return OutputRows(out, head_rows) if isinstance(out, (torch.nn.Linear, GGUFLinear)) else None
 
 
 class TorchDraft:
@@ -165,14 +144,14 @@ class TorchDraft:
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
     output layer, a fifth of a small model's weights, shrinks in proportion (a float or an
-    int4-dyn head: trimmed_head). q is then zero on the other ids, which rejection sampling
+    int4-dyn head: trimmed_output). q is then zero on the other ids, which rejection sampling
     handles exactly; only acceptance can suffer."""
 
     def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:
         self.device = model.device
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = vocab_size(model)
-        self.head = trimmed_head(model, head_rows)
+        self.output = trimmed_output(model, head_rows)
         self.decoder = make_decoder(model)  # made once: it may prepare joined weights
         self.size = layer_params(model.config)  # what reading a token costs, in multiply-adds
 
@@ -182,9 +161,9 @@ class TorchDraft:
 
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
-        if self.head is None:
+        if self.output is None:
             return self.decoder.logits(ids)[0]
-        return self.head(self.decoder.hidden(ids)[0])
+        return self.output(self.decoder.hidden(ids)[0])
 
     def crop(self, length: int) -> None:
         self.decoder.crop(length)
@@ -193,14 +172,14 @@ class TorchDraft:
         self.decoder.reset()
 
     def reserve(self, positions: int, widest: int = 1) -> None:
-        reserve_room(self.decoder, positions, widest)
+        self.decoder.reserve(positions, widest)
 
     @property
     def graphs_off(self) -> str | None:
-        return getattr(self.decoder, "graphs_off", None)
+        return self.decoder.graphs_off
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A small causal LM that drafts autoregressively with its own KV cache: a transformers
     model (TorchDraft) or a GGUF file run by llama.cpp (llamacpp.LlamaCppDraft).
 
@@ -210,7 +189,7 @@ class ModelDrafter:
     same way, when first asked to draft: an answer that never drafts never pays for it.
 
     `window` (0: none) bounds that reading: with more than `window` tokens unread, the draft
-    forgets what it holds and reads `head` tokens from the context's start (by default a
+    forgets what it holds and reads `first` tokens from the context's start (by default a
     quarter of the window: the system prompt and the instruction) and the rest from its
     end, as if the context were those two parts joined; the `skipped` tokens between them
     are never read. The draft's context is not the guarantee (only the target's is): a
@@ -223,40 +202,50 @@ class ModelDrafter:
     Later guesses are unlikely to survive and would only cost draft passes. The stop depends
     on the draft's outputs alone, never on the target's, so every position is still either
     verified by rejection sampling or drawn by the target: the output distribution is
-    unchanged."""
+    unchanged.
+
+    `model` None: the language model is given later (SelfDrafter's, by `bind_target`)."""
 
     ends_own_drafts = True
     # Its q (returned with greedy drafts too: the softmax of its logits) ranks the
     # next-likeliest tokens a token tree may branch to (core/tree.py).
     branches = True
-    # Its cache holds its own drafts: after a tree it is valid only as far as the kept branch
-    # follows its chain (the engine rolls it back there).
-    holds_drafts = True
+    # Its cache holds its own drafts (the Drafter default, holds_drafts).
 
-    def __init__(self, model: PreTrainedModel | LlamaCppDraft, vocab_size: int,
+    def __init__(self, model: PreTrainedModel | LlamaCppDraft | None, vocab_size: int,
                  head_rows: int | None = None, confidence: float = 0.0, window: int = 0,
-                 head: int | None = None) -> None:
+                 first: int | None = None) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ConfigError(f"The draft's window must be an integer >= 0 (0: the whole "
                               f"context), got {window!r}.")
-        head = window // 4 if head is None else head
-        if not 0 <= head < max(window, 1):
-            raise ConfigError(f"The draft window's head must be from 0 to the window less one "
-                              f"({window - 1}), got {head!r}.")
-        self.lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
-        # Its layers' multiply-adds per token (None: not known, a GGUF's): the planner's prior
-        # for what its reading costs against the target's, until its passes are measured.
-        self.size: int | None = getattr(self.lm, "size", None)
+        first = window // 4 if first is None else first
+        if not 0 <= first < max(window, 1):
+            raise ConfigError(f"The draft window's first part must be from 0 to the window less "
+                              f"one ({window - 1}) tokens, got {first!r}.")
         self.confidence = confidence
-        self.window, self.head = window, head
+        self.window, self.first = window, first
         # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`
         # tokens it never read) the rest; skipped > 0 only while it holds all of the first.
         self.skip_at = self.skipped = 0
-        self.device = self.lm.device
-        # Draft tokens must be ids the target knows; the draft may have extra rows.
-        self.vocab_size = min(vocab_size, self.lm.vocab_size)
         self._passes = 0
         self.catch_up = (0, 0.0)  # the last propose's reading: (tokens, seconds)
+        self.lm: TorchDraft | LlamaCppDraft | SkippedTarget | None = None
+        self.vocab_size = 0
+        if model is not None:
+            lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
+            # A GGUF's multiply-adds per token are not known (size None).
+            self._use(lm, vocab_size, lm.size if isinstance(lm, TorchDraft) else None)
+
+    def _use(self, lm: TorchDraft | LlamaCppDraft | SkippedTarget, vocab_size: int,
+             size: int | None) -> None:
+        """Draft with the language model `lm`, whose layers cost `size` multiply-adds a token."""
+        self.lm, self.size = lm, size
+        # Draft tokens must be ids the target knows; the draft may have extra rows.
+        self.vocab_size = min(vocab_size, lm.vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device if self.lm is not None else torch.device("cpu")
 
     def reset(self) -> None:
         self.lm.reset()
@@ -266,12 +255,12 @@ class ModelDrafter:
     def reserve(self, positions: int, widest: int = 1) -> None:
         """Room for a generation of `positions` in the draft's cache, before its first pass
         (a draft that never drafts reserves nothing it would not have grown to)."""
-        reserve_room(self.lm, positions, widest)
+        self.lm.reserve(positions, widest)
 
     @property
     def graphs_off(self) -> str | None:
         """The draft decoder's line if it gave up on CUDA graphs (decoding/cuda.py)."""
-        return getattr(self.lm, "graphs_off", None)
+        return self.lm.graphs_off
 
     @property
     def forward_passes(self) -> int:
@@ -284,9 +273,9 @@ class ModelDrafter:
 
     def _missing(self, tokens: Tensor) -> Tensor:
         if self.window and len(tokens) - self.skipped - self.lm.length > self.window:
-            self.lm.reset()  # start over on the window: its head and its tail
-            self.skip_at, self.skipped = self.head, len(tokens) - self.window
-            missing = torch.cat([tokens[: self.head], tokens[self.head + self.skipped:]])
+            self.lm.reset()  # start over on the window: its first part and its tail
+            self.skip_at, self.skipped = self.first, len(tokens) - self.window
+            missing = torch.cat([tokens[: self.first], tokens[self.first + self.skipped:]])
         else:
             missing = tokens[self.skipped + self.lm.length:]
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
@@ -389,7 +378,7 @@ def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
         raise ConfigError(
             "Self-speculative drafting (method \"self\") needs full causal attention; this "
             "target uses sliding-window attention. Use method = \"prompt-lookup\" or a draft model.")
-    if not getattr(decoder, "skips", False):
+    if not decoder.skips:
         raise ConfigError(
             "Self-speculative drafting (method \"self\") runs the target through specgen's lean "
             "decoder, which serves a target on the CPU in float32 or bfloat16 (with specgen's C "
@@ -414,7 +403,7 @@ class SkippedTarget:
         self.device = model.device
         self.input_vocab = model.get_input_embeddings().num_embeddings
         self.vocab_size = vocab_size(model)
-        self.head = trimmed_head(model, head_rows)
+        self.output = trimmed_output(model, head_rows)
 
     @property
     def length(self) -> int:
@@ -422,9 +411,9 @@ class SkippedTarget:
 
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] with the skipped layers."""
-        if self.head is None:
+        if self.output is None:
             return self.decoder.logits(ids, 1, skip=self.skip)[0]
-        return self.head(self.decoder.hidden(ids, 1, skip=self.skip)[0])
+        return self.output(self.decoder.hidden(ids, 1, skip=self.skip)[0])
 
 
 class SelfDrafter(ModelDrafter):
@@ -441,26 +430,26 @@ class SelfDrafter(ModelDrafter):
 
     `skip` None: `default_skip` for the target."""
 
+    # The target's decoder says its own line (the engine reads it); the skipped passes run
+    # on it.
+    graphs_off = None
+
     def __init__(self, skip: Skip | None = None, head_rows: int | None = None,
                  confidence: float = 0.0) -> None:
-        self.skip, self.head_rows, self.confidence = skip, head_rows, confidence
-        self.lm: SkippedTarget | None = None  # bound to the target by bind_target
-        self.vocab_size = 0
-        self._passes = 0
-        # ModelDrafter's reading: the target's cache holds the whole context, so no window.
-        self.window = self.head = self.skip_at = self.skipped = 0
-        self.catch_up = (0, 0.0)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm.device if self.lm is not None else torch.device("cpu")
+        # No model yet (bound to the target by bind_target), and no window: the target's
+        # cache holds the whole context.
+        super().__init__(None, 0, head_rows, confidence)
+        self.skip, self.head_rows = skip, head_rows
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
         check_self_target(model, decoder)
         skip = self.skip if self.skip is not None else default_skip(num_layers(model))
         check_skip(skip, num_layers(model))
-        self.lm = SkippedTarget(decoder, model, skip, self.head_rows)
-        self.vocab_size = self.lm.vocab_size
+        lm = SkippedTarget(decoder, model, skip, self.head_rows)
+        self._use(lm, lm.vocab_size, None)
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        pass  # the cache is the target's, reserved by the generator
 
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         return {SELF: self}
@@ -506,7 +495,7 @@ def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int
     return (n, end + 1) if n >= min_ngram else (0, 0)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Proposes what followed the most recent earlier occurrence of the context's tail
     (prompt lookup decoding, Saxena 2023). Deterministic, so q is one-hot (None); it runs
     no model, so it holds no state to roll back and costs no forward passes."""
@@ -527,10 +516,6 @@ class PromptLookupDrafter:
 
     def reset(self) -> None:
         self.matches, self._last = 0, None
-
-    @property
-    def forward_passes(self) -> int:
-        return 0
 
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         n = self.match(tokens)[0]
@@ -554,11 +539,8 @@ class PromptLookupDrafter:
         self.matches += 1
         return tokens[start : start + k], None  # shorter when the context ends first
 
-    def rollback(self, n_valid: int) -> None:
-        pass
 
-
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Prompt lookup when the context has a match, a model otherwise: the draft model, or the
     target itself with layers skipped (SelfDrafter). With adaptive
     K each guesser (the model, lookup at each match length) has its own policy and each step
@@ -580,9 +562,7 @@ class HybridDrafter:
         return self.model_drafter.device
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
-        bind = getattr(self.model_drafter, "bind_target", None)
-        if bind is not None:
-            bind(decoder, model)
+        self.model_drafter.bind_target(decoder, model)
 
     def reset(self) -> None:
         self.model_drafter.reset()

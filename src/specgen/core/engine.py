@@ -20,13 +20,13 @@ from torch import Tensor
 
 from specgen import kernels
 from specgen.choices import DEFAULT_METHOD, MAX_K, MIN_K
-from specgen.core.adaptive import Book, Plan, Planner
-from specgen.core.drafters import (Drafter, as_set, check_pair, make_drafter, reserve_room,
-                                   vocab_size)
+from specgen.core.adaptive import Book, Planner
+from specgen.core.drafters import Drafter, as_set, check_pair, make_drafter, vocab_size
 from specgen.core.sampling import (SamplingParams, greedy_accept, probs_from_logits, rejection_accept,
                                    top_probability, tree_greedy_accept)
+from specgen.core.stats import Origin, Stats, Token
+from specgen.core.step import PLAIN, Plan, Step
 from specgen.core.tree import Tree, branch_scores, build, rejection_walk
-from specgen.core.stats import Source, Stats, Token
 from specgen.decoding import make_decoder
 from specgen.errors import ConfigError
 from specgen.models.config import layer_params
@@ -46,7 +46,7 @@ SURE_SCALE = 1 << 20
 @dataclass
 class GenerationResult:
     token_ids: list[int]
-    sources: list[Source]
+    sources: list[Origin]
     stats: Stats
 
 
@@ -94,7 +94,7 @@ class SpeculativeGenerator:
             if isinstance(draft, torch.nn.Module):  # a draft model, not a runtime or drafter
                 kernels.prepare(draft, "draft")
         self.target = target
-        if not hasattr(draft, "propose"):  # a draft model (or runtime): `method`'s drafter
+        if not isinstance(draft, Drafter):  # a draft model (or runtime): `method`'s drafter
             check_pair(target, draft)
             draft = make_drafter(method, draft, vocab_size(target))
         self.drafter: Drafter = draft
@@ -110,9 +110,7 @@ class SpeculativeGenerator:
         self._clock = _Clock(self.device)
         # A drafter that reads the target's hidden states (a head) or drafts with its own
         # weights or cache (self) gets the target's decoder, once.
-        bind = getattr(self.drafter, "bind_target", None)
-        if bind is not None:
-            bind(self._decoder, target)
+        self.drafter.bind_target(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
         self._reused = 0
         # What reading context costs on this machine, learnt across answers; a new
@@ -123,8 +121,7 @@ class SpeculativeGenerator:
     def graphs_off(self) -> str | None:
         """The line of the first decoder (target's, then draft's) that gave up on CUDA graphs
         and runs eagerly, several times slower; None where none did."""
-        lines = (getattr(owner, "graphs_off", None) for owner in (self._decoder, self.drafter))
-        return next((line for line in lines if line), None)
+        return self._decoder.graphs_off or self.drafter.graphs_off
 
     def reset(self) -> None:
         """Forget the cached context (start a new conversation)."""
@@ -145,8 +142,8 @@ class SpeculativeGenerator:
         # Static caches (the CUDA decoder's): room for it all, and a graph for each pass of up
         # to K + 1 tokens (and each token tree's) captured before the first timed pass.
         room = len(tokens) + max_new_tokens + self.k_max + 1
-        reserve_room(self._decoder, room, self.k_max + 1, trees=self.adaptive and self._trees())
-        reserve_room(self.drafter, room, self.k_max + 1)
+        self._decoder.reserve(room, self.k_max + 1, trees=self.adaptive and self._trees())
+        self.drafter.reserve(room, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
         return self._decoder.logits(tokens[same:], 1)
@@ -189,16 +186,15 @@ class SpeculativeGenerator:
             stats.prefill_tokens = len(tokens) - self._reused
             draft_passes_before = self.drafter.forward_passes
 
-            # 0. The prompt's pass already gives the first token: a step with no drafts.
-            no_drafts = tokens.new_empty(0)
-            _, new, ids, sure = self._settle(*self._verify(logits, no_drafts, None, params, gen_t),
-                                             no_drafts)
+            # 0. The prompt's pass already gives the first token: a plain step.
+            step = self._settle(self._chain(logits, tokens.new_empty(0), None, params, gen_t),
+                                PLAIN, 0)
             stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
             planner.prefilled(stats.prefill_tokens, stats.prefill_seconds)
-            planner.sure(sure)
-            tokens = self._tokens = torch.cat([tokens, new])
+            planner.sure(step.sure)
+            tokens = self._tokens = torch.cat([tokens, step.tokens])
             stats.target_passes = 1
-            if (yield from self._emit(ids, 0, 0, stop, stats)):
+            if (yield from self._emit(step, stop, stats)):
                 return
             while stats.new_tokens < max_new_tokens:
                 # 1. Draft: the planner picks who drafts and how much (never more tokens than
@@ -207,46 +203,24 @@ class SpeculativeGenerator:
                                     stats.new_tokens)
                 t0 = self._clock.mark()
                 drafts, q = self._draft(plan, tokens, params, gen_d)
-                k = drafts.shape[0]
                 t1 = self._clock.mark()
 
-                # 2. Verify: one target pass over [pending, d1..dK] gives K+1 distributions;
-                #    acceptance runs on the device, and the host learns its outcome in one read.
-                #    Where the planner finds the draft's next guesses worth their rows, they
-                #    join the pass as branches of a token tree (core/tree.py).
-                tree = self._grow(planner, plan, tokens, drafts, q)
-                if tree is None:
-                    logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), k + 1)
-                    verdict = (*self._verify(logits, drafts, q, params, gen_t), drafts)
-                else:
-                    logits = self._decoder.tree_logits(tree.tokens, tree.parents)
-                    verdict, path = self._walk(logits, tree, q, params, gen_t)
+                # 2. Verify: one target pass over [pending, d1..dK] (or a token tree's rows)
+                #    gives the distributions; acceptance runs on the device, and the host
+                #    learns its outcome, the step, in one read.
+                verdict = self._verify(planner, plan, tokens, drafts, q, params, gen_t)
                 t2 = self._clock.mark()
-                n, new, ids, sure = self._settle(*verdict)
+                step = self._settle(verdict, plan, drafts.shape[0], (t0, t1, t2))
 
                 # 3. Accept the kept drafts and the target's token; forget the rejected ones.
-                #    After a tree the decoder keeps the kept branch's entries; the draft model
-                #    holds the chain, valid as far as the branch follows it.
-                chain = n
-                if tree is not None:
-                    self._decoder.keep_branch(path)
-                    chain = next((i for i, node in enumerate(path) if node != i + 1), n)
-                holds = getattr(plan.drafter, "holds_drafts", True)  # a head holds no drafts
-                tokens = self._tokens = self._accept(tokens, new,
-                                                     len(tokens) + chain if holds else None)
+                tokens = self._tokens = self._accept(tokens, step)
 
                 # 4. Observe: the planner learns what the step kept and what it cost.
-                draft_s, verify_s = self._clock.seconds(t0, t1), self._clock.seconds(t1, t2)
-                planner.observe(plan, k, n, draft_s, verify_s, tree, chain)
-                planner.sure(sure)
-                stats.record_step(k, n)
-                if tree is not None:
-                    stats.tree_steps += 1
-                    stats.branch_kept += chain < n
+                planner.observe(step)
+                planner.sure(step.sure)
+                stats.record(step)
                 stats.draft_passes = self.drafter.forward_passes - draft_passes_before
-                stats.draft_seconds += draft_s
-                stats.verify_seconds += verify_s
-                if (yield from self._emit(ids, n, k, stop, stats)):
+                if (yield from self._emit(step, stop, stats)):
                     return
             stats.stop_reason = "max_new_tokens"
         except GeneratorExit:  # the consumer stopped between tokens: caches are consistent
@@ -268,23 +242,37 @@ class SpeculativeGenerator:
         drafts, q = plan.drafter.propose(tokens, plan.k, params, generator, plan.stop_below)
         return drafts.to(self.device), q
 
-    def _verify(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
-                generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        """How many drafts the target keeps, its own token after them, and how sure it was
-        of the step's first position (its top probability, which the planner reads as the
-        odds of a draft model's guesses), all on the device."""
+    def _verify(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
+                q: Tensor | None, params: SamplingParams, generator: torch.Generator
+                ) -> _Verdict:
+        """The step's verify pass and its verdict, on the device. Its one fork: a chain, or,
+        where the planner finds the draft's next guesses worth their rows, a token tree
+        (core/tree.py) whose kept branch the decoder then keeps."""
+        tree = self._grow(planner, plan, tokens, drafts, q)
+        if tree is None:
+            logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), drafts.shape[0] + 1)
+            return self._chain(logits, drafts, q, params, generator)
+        logits = self._decoder.tree_logits(tree.tokens, tree.parents)
+        return self._walk(logits, tree, q, params, generator)
+
+    def _chain(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
+               generator: torch.Generator) -> _Verdict:
+        """A chain's verdict: how many drafts the target keeps, its own token after them, and
+        how sure it was of the step's first position (its top probability, which the planner
+        reads as the odds of a draft model's guesses), all on the device."""
         if params.greedy:
-            return (*greedy_accept(logits, drafts), top_probability(logits[0]))
+            n, token = greedy_accept(logits, drafts)
+            return _Verdict(n, token, top_probability(logits[0]), drafts)
         p = probs_from_logits(logits, params)
         n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
-        return n, token, p[0].max()
+        return _Verdict(n, token, p[0].max(), drafts)
 
     def _grow(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
               q: Tensor | None) -> Tree | None:
         """The step's token tree, where the planner finds branches worth their rows and the
         decoder verifies trees; else None (a chain). The drafter's q ranks the branches."""
         if (q is None or not drafts.numel() or not self._trees()
-                or not getattr(plan.drafter, "branches", False)):
+                or not plan.drafter.branches):
             return None
         scores, alternatives = branch_scores(q.to(drafts.device), drafts)
         chosen = planner.branches(scores.cpu(), alternatives.cpu(), drafts.shape[0])
@@ -292,15 +280,14 @@ class SpeculativeGenerator:
 
     def _trees(self) -> bool:
         """Whether steps may verify token trees: asked for, and a decoder that verifies them."""
-        return self.tree and hasattr(self._decoder, "tree_logits")
+        return self.tree and self._decoder.verifies_trees
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
-              generator: torch.Generator) -> tuple[tuple, list[int]]:
-        """A tree's verdict, as `_settle` takes it (the kept branch's length, the target's
-        token after it, its top probability at the root, the branch's tokens), and the kept
-        branch's nodes (root excluded). The branch is read on the host (the one wait for the
-        device a tree step adds): the decoder keeps its entries, and the draft model rolls
-        back to where it leaves the chain."""
+              generator: torch.Generator) -> _Verdict:
+        """A tree's verdict: its kept branch (read on the host: the one wait for the device a
+        tree step adds, since the decoder keeps the branch's entries and the draft model rolls
+        back to where it leaves the chain), the target's token after it, its top probability
+        at the root."""
         if params.greedy:
             _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
             leaf = int(leaf)
@@ -309,29 +296,41 @@ class SpeculativeGenerator:
             leaf, token = rejection_walk(p, _draft_probs(q, tree.tokens, p.shape[-1]), tree,
                                          generator)
         path = tree.path(leaf)
-        return (len(path), token, top_probability(logits[0]), tree.tokens[path]), path
+        return _Verdict(len(path), token, top_probability(logits[0]), tree.tokens[path], tree,
+                        tuple(path))
 
-    def _settle(self, n: Tensor | int, token: Tensor, sure: Tensor, drafts: Tensor
-                ) -> tuple[int, Tensor, list[int], float]:
-        """A step's outcome read on the host in one transfer (its one sync with the device):
-        n, the kept tokens [d1..dn, token] on the device, their ids, and the target's top
-        probability (carried in the same integer transfer in units of 1/SURE_SCALE). `drafts`
-        begins with the kept ones (a chain's drafts; a tree's kept branch)."""
-        n = torch.as_tensor(n, device=self.device).view(1)
-        sure = (sure * SURE_SCALE).round().long().view(1)
-        values = torch.cat([n, drafts, token.view(1), sure]).tolist()
+    def _settle(self, verdict: _Verdict, plan: Plan, drafted: int, marks: Sequence = ()
+                ) -> Step:
+        """The step, its verdict read on the host in one transfer (its one sync with the
+        device): the kept tokens' ids and the target's top probability (carried in the same
+        integer transfer in units of 1/SURE_SCALE); then the times between the `marks` (start,
+        drafted, verified; none for the prompt's pass), which that sync has passed."""
+        n = torch.as_tensor(verdict.kept, device=self.device).view(1)
+        sure = (verdict.sure * SURE_SCALE).round().long().view(1)
+        values = torch.cat([n, verdict.drafts, verdict.token.view(1), sure]).tolist()
         kept = values[0]
-        ids = values[1 : 1 + kept] + values[-2:-1]
-        return kept, torch.cat([drafts[:kept], token.view(1)]), ids, values[-1] / SURE_SCALE
+        ids = tuple(values[1 : 1 + kept] + values[-2:-1])
+        # Where a tree's branch leaves the chain: the kept drafts that are the chain's own.
+        chain = next((i for i, node in enumerate(verdict.path) if node != i + 1), kept)
+        seconds = self._clock.seconds
+        draft_s, verify_s = (seconds(*marks[:2]), seconds(*marks[1:])) if marks else (0.0, 0.0)
+        return Step(
+            plan, drafted, kept, draft_s, verify_s, chain=chain, tree=verdict.tree, path=verdict.path,
+            tokens=torch.cat([verdict.drafts[:kept], verdict.token.view(1)]), ids=ids,
+            sure=values[-1] / SURE_SCALE)
 
-    def _accept(self, tokens: Tensor, new: Tensor, draft_valid: int | None = None) -> Tensor:
+    def _accept(self, tokens: Tensor, step: Step) -> Tensor:
         """The context with a step's kept tokens; both caches rolled back to hold all of it
-        but the newest token (the next pending one), the draft's no further than
-        `draft_valid` (where a tree's branch replaced a chain draft it holds)."""
-        kept = len(tokens) + len(new) - 1
+        but the newest token (the next pending one): after a tree the decoder first keeps
+        the kept branch's entries, and a draft model that holds its own drafts is valid only
+        as far as the branch follows its chain."""
+        if step.tree is not None:
+            self._decoder.keep_branch(list(step.path))
+        kept = len(tokens) + len(step.ids) - 1
         self._decoder.crop(kept)
-        self.drafter.rollback(kept if draft_valid is None else min(kept, draft_valid))
-        return torch.cat([tokens, new])
+        holds = step.plan.drafter is None or step.plan.drafter.holds_drafts  # a head: none
+        self.drafter.rollback(min(kept, len(tokens) + step.chain_kept) if holds else kept)
+        return torch.cat([tokens, step.tokens])
 
     def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """max_new_tokens, cut to what the model's context leaves after the prompt."""
@@ -346,14 +345,13 @@ class SpeculativeGenerator:
         return max_new_tokens
 
     @staticmethod
-    def _emit(ids: list[int], n: int, k: int, stop: _Stopper, stats: Stats
-              ) -> Generator[Token, None, bool]:
-        """Yield a step's tokens (n accepted drafts, then the target's own) up to a stop;
+    def _emit(step: Step, stop: _Stopper, stats: Stats) -> Generator[Token, None, bool]:
+        """Yield a step's tokens (its kept drafts, then the target's own) up to a stop;
         whether generation stopped."""
-        last: Source = "bonus" if n == k else "resampled"
-        for i, token_id in enumerate(ids):
+        last: Origin = "bonus" if step.bonus else "resampled"
+        for i, token_id in enumerate(step.ids):
             stats.new_tokens += 1
-            yield Token(token_id, "accepted" if i < n else last)
+            yield Token(token_id, "accepted" if i < step.kept else last)
             reason = stop.check(token_id)
             if reason:
                 stats.stop_reason = reason
@@ -376,7 +374,7 @@ class SpeculativeGenerator:
         return ids.to(self.device)
 
     def _eos_ids(self, eos_token_ids: int | Sequence[int] | None) -> set[int]:
-        if eos_token_ids is None:
+        if eos_token_ids is None:  # transformers' generation config, where the model has one
             config = getattr(self.target, "generation_config", None)
             eos_token_ids = getattr(config, "eos_token_id", None)
         return set() if eos_token_ids is None else as_set(eos_token_ids)
@@ -387,13 +385,13 @@ class SpeculativeGenerator:
                                  or not 0 <= seed < SEED_LIMIT):
             raise ConfigError(f"seed must be an integer from 0 to {SEED_LIMIT - 1}, got {seed!r}.")
         seed = torch.seed() % SEED_LIMIT if seed is None else seed
-        draft_device = getattr(self.drafter, "device", self.device)
+        draft_device = self.drafter.device or self.device
         gen_t = torch.Generator(self.device).manual_seed(seed)
         gen_d = torch.Generator(draft_device).manual_seed(seed + 1)
         return gen_t, gen_d
 
     def _context_limit(self) -> int:
-        config = self.target.config.get_text_config()
+        config = self.target.config.get_text_config()  # a transformers config: may lack it
         return getattr(config, "max_position_embeddings", None) or 1 << 30
 
 
@@ -414,6 +412,21 @@ class _Clock:
 
     def seconds(self, start, end) -> float:
         return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """Verification's outcome on the device, before the host reads it: `kept` drafts stay,
+    then the target's `token`; `sure`, its top probability at the step's first position;
+    `drafts` begins with the kept ones (a chain's drafts; a tree's kept branch). A tree's
+    verdict also names the tree and its kept branch's nodes (`path`, root excluded)."""
+
+    kept: Tensor | int
+    token: Tensor
+    sure: Tensor
+    drafts: Tensor
+    tree: Tree | None = None
+    path: tuple[int, ...] = ()
 
 
 def _draft_probs(q: Tensor | None, drafts: Tensor, vocab: int) -> Tensor:

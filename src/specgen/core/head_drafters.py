@@ -33,6 +33,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from specgen.core.base import Drafter
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding.cuda import CAPTURE_TRIES, graphs_off_line, retried
 from specgen.errors import SpecgenWarning
@@ -90,7 +91,7 @@ class Drafted:
         return torch.stack(self.ids).to(device), (torch.stack(self.qs) if self.qs else None)
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     """What the three kinds share: binding to the target, taking its hidden states, the
     feature store of true features not yet read, rollback and reset."""
 
@@ -130,8 +131,9 @@ class HeadDrafter:
         from specgen.kernels import prepare
 
         prepare(self.head, "draft")  # one-row products by the CPU kernel where it serves
-        own = getattr(self.head, "embed_tokens", None)  # an EAGLE-3 head of another width
-        self.embed = embed if own is None else own
+        # An EAGLE-3 head of another width than the target's has an embedding of its own.
+        own = isinstance(self.head, Eagle3Head) and self.head.config.own_embedding
+        self.embed = self.head.embed_tokens if own else embed
         self.reset()
 
     def capture_layers(self) -> tuple[int, ...]:

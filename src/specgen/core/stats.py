@@ -1,14 +1,19 @@
-"""What a generation did, as plain data: the tokens' sources and the counts and timings of
-one run (`Stats`), and the figures derived from them. No torch here: the run history and
+"""What a generation did, as plain data: where each token came from (its `Origin`, which
+JSON, the history and the API call its "source") and the counts and timings of one run
+(`Stats`), and the figures derived from them. No torch here: the run history and
 `specgen stats` use it too."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-Source = Literal["accepted", "resampled", "bonus"]
-SOURCES: tuple[Source, ...] = ("accepted", "resampled", "bonus")
+if TYPE_CHECKING:
+    from specgen.core.step import Step
+
+# A token's origin. (loading/sources.py's `Source` is a model's files: another thing.)
+Origin = Literal["accepted", "resampled", "bonus"]
+ORIGINS: tuple[Origin, ...] = ("accepted", "resampled", "bonus")
 
 
 @dataclass(frozen=True)
@@ -18,7 +23,7 @@ class Token:
     K drafts passed (with K = 0, a plain target step, every token is a bonus)."""
 
     id: int
-    source: Source
+    source: Origin
 
 
 @dataclass
@@ -71,6 +76,14 @@ class Stats:
         return step_speedup(self.new_tokens, self.target_passes, len(self.k_per_step),
                             self.draft_seconds, self.verify_seconds)
 
+    def record(self, step: Step) -> None:
+        """A step of the loop (core/step.py): its counts, its tree, its timings."""
+        self.record_step(step.drafted, step.kept)
+        self.tree_steps += step.tree is not None
+        self.branch_kept += step.branch_kept
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+
     def record_step(self, k: int, n_accepted: int) -> None:
         self.target_passes += 1
         self.k_per_step.append(k)
@@ -84,10 +97,9 @@ class Stats:
             self.per_position_accepted[i] += i < n_accepted
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        for name in ("acceptance_rate", "tau", "tokens_per_second", "speedup_estimate"):
-            d[name] = getattr(self, name)
-        return d
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tau": self.tau,
+                "tokens_per_second": self.tokens_per_second,
+                "speedup_estimate": self.speedup_estimate}
 
 
 def step_speedup(new_tokens: int, target_passes: int, steps: int, draft_seconds: float,

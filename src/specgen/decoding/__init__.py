@@ -6,8 +6,10 @@
     reset()         forget everything
     length          positions cached
 
-The lean decoder also verifies a token tree in one pass (`tree_logits(ids, parents)`, then
-`keep_branch(nodes)`: core/tree.py); the engine builds trees only where a decoder has them.
+Each kind's optional abilities are declared on the `Decoder` base (base.py), with their
+defaults: the lean and CUDA decoders verify a token tree in one pass (`verifies_trees`:
+`tree_logits(ids, parents)`, then `keep_branch(nodes)`: core/tree.py), and the engine builds
+trees only where a decoder does; a static cache is made ready by `reserve`.
 
 A target's decoder also keeps, when a drafting head asks (`capture_layers` not None), each
 pass's hidden states in `captured` (capture.py).
@@ -26,11 +28,11 @@ own layers that way, over the target's own cache (core/drafters.py, SelfDrafter)
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from specgen.decoding.capture import Capture
+from specgen.decoding.base import Decoder  # noqa: F401 (the interface, for core/)
 from specgen.decoding.cuda import CudaDecoder, on_one_gpu
 from specgen.decoding.fused import FusedDecoder, fused_supported
 from specgen.decoding.lean import LeanDecoder, attends_by_rows, lean_supported
@@ -41,21 +43,6 @@ if TYPE_CHECKING:  # transformers' model code is imported only where a model nee
     from transformers import PreTrainedModel
 
     from specgen.decoding.hf import HFDecoder  # noqa: F401 (a lazy attribute, below)
-
-
-class Decoder(Protocol):
-    length: int
-
-    def hidden(self, ids: Tensor, n: int = 1) -> Tensor: ...
-
-    def logits(self, ids: Tensor, n: int = 1) -> Tensor: ...
-
-    def crop(self, length: int) -> None: ...
-
-    def reset(self) -> None: ...
-
-    capture_layers: tuple[int, ...] | None
-    captured: list[Capture]
 
 
 def make_decoder(model: PreTrainedModel, exact: bool = False

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specgen.choices import MAX_K, MAX_TREE_ROWS
+from specgen.decoding.base import Decoder
 from specgen.decoding.capture import Capture, States, keep_branch_states
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
 from specgen.errors import SpecgenWarning
@@ -88,7 +89,7 @@ def on_one_gpu(model: PreTrainedModel) -> bool:
     return len({str(d) for d in placement.values()}) <= 1
 
 
-class CudaDecoder:
+class CudaDecoder(Decoder):
     """A Llama-family model over a static KV cache, each small width replayed from a CUDA
     graph (`graphs`, default: on a CUDA device). Answers hidden, logits, crop, reset, length,
     and `reserve(positions)` so that a generation's cache is allocated before any capture.
@@ -97,6 +98,7 @@ class CudaDecoder:
     (whole capacity, masked) also when run eagerly, which lets a CPU test run it."""
 
     skips = True  # hidden and logits take `skip` (self-speculative drafting)
+    verifies_trees = True  # tree_logits, keep_branch (a tree table on the device)
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None,
                  static: bool | None = None) -> None:

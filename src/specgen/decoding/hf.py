@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from specgen.decoding.base import Decoder
 from specgen.decoding.capture import Capture
 
 
@@ -32,7 +33,7 @@ def crop(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
-class HFDecoder:
+class HFDecoder(Decoder):
     """transformers' own forward with a DynamicCache: any architecture."""
 
     def __init__(self, model: PreTrainedModel) -> None:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specgen.decoding.base import Decoder
 from specgen.decoding.capture import Capture, keep_branch_states
 from specgen.kernels import rows as c_rows
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
@@ -131,12 +132,13 @@ def segments(parents: Sequence[int]) -> tuple[list[tuple[int, int, int]], list[i
     return runs, depths
 
 
-class LeanDecoder:
+class LeanDecoder(Decoder):
     """The model's layers called directly over a KV cache of its own: one preallocated
     tensor, grown by doubling, rolled back by moving `length`; no mask for one token.
     `skip` leaves sub-layers out of a pass (a self-speculative draft's)."""
 
     skips = True  # hidden and logits take `skip`
+    verifies_trees = True  # tree_logits, keep_branch
 
     def __init__(self, model: PreTrainedModel) -> None:
         body = model.base_model

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specgen.decoding.base import Decoder
 from specgen.errors import ConfigError, ModelError
 
 INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp: several minutes)"
@@ -58,7 +59,7 @@ def load(gguf: Path, threads: int, n_ctx: int):
 ROOM = 4096
 
 
-class LlamaCppDraft:
+class LlamaCppDraft(Decoder):
     """A draft model run by llama.cpp, with the interface drafters.ModelDrafter drafts with:
     `logits(ids)`, `crop(length)`, `reset()` and `length`. Its KV cache holds the first
     `length` tokens of the context; cropping only moves that mark, and llama.cpp drops the

@@ -10,7 +10,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 
-from specgen.core.stats import SOURCES, Stats
+from specgen.core.stats import ORIGINS, Stats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -87,7 +87,7 @@ class Metrics:
             metric("specgen_generated_tokens_total", "counter",
                    "Generated tokens, by source: accepted (a draft token the target kept), "
                    "resampled (the target's correction), bonus (the target's extra token).",
-                   [({"source": s}, self.tokens[s]) for s in SOURCES])
+                   [({"source": s}, self.tokens[s]) for s in ORIGINS])
             metric("specgen_target_passes_total", "counter", "Target forward passes that made tokens.",
                    [({}, self.target_passes)])
             metric("specgen_draft_tokens_proposed_total", "counter", "Draft tokens proposed.",
