@@ -204,8 +204,10 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     if spec_pair is not None:
         settings = llamacpp_tools.DraftSettings.parse(request.llamacpp_draft)
         tool = llamacpp_tools.tool()
+        # room for the step it may make past max_new_tokens
         runner.llama_spec = llamacpp_tools.SpecRunner(tool, *spec_pair, session.tokenizer,
-                                                      torch.get_num_threads(), room, settings)
+                                                      torch.get_num_threads(),
+                                                      room + settings.n_max, settings)
         spec_config = {"llamacpp_spec": {
             "tool": str(tool), "version": llamacpp_tools.version_line(tool),
             "target_gguf": str(spec_pair[0]), "draft_gguf": str(spec_pair[1]),
