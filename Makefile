@@ -17,7 +17,7 @@ EXTRAS := demo,quant,test
 PROMPT ?= write quicksort in python
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-head test test-latest setup lock clean
+.PHONY: demo demo-head test test-latest setup lock clean llamacpp
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,14 @@ demo: setup
 
 demo-head: setup
 	$(BIN)/specgen heads train --profile qwen-coder-demo-eagle
+
+# llama.cpp's own tools (llama-speculative-simple, llama-simple, llama-bench) built natively from
+# the llama.cpp source of the llama-cpp-python sdist pinned in requirements/llama.txt, into
+# specgen's cache (<cache>/llama.cpp/<version>/bin and lib), and llama-cpp-python installed
+# against that library: `specgen bench`'s llamacpp and llamacpp-spec contestants. About 11
+# minutes on 2 cores; needs cmake and a C++17 compiler.
+llamacpp: setup
+	PYTHON=$(BIN)/python scripts/build_llamacpp.sh
 
 # pytest exits 5 when it collected no tests: that must fail loudly, never pass.
 define pytest

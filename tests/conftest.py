@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 # The helpers live in a package of their own that test modules never import: they reach the
 # tests through the fixtures below (tests/test_layout.py checks it).
 from support import (distribution as _distribution, graphs as _graphs,  # noqa: E402
-                     heads as _heads, tiny as _tiny)
+                     heads as _heads, llamacpp_tools as _llamacpp_tools, tiny as _tiny)
 
 
 @pytest.fixture(autouse=True)
@@ -114,3 +114,18 @@ def fake_llama(monkeypatch):
     imports as its stand-in (machines without llama-cpp-python)."""
     monkeypatch.setitem(sys.modules, "llama_cpp", _tiny.fake_llama_cpp())
     return _tiny.FakeLlama
+
+
+@pytest.fixture
+def fake_llamacpp_tools(tmp_path, monkeypatch):
+    """llama.cpp's tools as `make llamacpp` leaves them, in a cache of the test's own: a fake
+    llama-speculative-simple (support.llamacpp_tools.FakeTools: `configure(...)`, `calls()`)
+    printing what the real one prints. $SPECGEN_LLAMACPP_BIN is unset: the finder looks in the
+    cache."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECGEN_LLAMACPP_BIN", raising=False)
+    return _llamacpp_tools.fake_tools_in_cache()
+
+
+# The fake's source and a real run's output, for tests that build their own tool folders.
+llamacpp_tools_support = _hand_out(_llamacpp_tools, "llamacpp_tools_support")

@@ -44,7 +44,13 @@ DEFAULT_METHOD, DEFAULT_METHOD_WITHOUT_DRAFT = "hybrid", "prompt-lookup"
 
 # `specgen bench`'s contestants by name (bench/runner.py says what each runs).
 CONTESTANTS = ("baseline", "plain", "peer", "k2", "k4", "k6", "adaptive", "lookup", "hybrid",
-               "chain", "self", "self-default", "hybrid-self", *HEAD_KINDS, "bf16", "llamacpp", "api")
+               "chain", "self", "self-default", "hybrid-self", *HEAD_KINDS, "bf16", "llamacpp",
+               "llamacpp-spec", "api")
+
+# llama.cpp's own speculative decoding in `specgen bench` (contestant llamacpp-spec): at most
+# n_max draft tokens a step, a draft ending where the draft's probability falls below p_min.
+# The best of a sweep on the demo pair (docs/benchmarks.md); --llamacpp-draft sets others.
+LLAMACPP_DRAFT_N_MAX, LLAMACPP_DRAFT_P_MIN = 8, 0.0
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
 RUNTIMES = ("transformers", "llama.cpp")

@@ -21,6 +21,7 @@ from specgen.bench import report as rep
 from specgen.bench import runner as b
 from specgen.bench.prompts import code_categories
 from specgen.choices import MAX_K, METHODS, MIN_K, STORED_SCHEME, listing
+from specgen.decoding import llamacpp_tools
 from specgen.errors import ConfigError
 from specgen.profiles import Profile, finite, load_profile, with_overrides
 
@@ -55,6 +56,7 @@ class BenchRequest(MeasureRequest):
     draft_runtime: str | None = None
     raw: bool = False
     draft_window: int | None = None
+    llamacpp_draft: str | None = None  # llamacpp-spec's draft settings: "n_max=8,p_min=0"
 
     def check(self) -> None:
         """Refuse bad values before anything loads, and an --out file that cannot be written
@@ -72,6 +74,7 @@ class BenchRequest(MeasureRequest):
         if self.draft_confidence is not None and not (
                 0.0 <= finite(self.draft_confidence, "--draft-confidence") < 1.0):
             raise ConfigError(f"--draft-confidence must be in [0, 1), got {self.draft_confidence}.")
+        llamacpp_tools.DraftSettings.parse(self.llamacpp_draft)
         if self.out_file is not None:
             check_writable(self.out_file, "--out")
 
@@ -106,7 +109,8 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
     quantized = (request.target_quantization or prof.target.quantization) != "none"
     head_kind = prof.draft.kind if prof.draft is not None else None
     default = b.default_names(everyone, quantized, llamacpp.available() and is_gguf(prof.target),
-                              self_drafting=everyone["adaptive"].self_drafts, head_kind=head_kind)
+                              self_drafting=everyone["adaptive"].self_drafts, head_kind=head_kind,
+                              with_llama_spec=_llamacpp_pair(prof)[2] is None)
     chosen = request.contestants
     names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else default
     unknown = [n for n in names if n not in everyone]
@@ -142,6 +146,15 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     code = code_categories([p.category for p in prompt_set], builtin=request.prompts is None)
     prof = load_profile(request.profile)
     method, everyone, picked = pick(request, prof)
+    spec_pair = None
+    if any(c.kind == "llamacpp-spec" for c in picked):
+        *spec_pair, why_not = _llamacpp_pair(prof)
+        if why_not:  # asked for by name: one line, and the others run
+            err.print(f"[yellow]skipped llamacpp-spec:[/] {escape(why_not)}", highlight=False,
+                      soft_wrap=True)
+            picked, spec_pair = [c for c in picked if c.kind != "llamacpp-spec"], None
+            if not picked:
+                raise ConfigError("No contestant left to run.")
     gguf = _llamacpp_gguf(prof) if any(c.kind == "llamacpp" for c in picked) else None
     needs_draft = any(c.needs_draft_model for c in picked)
     # Load the draft whenever a contestant needs it, and only then, whatever the profile's
@@ -191,9 +204,21 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
                      reference, peer_draft=session.pair.peer_draft,
                      skip=skip.skip if skip else None, head=session.pair.head,
                      window=spec.draft_window)
-    if gguf is not None:  # the same threads as torch, room for the longest prompt
-        runner.llama = llamacpp.load(gguf, torch.get_num_threads(),
-                                     max(len(i) for i in inputs) + request.max_new_tokens + 16)
+    room = max(len(i) for i in inputs) + request.max_new_tokens + 16  # the longest prompt's
+    if gguf is not None:  # the same threads as torch
+        runner.llama = llamacpp.load(gguf, torch.get_num_threads(), room)
+    spec_config = {}
+    if spec_pair is not None:
+        settings = llamacpp_tools.DraftSettings.parse(request.llamacpp_draft)
+        tool = llamacpp_tools.tool()
+        # room for the step it may make past max_new_tokens
+        runner.llama_spec = llamacpp_tools.SpecRunner(tool, *spec_pair, session.tokenizer,
+                                                      torch.get_num_threads(),
+                                                      room + settings.n_max, settings)
+        spec_config = {"llamacpp_spec": {
+            "tool": str(tool), "version": llamacpp_tools.version_line(tool),
+            "target_gguf": str(spec_pair[0]), "draft_gguf": str(spec_pair[1]),
+            "n_max": settings.n_max, "p_min": settings.p_min, "spec_type": "draft-simple"}}
     names = [c.name for c in picked]
     config = {"profile": prof.name, "target": session.pair.target_name,
               "draft": session.pair.draft_name, "dtype": session.pair.dtype,
@@ -212,7 +237,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
               **({"skip_layers": skipsets.skip_text(skip.skip), "skip_origin": skip.origin,
                   "default_skip_layers": skipsets.skip_text(
                       default_skip(num_layers(session.pair.target)))} if skip else {}),
-              **({"llamacpp_gguf": str(gguf)} if gguf is not None else {})}
+              **({"llamacpp_gguf": str(gguf)} if gguf is not None else {}), **spec_config}
     total = len(prompt_set) * request.repeats * len(picked)
     measurements: list = []
     warnings: list[str] = []
@@ -274,3 +299,20 @@ def _llamacpp_gguf(prof: Profile) -> Path:
         raise ConfigError(f"The llamacpp contestant runs the target's GGUF file, but profile "
                           f"{prof.name!r}'s target {prof.target.model!r} is not a GGUF model.")
     return gguf
+
+
+def _llamacpp_pair(prof: Profile) -> tuple[Path | None, Path | None, str | None]:
+    """The target's and the draft's GGUF files that llamacpp-spec decodes, or why it cannot
+    run (one line): llama.cpp's tools not built, or a model that is not a GGUF file."""
+    from specgen.loading.sources import gguf_file, is_gguf
+
+    if llamacpp_tools.tool() is None:
+        return None, None, llamacpp_tools.missing_line()
+    if prof.draft is None or not prof.draft.has_model:
+        return None, None, f"profile {prof.name!r} has no draft model."
+    for role, spec in (("target", prof.target), ("draft", prof.draft)):
+        if not is_gguf(spec):
+            return None, None, (f"it runs GGUF files, and profile {prof.name!r}'s {role} "
+                                f"{spec.model!r} is not one.")
+    base = prof.path.parent if prof.path else None
+    return gguf_file(prof.target, "target", base), gguf_file(prof.draft, "draft", base), None

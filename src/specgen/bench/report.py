@@ -1,5 +1,5 @@
 """A bench run's figures: per prompt (medians over repeats, ratios against the baseline, the
-peer, bf16 and llama.cpp of the same prompt, equality of the tokens), per contestant
+peer, bf16, llama.cpp's plain and llama.cpp's speculative decoding of the same prompt, equality of the tokens), per contestant
 (geometric means), the JSON document and the Rich tables."""
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
         bf16_tps = _median([m.tokens_per_second for m in bf16]) if bf16 else None
         llama = groups.get((p, "llamacpp"))
         llama_tps = _median([m.tokens_per_second for m in llama]) if llama else None
+        llama_spec = groups.get((p, "llamacpp-spec"))
+        llama_spec_tps = _median([m.tokens_per_second for m in llama_spec]) if llama_spec else None
         plain = groups.get((p, "plain"))
         plain_tps = _median([m.tokens_per_second for m in plain]) if plain else None
         for name in names:
@@ -78,6 +80,7 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "vs_peer": tps / peer_tps if peer_tps else None,
                 "vs_bf16": tps / bf16_tps if bf16_tps else None,
                 "vs_llamacpp": tps / llama_tps if llama_tps else None,
+                "vs_llamacpp_spec": tps / llama_spec_tps if llama_spec_tps else None,
                 "vs_plain": tps / plain_tps if plain_tps else None,
                 "acceptance_rate": _median([m.acceptance_rate for m in ms]),
                 "tau": _median([m.tau for m in ms]),
@@ -133,8 +136,14 @@ def summarize(rows: Sequence[dict], names: Sequence[str],
                                      if r["category"] in code and r["speedup"]]),
             "vs_peer": geomean([r["vs_peer"] for r in mine if r["vs_peer"]]),
             "vs_bf16": geomean([r["vs_bf16"] for r in mine if r["vs_bf16"]]),
+            "vs_llamacpp": geomean([r["vs_llamacpp"] for r in mine if r["vs_llamacpp"]]),
             "vs_llamacpp_code": geomean([r["vs_llamacpp"] for r in mine if r["vs_llamacpp"]
                                          and r["category"] in code]),
+            # Over llama.cpp's own speculative decoding of the same GGUF pair, where it ran.
+            "vs_llamacpp_spec": geomean([r["vs_llamacpp_spec"] for r in mine
+                                         if r["vs_llamacpp_spec"]]),
+            "vs_llamacpp_spec_code": geomean([r["vs_llamacpp_spec"] for r in mine
+                                              if r["vs_llamacpp_spec"] and r["category"] in code]),
             "decode_speedup": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]]),
             "decode_speedup_code": geomean([r["decode_speedup"] for r in mine if r["decode_speedup"]
                                             and r["category"] in code]),
@@ -251,8 +260,12 @@ def tables(doc: dict):
            ("  code", lambda s: fmt_ratio(s["vs_plain_code"])),
            ("  worst prompt", lambda s: fmt_ratio(s["min_vs_plain"]))] if "plain" in summary else []),
         *([("vs bf16", lambda s: fmt_ratio(s["vs_bf16"]))] if "bf16" in summary else []),
-        *([("vs llama.cpp, code", lambda s: fmt_ratio(s["vs_llamacpp_code"]))]
+        *([("vs llama.cpp", lambda s: fmt_ratio(s["vs_llamacpp"])),
+           ("vs llama.cpp, code", lambda s: fmt_ratio(s["vs_llamacpp_code"]))]
           if "llamacpp" in summary else []),
+        *([("vs llama.cpp spec", lambda s: fmt_ratio(s["vs_llamacpp_spec"])),
+           ("vs llama.cpp spec, code", lambda s: fmt_ratio(s["vs_llamacpp_spec_code"]))]
+          if "llamacpp-spec" in summary else []),
         ("acceptance", lambda s: _f(s["acceptance_rate"])),
         ("tau", lambda s: _f(s["tau"])),
         ("= baseline", lambda s: s["equal_to_baseline"] or "–"),

@@ -11,7 +11,9 @@ drafting (`self`: the target with the profile's pinned, the tuned or the default
 draft head by its kind (`eagle`, `eagle3`, `medusa`; adaptive K, no draft model), `bf16`: plain
 decoding of the target unquantized in bfloat16, loaded beside the pair, the reference of a
 quantized target, `llamacpp`: llama.cpp's plain decoding of the target's GGUF file (when
-llama-cpp-python is installed), and `api`: the Python API as a user who holds the two
+llama-cpp-python is installed), `llamacpp-spec`: llama.cpp's own speculative decoding of the
+target's and the draft's GGUF files (its `llama-speculative-simple`, built by `make llamacpp`,
+run as a subprocess; timed by its own clock, model loading left out), and `api`: the Python API as a user who holds the two
 transformers models calls it, `SpeculativeGenerator(target, draft)` with its defaults and
 nothing from the profile (a llama.cpp draft's transformers copy drafts). Every figure of a prompt is the median over repeats; summaries are
 geometric means of per-prompt ratios (report.py).
@@ -52,7 +54,7 @@ class BenchPrompt:
 @dataclass(frozen=True)
 class Contestant:
     name: str
-    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp" | "api"
+    kind: str  # "baseline" | "peer" | "specgen" | "reference" (the unquantized bf16 target) | "llamacpp" | "llamacpp-spec" | "api"
     method: str = "draft-model"
     k: int = 0
     adaptive: bool = False
@@ -98,21 +100,25 @@ def contestants(method: str = "draft-model", k_max: int = 4, has_draft: bool = T
         **{kind: Contestant(kind, "specgen", kind, k_max, adaptive=True) for kind in HEAD_KINDS},
         "bf16": Contestant("bf16", "reference"),
         "llamacpp": Contestant("llamacpp", "llamacpp"),
+        "llamacpp-spec": Contestant("llamacpp-spec", "llamacpp-spec"),
         "api": Contestant("api", "api"),
     }
     return {name: made[name] for name in CONTESTANTS}  # choices.py's order, every one
 
 
 def default_names(everyone: dict[str, Contestant], quantized: bool, with_llama: bool,
-                  self_drafting: bool = False, head_kind: str | None = None) -> list[str]:
+                  self_drafting: bool = False, head_kind: str | None = None,
+                  with_llama_spec: bool = False) -> list[str]:
     """Every contestant but `plain`, `chain` and `api` (asked for by name), `bf16` (only beside a quantized
     target), `llamacpp` (only when llama-cpp-python is installed and the target is a GGUF
-    file), the self-drafting ones (only when the profile drafts that way: they need a
+    file), `llamacpp-spec` (only when llama.cpp's tools are built and the target and the
+    draft are GGUF files), the self-drafting ones (only when the profile drafts that way: they need a
     Llama-family target that specgen's lean decoder runs), the head kinds other than the
     profile's head's, and `lookup` or `hybrid` where `adaptive` already runs that method."""
     same = {"prompt-lookup": "lookup", "hybrid": "hybrid"}.get(everyone["adaptive"].method)
     return [n for n in everyone if n not in ("plain", "chain", "api") and (n != "bf16" or quantized)
-            and (n != "llamacpp" or with_llama) and n != same
+            and (n != "llamacpp" or with_llama) and (n != "llamacpp-spec" or with_llama_spec)
+            and n != same
             and (not everyone[n].self_drafts or self_drafting)
             and (n not in HEAD_KINDS or n == head_kind)]
 
@@ -241,8 +247,10 @@ class Bench:
     def __init__(self, target, draft, max_new_tokens: int, eos_ids: Sequence[int],
                  max_ngram: int = 3, min_ngram: int = 1, head_rows: int | None = None,
                  confidence: float = 0.0, reference=None, llama=None, peer_draft=None,
-                 skip: Skip | None = None, head=None, window: int = 0) -> None:
+                 skip: Skip | None = None, head=None, window: int = 0, llama_spec=None) -> None:
         self.target, self.draft, self.reference, self.llama = target, draft, reference, llama
+        self.llama_spec = llama_spec  # llamacpp_tools.SpecRunner: llama-speculative-simple
+        self.child_peak = 0  # llamacpp-spec's last run: its subprocess's peak memory
         self.head = head
         # The peer's assistant must be a transformers model: a llama.cpp draft's copy.
         self.peer_draft = peer_draft if peer_draft is not None else draft
@@ -291,7 +299,25 @@ class Bench:
             return result.token_ids, result.stats
         if c.kind == "llamacpp":
             return self._llamacpp_generate(input_ids, n)
+        if c.kind == "llamacpp-spec":
+            return self._llamacpp_spec_generate(input_ids, n)
         return self._hf_generate(c, input_ids, n)
+
+    def _llamacpp_spec_generate(self, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
+        """llama-speculative-simple on the same prompt: its tokens, and its own timings (the
+        prompt pass and the decoding, the models' loading left out) as total_seconds."""
+        if self.llama_spec is None:
+            raise ConfigError("The llamacpp-spec contestant needs llama.cpp's tools and the "
+                              "target's and the draft's GGUF files.")
+        tokens, run = self.llama_spec.generate(input_ids.tolist(), n, self.eos_ids)
+        self.child_peak = run.peak_memory_bytes
+        stats = Stats(k_max=self.llama_spec.settings.n_max, adaptive=False,
+                      prompt_tokens=run.prompt_tokens, prefill_tokens=run.prompt_tokens,
+                      new_tokens=run.new_tokens, total_seconds=run.seconds,
+                      prefill_seconds=run.prompt_seconds, target_passes=run.target_passes,
+                      proposed=run.drafted, accepted=run.accepted)
+        stats.stop_reason = "eos" if run.new_tokens < n else "max_new_tokens"
+        return tokens, stats
 
     def _llamacpp_generate(self, input_ids: Tensor, n: int) -> tuple[list[int], Stats]:
         if self.llama is None:
@@ -350,23 +376,29 @@ class Bench:
         seconds = time.perf_counter() - start
         self.last_stats[c.name] = stats
         specgen = c.kind in ("specgen", "api")
+        # A subprocess: its own clock and count (the wall time would add loading both models),
+        # and its own peak memory.
+        child = c.kind == "llamacpp-spec"
+        if child:
+            seconds = stats.total_seconds
+        n_new = stats.new_tokens if child else len(tokens)
         split = (stats.draft_seconds, stats.verify_seconds,
                  seconds - stats.draft_seconds - stats.verify_seconds) if specgen else (None,) * 3
         # Decode speed: every contestant's prefill yields the first token.
-        decoded = len(tokens) - 1
+        decoded = n_new - 1
         decode_s = seconds - stats.prefill_seconds
         decode_tps = decoded / decode_s if c.kind != "peer" and decode_s > 0 and decoded else None
         return Measurement(
             prompt=prompt_index, category=category, contestant=c.name, repeat=repeat,
-            new_tokens=len(tokens), seconds=seconds,
-            tokens_per_second=len(tokens) / seconds if seconds else 0.0,
+            new_tokens=n_new, seconds=seconds,
+            tokens_per_second=n_new / seconds if seconds else 0.0,
             decode_tokens_per_second=decode_tps,
             target_passes=stats.target_passes, draft_passes=stats.draft_passes,
             acceptance_rate=stats.acceptance_rate if stats.proposed else None,  # None: no drafts
-            tau=len(tokens) / stats.target_passes if stats.target_passes else 0.0,
+            tau=n_new / stats.target_passes if stats.target_passes else 0.0,
             draft_seconds=split[0], verify_seconds=split[1], rest_seconds=split[2],
             prefill_seconds=stats.prefill_seconds if c.kind != "peer" else None,
-            peak_memory_bytes=self.memory.read(), token_ids=tokens,
+            peak_memory_bytes=self.child_peak if child else self.memory.read(), token_ids=tokens,
             k_per_step=list(stats.k_per_step),
             per_position_proposed=list(stats.per_position_proposed) if specgen else [],
             per_position_accepted=list(stats.per_position_accepted) if specgen else [],

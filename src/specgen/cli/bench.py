@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specgen.choices import CONTESTANTS, METHODS, listing
+from specgen.choices import CONTESTANTS, LLAMACPP_DRAFT_N_MAX, LLAMACPP_DRAFT_P_MIN, METHODS, listing
 from specgen.bench.prompts import CODE_CATEGORIES
 from specgen.cli.options import MODELS, err, load_session, shared
 
@@ -26,7 +26,9 @@ by default when the target is quantized, [bold]bf16[/] (plain decoding of the ta
 unquantized in bfloat16, loaded beside the pair: what quantizing buys, and how often the
 quantized target's tokens agree with it), and, by default when llama-cpp-python is installed
 and the target is a GGUF file, [bold]llamacpp[/] (llama.cpp's plain decoding of that file, on
-the CPU), and [bold]api[/] (the Python API as a user holding the two transformers models
+the CPU), by default when llama.cpp's tools are built (make llamacpp) and the target and the
+draft are GGUF files, [bold]llamacpp-spec[/] (llama.cpp's own speculative decoding of those
+files: its llama-speculative-simple, drafting as --llamacpp-draft says), and [bold]api[/] (the Python API as a user holding the two transformers models
 calls it: SpeculativeGenerator(target, draft) with its defaults; only when named). Prints
 tokens/s and speedups per prompt and a summary by prompt category; --out writes every figure
 as JSON. The measurements are not recorded in the run history.
@@ -75,6 +77,12 @@ def bench(
         help="The draft model reads at most N tokens of the context: its start and its end "
         "(0: all; default: the profile's).",
     ),
+    llamacpp_draft: Optional[str] = typer.Option(
+        None, "--llamacpp-draft",
+        help="llamacpp-spec's draft settings: at most n_max tokens a draft, a draft ends below "
+        f"the draft's probability p_min (default: n_max={LLAMACPP_DRAFT_N_MAX},"
+        f"p_min={LLAMACPP_DRAFT_P_MIN:g}).",
+    ),
     **options,
 ) -> None:
     from specgen.bench.command import BenchRequest, run
@@ -83,5 +91,6 @@ def bench(
     request = BenchRequest(
         prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats, out_file=out_file,
         contestants=contestants, method=method, threads=threads, draft_vocab=draft_vocab,
-        draft_confidence=draft_confidence, draft_window=draft_window, **options)
+        draft_confidence=draft_confidence, draft_window=draft_window,
+        llamacpp_draft=llamacpp_draft, **options)
     run(request, load_session, err)  # Ctrl-C and SIGTERM end it through cli/__init__

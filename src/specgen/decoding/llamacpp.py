@@ -21,10 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specgen.decoding import llamacpp_tools
 from specgen.decoding.base import Decoder
 from specgen.errors import ConfigError, ModelError
 
-INSTALL_HINT = "pip install llama-cpp-python (it compiles llama.cpp: several minutes)"
+INSTALL_HINT = ("pip install llama-cpp-python (it compiles llama.cpp: several minutes), or, in a "
+                "checkout, `make llamacpp` (llama.cpp built natively, the bindings against it)")
 
 
 def available() -> bool:
@@ -38,11 +40,28 @@ def version() -> str | None:
         return None
 
 
+def _bundles_library() -> bool:
+    """Whether the installed bindings carry a libllama of their own (a wheel, or pip's build
+    from the sdist); `make llamacpp` installs them without one."""
+    spec = importlib.util.find_spec("llama_cpp")
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(any((Path(p) / "lib").glob("libllama.*")) for p in places)
+
+
+# The bindings read LLAMA_CPP_LIB_PATH once, when first imported: set it before anything does,
+# so the llamacpp contestant and a llama.cpp draft run `make llamacpp`'s native build.
+LIB_PATH = llamacpp_tools.point_bindings(version(), _bundles_library()) if available() else None
+
+
 def load(gguf: Path, threads: int, n_ctx: int):
     """A llama_cpp.Llama on `gguf`, CPU, `threads` threads, room for `n_ctx` tokens."""
     if not available():
         raise ConfigError(f"The llamacpp contestant needs llama-cpp-python: {INSTALL_HINT}.")
-    from llama_cpp import Llama
+    try:
+        from llama_cpp import Llama
+    except (OSError, RuntimeError) as e:  # bindings without a library they can find
+        raise ConfigError(f"llama-cpp-python cannot load its llama.cpp library ({e}): "
+                          f"{INSTALL_HINT}.") from None
 
     try:
         return Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
