@@ -2,7 +2,7 @@
 costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per scheme.
 
     python bench/kernel_costs.py layers [--reps 15]
-    python bench/kernel_costs.py model [--schemes none int8-dyn int4-dyn] [--rounds 5]
+    python bench/kernel_costs.py model [--schemes gguf none int8-dyn int4-dyn] [--rounds 5]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
@@ -116,7 +116,7 @@ def model(schemes: list[str], rounds: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["layers", "model"])
-    ap.add_argument("--schemes", nargs="+", default=["none", "int8-dyn", "int4-dyn"])
+    ap.add_argument("--schemes", nargs="+", default=["gguf", "none", "int8-dyn", "int4-dyn"])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
