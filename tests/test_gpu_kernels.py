@@ -238,54 +238,83 @@ def test_available_only_where_the_kernels_run(monkeypatch):
     assert not gpu.available("cuda")
 
 
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from specgen.kernels.gpu import tiles as t
+OFFLINE = """
+import json, sys
+sys.path.insert(0, "bench")
+import gpu_kernels
+from specgen.kernels.gpu import offline
 
-def compile(fn, signature, constants):
-    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
-
-p = "*bf16"
-c = "constexpr"
-compile(t._linear, dict(x_ptr=p, w_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32", K="i32", HAS_BIAS=c,
-        BLOCK_M=c, BLOCK_N=c, BLOCK_K=c), dict(HAS_BIAS=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128))
-compile(t._linear_int4, dict(x_ptr=p, q_ptr="*i32", sz_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32",
-        K="i32", HAS_BIAS=c, BLOCK_M=c, BLOCK_N=c, GROUP=c),
-        dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, GROUP=128))
-compile(t._add_rms_norm, dict(x_ptr=p, r_ptr=p, w_ptr=p, normed_ptr=p, summed_ptr=p, H="i32",
-        eps="fp32", HAS_RESIDUAL=c, BLOCK_H=c), dict(HAS_RESIDUAL=True, BLOCK_H=2048))
-for tree in (False, True):
-    compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64",
-            tree_ptr="*i32" if tree else "*i64", C="i32", HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c,
-            BLOCK_HALF=c, TREE=c, TW=c), dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2,
-            BLOCK_HALF=64, TREE=tree, TW=17 if tree else 1))
-compile(t._silu_mul, dict(gu_ptr=p, out_ptr=p, I="i32", BLOCK=c), dict(BLOCK=1024))
-for tree in (False, True):
-    compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", tree_ptr="*i32" if tree else "*i64",
-            acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c,
-            HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, BLOCK_M=c, CHUNK=c, BLOCK_KV=c, TREE=c, TW=c),
-            dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, BLOCK_M=16, CHUNK=256,
-            BLOCK_KV=64, TREE=tree, TW=17 if tree else 1))
-compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
-        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c, BLOCK_C=c),
-        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256, BLOCK_C=16))
+shape = gpu_kernels.shapes()["llama-3.1-8b"]
+widths = {}  # (op, kernel): the binaries of passes of 1..33 rows
+for int4 in (False, True):
+    for tree in (False, True):
+        seen = {}
+        for m in range(1, 34):
+            for launch in offline.launches(shape, m, int4, tree):
+                key = (launch.op, launch.kernel, int4, tree)
+                spec = repr((launch.signature, launch.constexprs, launch.attrs))
+                if spec not in seen.setdefault(key, {}):
+                    seen[key][spec] = offline.measure(launch).hash
+        for key, specs in seen.items():
+            widths["/".join(map(str, key))] = sorted(set(specs.values()))
+rows = gpu_kernels.rows()
+print(json.dumps(dict(rows=rows, widths=widths, doc=gpu_kernels.render(rows))))
 """
 
 
-def test_the_kernels_compile_for_hopper(tmp_path):
-    """The interpreter runs code that compiled Triton refuses (an `if` whose branches give a
-    name two types, for one): each kernel compiled for sm_90 in bf16, to the end (ptxas), on
-    this CPU, in a process of its own (the interpreter is off there)."""
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """Every kernel the fused decoder launches, at the launch configuration it really uses
+    (recorded through the decoder's own code at bench/gpu.py's shapes), compiled for sm_90 to
+    the end (ptxas) on this CPU, in a process of its own (the interpreter is off there):
+    bench/gpu_kernels.py's rows, and the binaries of every width 1..33 of the 8B's."""
     import importlib.util
+    import json
     import subprocess
     import sys
 
     if importlib.util.find_spec("triton.backends.nvidia") is None:
         pytest.skip("this Triton has no NVIDIA backend")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env.update(TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton")),
+               TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", OFFLINE], env=env, capture_output=True,
+                         text=True, timeout=900, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+SM90_SHARED = 227 * 1024
+
+
+def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
+    """No kernel spills a register or needs more shared memory than sm_90 gives a block, at
+    each model's shape, in a chain's pass and a tree's."""
+    rows = offline["rows"]
+    assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
+    assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
+                                           "_rope_write", "_attend_chunk", "_attend_combine",
+                                           "_silu_mul"}
+    for r in rows:
+        where = f"{r['model']} {r['op']} ({r['kernel']})"
+        assert r["spills"] == 0 and r["stack"] == 0, where
+        assert r["shared"] <= SM90_SHARED, where
+        assert 0 < r["regs"] <= 255, where
+
+
+def test_the_kernel_table_is_the_scripts_output(offline):
+    """docs/gpu-kernels.md is bench/gpu_kernels.py's output for this code, not hand-kept."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "gpu-kernels.md")) as f:
+        assert f.read() == offline["doc"], "run: python bench/gpu_kernels.py --doc docs/gpu-kernels.md"
+
+
+def test_one_binary_per_kernel_for_every_width(offline):
+    """A pass of 1..33 rows runs the same compiled kernel (one hash) for each of its
+    launches: the rows' count is not specialized (M = 1 a constant, M = 16, 32 aligned)."""
+    widths = offline["widths"]
+    assert any(k.startswith("qkv/_linear_int4") for k in widths)
+    assert any(k.startswith("attention/_attend_chunk") and k.endswith("True") for k in widths)
+    for key, hashes in widths.items():
+        assert len(hashes) == 1, (key, hashes)

@@ -146,6 +146,23 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     return _fused[model]
 
 
+def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tensor, cos: Tensor,
+               sin: Tensor, pos: Tensor, q_heads: int, kv_heads: int, tree: Tensor | None = None,
+               attention: bool = True, mlp: bool = True) -> tuple[Tensor, Tensor | None]:
+    """One decoder layer over the stream (residual, pending) -> (pending, residual): the
+    kernels a layer launches, in order (kernels/gpu/offline.py records this very list).
+    kv: this layer's cache [2, kv_heads, capacity, head_dim]."""
+    m = pending.shape[0]
+    if attention:
+        h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
+        q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, pos, q_heads, kv_heads, tree)
+        pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
+    if mlp:
+        h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
+        pending = gpu.linear(gpu.silu_mul(gpu.linear(h, w.gate_up)), w.down)
+    return pending, residual
+
+
 class FusedDecoder(CudaDecoder):
     """CudaDecoder whose passes of up to GRAPH_WIDTH tokens run specgen's kernels
     (kernels/gpu), each row independent of the pass's width; the same interface, graphs and
@@ -186,16 +203,9 @@ class FusedDecoder(CudaDecoder):
         for i, w in enumerate(self.fused):
             if capture and i in capture:
                 inputs.append(pending if residual is None else residual + pending)
-            if i not in skip.attention:
-                kv = self.kv[i, :, 0]  # [2, kv_heads, capacity, head_dim]
-                h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
-                q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, self.pos,
-                                   self.q_heads, self.kv_heads, shape)
-                pending = gpu.linear(gpu.attention(q, kv, self.pos, w.scale, shape).view(m, -1),
-                                     w.o)
-            if i not in skip.mlp:
-                h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
-                pending = gpu.linear(gpu.silu_mul(gpu.linear(h, w.gate_up)), w.down)
+            pending, residual = layer_pass(
+                w, pending, residual, self.kv[i, :, 0], cos, sin, self.pos, self.q_heads,
+                self.kv_heads, shape, i not in skip.attention, i not in skip.mlp)
         x, _ = gpu.add_rms_norm(pending, residual, self.norm.weight, self.norm.variance_epsilon)
         if capture is not None:
             self._states = (x, inputs)

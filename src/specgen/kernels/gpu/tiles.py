@@ -6,6 +6,12 @@ order fixed by the operands' shapes (never by the number of rows), and accumulat
 A linear splits its work over outputs only, never over its inputs; attention walks the cache
 in blocks fixed by slot index, so the blocks a wider pass adds past a row's own position are
 wholly masked for that row and change none of its bits (exp(-inf) = 0, a factor exp(0) = 1).
+
+The number of rows M is never specialized (`do_not_specialize=["M"]`): left to itself Triton
+compiles a kernel again for M = 1 (a constant) and for M divisible by 16 (an alignment hint),
+so a pass of 1, 16 or 32 rows would run another binary than one of 2 or 17, with its own
+instruction order. One binary per kernel serves every width (tests/test_gpu_kernels.py
+checks its hash for M = 1..33, compiled for sm_90).
 """
 
 from __future__ import annotations
@@ -23,16 +29,17 @@ BLOCK_KV = 64  # cache slots per attention step
 BLOCK_C = 16  # chunks merged per step
 
 
-def block_n(n: int, device: torch.device) -> int:
+def block_n(n: int, device: torch.device, int4: bool = False) -> int:
     """Outputs per linear program, fixed by N alone (never by M): on a GPU, narrow blocks
     give a GEMV at batch 1 enough programs to stream the weights from every SM; on a CPU
     (Triton's interpreter, which runs programs one by one) wide ones, for fewer programs."""
     if device.type == "cpu":
         return 64
-    return 16 if n <= 8192 else 32 if n <= 32768 else 64
+    wide = 32 if int4 else 64  # an int4 tile of 64 outputs spills on sm_90 (docs/gpu-kernels.md)
+    return 16 if n <= 8192 else 32 if n <= 32768 else wide
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,7 +59,7 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
              mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     """q_ptr: int32 [N, K / 8], input 8j + i in nibble i of word j; sz_ptr: [N, K / GROUP, 2]
@@ -84,7 +91,7 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     m, k = x.shape
     x = x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn = block_n(n, x.device)
+    bn = block_n(n, x.device, int4)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, BLOCK_M))
     b = bias if bias is not None else out  # any pointer: not read without a bias
     if int4:
@@ -222,7 +229,7 @@ def _branch_slots(tree_ptr, row, s, pos, TW: tl.constexpr):
     return tl.where(t < 0, s, tl.where(node >= 0, pos + node, -1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
                   HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -265,7 +272,7 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             if TREE:
                 if s0 + BLOCK_KV > pos:
-                    for r in tl.static_range(BLOCK_M):
+                    for r in range(BLOCK_M):  # a loop, not unrolled: fewer registers live
                         row = tile * BLOCK_M + r
                         if row < M:
                             if tl.load(tree_ptr + row * TW) != row:  # off the first branch
@@ -283,10 +290,14 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
             alpha = tl.exp(run_max - safe)
             run_sum = run_sum * alpha + tl.sum(p, axis=1)
             scaled = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, scaled, input_precision="ieee")
             if TREE:
                 if s0 + BLOCK_KV > pos:
-                    for r in tl.static_range(BLOCK_M):
+                    # An off-branch row's product with its own values lands in `scaled`, and
+                    # its p is zeroed for the tile's product below, which then adds exact
+                    # zeros to it (x + 0 = x): one accumulator tile fewer live than keeping
+                    # the row's product beside the tile's (which spilled on sm_90).
+                    off = tl.zeros((BLOCK_M * GP,), tl.int1)
+                    for r in range(BLOCK_M):  # a loop, not unrolled: fewer registers live
                         row = tile * BLOCK_M + r
                         if row < M:
                             if tl.load(tree_ptr + row * TW) != row:
@@ -297,7 +308,10 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
                                                 other=0.0)
                                 row_acc = tl.dot(p.to(v.dtype), v_row, scaled,
                                                  input_precision="ieee")
-                                acc = tl.where((m == row)[:, None], row_acc, acc)
+                                scaled = tl.where((m == row)[:, None], row_acc, scaled)
+                                off = off | (m == row)
+                    p = tl.where(off[:, None], 0.0, p)
+            acc = tl.dot(p.to(v.dtype), v, scaled, input_precision="ieee")
             run_max = new_max
         at = (chunk * HKV + h) * M * GP + m * GP + g  # [chunk, HKV, M, GP]: only real rows kept
         keep = m < M
@@ -306,7 +320,7 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
         tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc, mask=keep[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
                     HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -358,5 +372,5 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
         tree is not None, 1 if tree is None else tree.shape[1],
         num_warps=8 if BLOCK_M * gp >= 64 else 4)
     _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
-                              chunk, BLOCK_C, num_warps=8 if gp >= 4 else 4)
+                              chunk, BLOCK_C, num_warps=16 if gp >= 8 else 8 if gp >= 4 else 4)
     return out
