@@ -66,6 +66,49 @@ def test_linear_int4_against_the_dequantized_weight():
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
+@pytest.mark.parametrize("int4", [False, True])
+def test_linear_rows_alone_across_row_tiles_and_k_parts(int4):
+    """A program loops over three row tiles (48 rows) and K is split in parts (on this CPU
+    `splits` counts 2 SMs, so these small shapes split too): a row's bits are the same in a
+    pass of any width, one tile, three, or a second group of 48."""
+    from specgen.kernels.gpu import tiles
+
+    x, w = randn(50, 384), randn(40, 384, seed=1)
+    weight = gpu.Weight.quantize(w, randn(40, seed=2)) if int4 else gpu.Weight.dense(w, randn(40, seed=2))
+    assert tiles.splits(40, 384, tiles.block_n(40, x.device, int4), 128,
+                        tiles.sm_count(x.device)) == 3
+    full = gpu.linear(x, weight)
+    for m in (1, 16, 17, 33, 48, 49):
+        assert torch.equal(gpu.linear(x[:m], weight), full[:m]), m
+    for r in (0, 20, 47, 48, 49):
+        assert torch.equal(gpu.linear(x[r:r + 1], weight)[0], full[r]), r
+    if int4:
+        q, sz = quantize_int4(w, gpu.GROUP)
+        ref = reference.linear_int4(x, q, sz, weight.bias)
+    else:
+        ref = reference.linear(x, w, weight.bias)
+    torch.testing.assert_close(full, ref, atol=1e-4, rtol=1e-5)
+
+
+def test_int4_unpacks_exactly_in_half_precision():
+    """fp16 takes the exponent trick two weights a register (bf16 the same on a GPU): the
+    product with one-hot rows gives back (q - 8) * scale + zero, every weight exactly."""
+    w = randn(48, 256, seed=7)
+    weight = gpu.Weight.quantize(w)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    weight.scales_and_zeros = torch.ones_like(weight.scales_and_zeros)  # scale 1, zero 1
+    eye = torch.eye(256, device=DEVICE, dtype=torch.float16)
+    got = gpu.linear(eye, weight).T.float()  # [48, 256]: w[n, k] = (q - 8) + 1
+    assert torch.equal(got, q.float() - 7)
+
+
+def test_pack_int4_pairs_inputs_in_register_halves():
+    q = torch.arange(16, dtype=torch.int32).repeat(2)[None, :16].repeat(2, 1)
+    word = gpu.pack_int4(q)[0, 0].item() & 0xFFFFFFFF
+    assert word & 0x000F000F == (0 | 1 << 16) and (word >> 4) & 0x000F000F == (2 | 3 << 16)
+    assert torch.equal(gpu.unpack_int4(gpu.pack_int4(q)), q)
+
+
 def test_an_int4_gpu_layer_gives_its_own_values():
     """Weight.from_linear reads an Int4Linear's values back through tinygemm (here its CPU
     twin) exactly: the same q and scales as quantizing the float weight."""
@@ -301,6 +344,29 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
         assert r["spills"] == 0 and r["stack"] == 0, where
         assert r["shared"] <= SM90_SHARED, where
         assert 0 < r["regs"] <= 255, where
+
+
+def test_every_linear_gives_every_sm_two_programs(offline):
+    """Split-K: each linear of the 0.5B, 1.5B, 8B and 70B shapes (and the 1B draft) launches
+    at least two programs per SM of an H100 or H200 (132), so that a one-token pass streams
+    its weights from every SM; the parts come from N, K and the SM count alone."""
+    linears = [r for r in offline["rows"] if r["kernel"].startswith("_linear")]
+    assert {r["op"] for r in linears} == {"qkv", "o", "gate_up", "down", "head"}
+    for r in linears:
+        assert r["ctas"] >= 2 * 132, (r["model"], r["op"], r["ctas"])
+        assert r["grid"][2] == 1  # a 33-row pass: one group of row tiles, looped in a program
+
+
+def test_int4_dequantization_instructions_per_weight(offline):
+    """The int4 linear's main loop, read from its cubin: instructions a thread issues per
+    weight it streams. Measured 3.45 to 3.48 for a pass of one row tile (the issue's aim of
+    2.5 is not reached: see docs/gpu-kernels.md); this bound keeps it from growing."""
+    rows = [r for r in offline["rows"] if r["kernel"] == "_linear_int4"]
+    assert len(rows) == 4
+    for r in rows:
+        one_tile, all_tiles = r["per_weight"]
+        assert one_tile <= 3.6, (r["op"], one_tile)
+        assert all_tiles <= 5.4, (r["op"], all_tiles)
 
 
 def test_the_kernel_table_is_the_scripts_output(offline):

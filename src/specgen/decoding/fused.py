@@ -171,6 +171,7 @@ class FusedDecoder(CudaDecoder):
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None,
                  static: bool | None = None) -> None:
         self.fused = fused_layers(model)  # first: it may replace the model's int4 layers
+        gpu.reserve(model.device)  # split-K's counts: before any graph is captured
         super().__init__(model, graphs, static)
         self.q_heads = model.config.num_attention_heads
         head = self.head

@@ -58,19 +58,34 @@ def _tiles():
     return tiles
 
 
+# Nibble j of a word holds input NIBBLE_INPUTS[j] of its eight: inputs 2k and 2k + 1 sit in
+# nibbles k and k + 4, so one shift and one mask give both as the two halves of a register
+# (the int4 kernel's exponent trick turns such a pair into two floats at once).
+NIBBLE_INPUTS = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
 def pack_int4(q: Tensor) -> Tensor:
-    """int4 values q [N, K] (0..15) as int32 [N, K / 8]: input 8j + i in nibble i of word j
-    (the int4 kernel unpacks a group of a tile with shifts, in registers)."""
+    """int4 values q [N, K] (0..15) as int32 [N, K / 8]: input 8j + NIBBLE_INPUTS[i] in
+    nibble i of word j (the int4 kernel unpacks a group of a tile in registers)."""
     n, k = q.shape
-    nibbles = q.to(torch.int64).reshape(n, k // 8, 8) << (4 * torch.arange(8, device=q.device))
-    words = nibbles.sum(-1)
+    order = torch.tensor(NIBBLE_INPUTS, device=q.device)
+    grouped = q.to(torch.int64).reshape(n, k // 8, 8)[..., order]
+    words = (grouped << (4 * torch.arange(8, device=q.device))).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack_int4(packed: Tensor) -> Tensor:
     """pack_int4's inverse: int32 [N, K]."""
     shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
-    return ((packed[..., None] >> shifts) & 0xF).reshape(packed.shape[0], -1)
+    nibbles = (packed[..., None] >> shifts) & 0xF  # nibble order
+    where = torch.tensor([NIBBLE_INPUTS.index(i) for i in range(8)], device=packed.device)
+    return nibbles[..., where].reshape(packed.shape[0], -1)
+
+
+def reserve(device: torch.device | str) -> None:
+    """What the kernels keep per device (split-K's arrival counts), made now: before a CUDA
+    graph is captured (FusedDecoder calls it)."""
+    _tiles().counters(torch.device(device), 1 << 14)
 
 
 @dataclass

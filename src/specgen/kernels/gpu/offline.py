@@ -236,3 +236,64 @@ def measure(launch: Launch, with_sass: bool = False) -> Compiled:
     return Compiled(launch, kernel.hash, found["regs"], report["spills"], found["stack"],
                     kernel.metadata.shared, kernel.metadata.num_warps,
                     kernel.metadata.num_stages, cubin, sass(cubin) if with_sass else "")
+
+
+def _instructions(text: str) -> list[tuple[int, str]]:
+    """(address, instruction) of each SASS line of cuobjdump -sass."""
+    out = []
+    for line in text.splitlines():
+        found = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if found:
+            out.append((int(found.group(1), 16), found.group(2)))
+    return out
+
+
+def main_loop(text: str) -> tuple[list[str], int]:
+    """The loop that holds the tensor-core instructions (HMMA), and the fewest instructions
+    one trip through it executes: its shortest path from head to back edge, every forward
+    branch inside it taken or not (a pass of one row tile skips the other tiles' products).
+    Returns (the loop's instructions, that count)."""
+    ins = _instructions(text)
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, s) in enumerate(ins):
+        back = re.search(r"BRA\s+(0x[0-9a-f]+)", s)
+        if back and int(back.group(1), 16) <= a and int(back.group(1), 16) in index:
+            loops.append((index[int(back.group(1), 16)], i))
+    loops = [(h, t) for h, t in loops if any("MMA" in ins[j][1] for j in range(h, t + 1))]
+    if not loops:
+        raise LookupError("no loop with tensor-core instructions")
+    head, tail = max(loops, key=lambda ht: ht[1] - ht[0])
+    # shortest path over the body's forward edges (a DAG): fall through, or jump ahead
+    inf = float("inf")
+    cost = [inf] * (tail + 2)
+    cost[head] = 0
+    for j in range(head, tail + 1):
+        if cost[j] == inf:
+            continue
+        s = ins[j][1]
+        here = cost[j] + 1
+        jump = re.search(r"BRA\s+(0x[0-9a-f]+)", s)
+        target = index.get(int(jump.group(1), 16)) if jump else None
+        if j == tail:
+            cost[tail + 1] = min(cost[tail + 1], here)
+            continue
+        if target is not None and head < target <= tail:
+            cost[target] = min(cost[target], here)
+        if target is None or s.startswith("@"):  # a predicated branch may fall through
+            cost[j + 1] = min(cost[j + 1], here)
+        elif target is not None and target > tail:
+            pass  # an unconditional exit from the loop
+    return [s for _, s in ins[head:tail + 1]], int(cost[tail + 1])
+
+
+def instructions_per_weight(compiled: Compiled) -> tuple[float, float]:
+    """SASS instructions a thread issues per int4 weight it streams, in one trip of the
+    int4 linear's main loop (one group of GROUP inputs for BLOCK_N outputs, spread over the
+    program's threads): (a pass of one row tile, the loop's every instruction: three tiles)."""
+    launch = compiled.launch
+    names = [p.name for p in launch.fn.params]
+    const = {names[i[0]]: v for i, v in launch.constexprs.items()}
+    weights = const["BLOCK_N"] * const["GROUP"] / (32 * compiled.num_warps)
+    body, shortest = main_loop(compiled.sass)
+    return shortest / weights, len(body) / weights
