@@ -6,7 +6,7 @@ registers, spills, stack and shared memory the compiled kernel needs and its CTA
 
 Needs Triton with its NVIDIA backend (it ships ptxas and cuobjdump) and its interpreter off.
 The shapes are bench/gpu.py's; the launches come from the decoder's own code
-(specgen.kernels.gpu.offline). docs/gpu-kernels.md is this script's output, not edited by
+(specgen.decoding.fused_offline). docs/gpu-kernels.md is this script's output, not edited by
 hand; tests/test_gpu_kernels.py checks the document against a fresh run.
 """
 
@@ -44,7 +44,7 @@ MODELS = {
 
 
 def rows() -> list[dict]:
-    from specgen.kernels.gpu import offline
+    from specgen.decoding import fused_offline as offline
 
     all_shapes = shapes()
     out = []
@@ -83,7 +83,7 @@ def render(table: list[dict]) -> str:
         "the final norm and the output head, recorded from the decoder's own code at each "
         "model's shape (`bench/gpu.py`'s) with Triton's binder (the launch configuration it "
         "really uses: warps, stages, block sizes, argument specialization), then compiled for "
-        "sm_90 to the end on a machine without a GPU (`specgen.kernels.gpu.offline`). "
+        "sm_90 to the end on a machine without a GPU (`specgen.decoding.fused_offline`). "
         "Registers per thread and the stack frame are read from the cubin (cuobjdump), spill "
         "bytes from ptxas' report on the same PTX, shared memory from Triton's metadata; "
         f"sm_90 allows {227} KB of shared memory a block and 255 registers a thread. CTAs: "

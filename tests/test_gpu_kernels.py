@@ -285,7 +285,7 @@ OFFLINE = """
 import json, sys
 sys.path.insert(0, "bench")
 import gpu_kernels
-from specgen.kernels.gpu import offline
+from specgen.decoding import fused_offline as offline
 
 shape = gpu_kernels.shapes()["llama-3.1-8b"]
 widths = {}  # (op, kernel): the binaries of passes of 1..33 rows

@@ -150,7 +150,7 @@ def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tens
                sin: Tensor, pos: Tensor, q_heads: int, kv_heads: int, tree: Tensor | None = None,
                attention: bool = True, mlp: bool = True) -> tuple[Tensor, Tensor | None]:
     """One decoder layer over the stream (residual, pending) -> (pending, residual): the
-    kernels a layer launches, in order (kernels/gpu/offline.py records this very list).
+    kernels a layer launches, in order (decoding/fused_offline.py records this very list).
     kv: this layer's cache [2, kv_heads, capacity, head_dim]."""
     m = pending.shape[0]
     if attention:
