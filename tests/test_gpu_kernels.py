@@ -384,3 +384,28 @@ def test_one_binary_per_kernel_for_every_width(offline):
     assert any(k.startswith("attention/_attend_chunk") and k.endswith("True") for k in widths)
     for key, hashes in widths.items():
         assert len(hashes) == 1, (key, hashes)
+
+
+def test_the_pass_model_counts_the_decoders_launches(tmp_path):
+    """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
+    launch list: ten a layer, then the final norm and the head) and bandwidth; the H200's
+    floor below the H100's by their bandwidths' ratio."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, "bench/gpu_model.py", "--json", str(out)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["model"]: r for r in json.loads(out.read_text())}
+    assert rows["8B"]["kernels"] == 32 * 10 + 2 and rows["8B"]["kernels_per_layer"] == 10
+    assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
+    for r in rows.values():
+        assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)
+        assert r["H100_ms"] > r["H100_floor_ms"]
