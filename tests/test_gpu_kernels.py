@@ -184,6 +184,19 @@ def test_silu_mul(dtype):
     assert_rows_alone(gpu.silu_mul, gate_up)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("int4", [False, True])
+def test_the_down_projection_computes_silu_in_its_loads(dtype, int4):
+    """linear(gate_up, w, gated=True) is bit for bit linear(silu_mul(gate_up), w): the MLP's
+    SiLU kernel folded into the down projection's loads, its rounding kept."""
+    gate_up = randn(33, 2 * 256, seed=3, dtype=dtype) * 3
+    w = randn(40, 256, seed=4)
+    weight = gpu.Weight.quantize(w) if int4 else gpu.Weight.dense(w.to(dtype))
+    fused = gpu.linear(gate_up, weight, gated=True)
+    assert torch.equal(fused, gpu.linear(gpu.silu_mul(gate_up), weight))
+    assert torch.equal(gpu.linear(gate_up[20:21], weight, gated=True)[0], fused[20])
+
+
 BLOCKS = dict(chunk=32, block_kv=16)  # several chunks and blocks in a small cache
 
 
@@ -339,6 +352,7 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
     assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
                                            "_rope_write", "_attend_chunk", "_attend_combine",
                                            "_silu_mul"}
+    assert {r["model"] for r in rows if r["kernel"] == "_silu_mul"} == {"70B int4"}
     for r in rows:
         where = f"{r['model']} {r['op']} ({r['kernel']})"
         assert r["spills"] == 0 and r["stack"] == 0, where
@@ -388,7 +402,7 @@ def test_one_binary_per_kernel_for_every_width(offline):
 
 def test_the_pass_model_counts_the_decoders_launches(tmp_path):
     """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
-    launch list: ten a layer, then the final norm and the head) and bandwidth; the H200's
+    launch list: nine a layer, then the final norm and the head) and bandwidth; the H200's
     floor below the H100's by their bandwidths' ratio."""
     import importlib.util
     import json
@@ -404,7 +418,7 @@ def test_the_pass_model_counts_the_decoders_launches(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {r["model"]: r for r in json.loads(out.read_text())}
-    assert rows["8B"]["kernels"] == 32 * 10 + 2 and rows["8B"]["kernels_per_layer"] == 10
+    assert rows["8B"]["kernels"] == 32 * 9 + 2 and rows["8B"]["kernels_per_layer"] == 9
     assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
     for r in rows.values():
         assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)

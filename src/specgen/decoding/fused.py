@@ -1,5 +1,5 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as ten Triton kernels instead of PyTorch's dozens, and every row
+tokens runs each decoder layer as nine Triton kernels (ten for int4) instead of PyTorch's dozens, and every row
 of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
@@ -12,8 +12,10 @@ pending, and each block's first kernel adds them as it norms (so no add runs on 
     linear(., o) -> pending
     add_rms_norm(pending, residual) -> h, residual      post_attention_layernorm
     linear(h, gate_up)                                  gate and up in one GEMM
-    silu_mul(.)
-    linear(., down) -> pending
+    linear(silu(gate) * up, down) -> pending            the SiLU computed in the GEMM's loads
+
+(int4 down projections keep silu_mul as a kernel of its own: recomputed by every output tile,
+the SiLU would triple the int4 loop's instructions per weight, docs/gpu-kernels.md)
 
 then one add_rms_norm for the final norm and one linear for the output head, so that logits
 too are row for row. Every kernel computes a row with the same tile shape and reduction order
@@ -159,7 +161,11 @@ def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tens
         pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
     if mlp:
         h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
-        pending = gpu.linear(gpu.silu_mul(gpu.linear(h, w.gate_up)), w.down)
+        gate_up = gpu.linear(h, w.gate_up)
+        if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
+            pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
+        else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
+            pending = gpu.linear(gate_up, w.down, gated=True)
     return pending, residual
 
 

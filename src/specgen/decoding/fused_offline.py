@@ -136,7 +136,7 @@ def launches(shape: tuple, m: int, int4: bool = False, tree: bool = False,
     out: list[Launch] = []
     op = ["layer"]
     names = iter(["input norm", "qkv", "rope", "attention", "attention merge", "o", "post norm",
-                  "gate_up", "silu", "down"])
+                  "gate_up"] + (["silu"] if int4 else []) + ["down"])
 
     class Named(list):  # name each launch as it is appended
         def append(self, launch):

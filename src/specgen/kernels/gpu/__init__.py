@@ -11,6 +11,7 @@ how many rows the call has: a verify pass gives each token the bits of a one-tok
 The ops, each beside its PyTorch definition in reference.py:
 
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
+    linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
@@ -189,9 +190,11 @@ def takes(module: nn.Module) -> bool:
 
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------
 
-def linear(x: Tensor, w: Weight) -> Tensor:
-    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order."""
-    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros)
+def linear(x: Tensor, w: Weight, gated: bool = False) -> Tensor:
+    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order.
+    gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
+    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer)."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,

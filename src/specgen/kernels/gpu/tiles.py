@@ -143,10 +143,26 @@ def _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
             tl.atomic_xchg(at, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def _rows_in(x_ptr, rows, kk, M, K, GATED: tl.constexpr):
+    """A row tile's inputs kk: x's, or (GATED) silu(gate) * up of x = [gate | up] [M, 2K],
+    rounded exactly as `_silu_mul` rounds (the MLP's SiLU kernel, folded into the down
+    projection's loads)."""
+    inside = (rows[:, None] < M) & (kk[None, :] < K)
+    if GATED:
+        at = x_ptr + rows[:, None] * 2 * K + kk[None, :]
+        gate = tl.load(at, mask=inside, other=0.0).to(tl.float32)
+        up = tl.load(at + K, mask=inside, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return (act * up).to(x_ptr.dtype.element_ty)
+    else:
+        return tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=inside, other=0.0)
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
             HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
     """Program (output tile, part of K, group of 3 row tiles): each weight tile is loaded once
     and multiplied into every row tile the pass has (a pass of <= 48 rows: one group)."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
@@ -161,16 +177,13 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
         kk = step * BLOCK_K + ks
         w = tl.load(w_ptr + cols[:, None] * K + kk[None, :],
                     mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * K + kk[None, :],
-                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+        x = _rows_in(x_ptr, rows, kk, M, K, GATED)
         acc0 = tl.dot(x.to(w.dtype), tl.trans(w), acc0, input_precision="ieee")
         if r0 + BLOCK_M < M:
-            x = tl.load(x_ptr + (rows[:, None] + BLOCK_M) * K + kk[None, :],
-                        mask=(rows[:, None] + BLOCK_M < M) & (kk[None, :] < K), other=0.0)
+            x = _rows_in(x_ptr, rows + BLOCK_M, kk, M, K, GATED)
             acc1 = tl.dot(x.to(w.dtype), tl.trans(w), acc1, input_precision="ieee")
         if r0 + 2 * BLOCK_M < M:
-            x = tl.load(x_ptr + (rows[:, None] + 2 * BLOCK_M) * K + kk[None, :],
-                        mask=(rows[:, None] + 2 * BLOCK_M < M) & (kk[None, :] < K), other=0.0)
+            x = _rows_in(x_ptr, rows + 2 * BLOCK_M, kk, M, K, GATED)
             acc2 = tl.dot(x.to(w.dtype), tl.trans(w), acc2, input_precision="ieee")
     _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
             SPLIT, BLOCK_M, BLOCK_N)
@@ -213,8 +226,8 @@ def _unpacked(words, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.const
 
 
 @triton.jit
-def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc):
-    x = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=rows[:, None] < M, other=0.0)
+def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc, GATED: tl.constexpr):
+    x = _rows_in(x_ptr, rows, kk, M, K, GATED)
     part = tl.dot(x, tl.trans(w), input_precision="ieee")
     return tl.dot(x, tl.trans(zt), acc + part * scale[None, :], input_precision="ieee")
 
@@ -222,7 +235,7 @@ def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc):
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, KW, STEPS,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUP: tl.constexpr, SPLIT: tl.constexpr):
+                 GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
     """q_ptr: int32 [N, KW = K / 8] (pack_int4's order); sz_ptr: [N, K / GROUP, 2] scale
     and zero (output-major, so that a slice of outputs is a view). A step is one group: its
     words read once, unpacked to q - 8 exactly (`_nibbles`), multiplied into each row tile,
@@ -248,21 +261,22 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, 
         zero = tl.load(at + 1, mask=cols < N, other=0.0).to(dtype)
         zt = tl.zeros((BLOCK_N, GROUP), dtype) + zero[:, None]
         kk = step * GROUP + ks
-        acc0 = _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc0)
+        acc0 = _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc0, GATED)
         if r0 + BLOCK_M < M:
-            acc1 = _int4_tile(x_ptr, rows + BLOCK_M, kk, M, K, w, zt, scale, acc1)
+            acc1 = _int4_tile(x_ptr, rows + BLOCK_M, kk, M, K, w, zt, scale, acc1, GATED)
         if r0 + 2 * BLOCK_M < M:
-            acc2 = _int4_tile(x_ptr, rows + 2 * BLOCK_M, kk, M, K, w, zt, scale, acc2)
+            acc2 = _int4_tile(x_ptr, rows + 2 * BLOCK_M, kk, M, K, w, zt, scale, acc2, GATED)
     _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
             SPLIT, BLOCK_M, BLOCK_N)
 
 
 def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
-           scales_and_zeros: Tensor | None) -> Tensor:
+           scales_and_zeros: Tensor | None, gated: bool = False) -> Tensor:
     m, k = x.shape
+    k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
     x = x.contiguous()
     if m > CHUNK_ROWS:
-        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros)
+        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated)
                           for i in range(0, m, CHUNK_ROWS)])
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn = block_n(n, x.device, int4)
@@ -276,10 +290,10 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     steps = triton.cdiv(k, bk)
     if int4:
         _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, m, n, k, k // 8, steps,
-                           bias is not None, BLOCK_M, bn, GROUP, split)
+                           bias is not None, BLOCK_M, bn, GROUP, split, gated)
     else:
         _linear[grid](x, w, b, out, part, count, m, n, k, steps, bias is not None, BLOCK_M, bn,
-                      BLOCK_K, split)
+                      BLOCK_K, split, gated)
     return out
 
 
