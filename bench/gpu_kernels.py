@@ -124,7 +124,7 @@ def render(table: list[dict]) -> str:
         "2^10 the same way; fp32 (the interpreter's tests) one value a register at 2^23: the "
         "same values q - 8 on every path, so the interpreter runs the code that compiles.",
         "- **Instructions per weight: the aim of 2.5 is not reached.** One row tile's trip "
-        "through the int4 loop issues about 3.45 instructions a weight a thread: 1.4 for the "
+        "through the int4 loop issues about 3.5 instructions a weight a thread: 1.4 for the "
         "unpacking (3 shifts, 4 LOP3, 4 HADD2 a word), 0.5 for the two products (M = 16 rows "
         "per HMMA), and the rest moving the unpacked tile through shared memory into the "
         "MMA operand layout (STS, LDS, LDSM) and materializing LOP3's second constant (IMAD): "
