@@ -66,6 +66,49 @@ def test_linear_int4_against_the_dequantized_weight():
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
+@pytest.mark.parametrize("int4", [False, True])
+def test_linear_rows_alone_across_row_tiles_and_k_parts(int4):
+    """A program loops over three row tiles (48 rows) and K is split in parts (on this CPU
+    `splits` counts 2 SMs, so these small shapes split too): a row's bits are the same in a
+    pass of any width, one tile, three, or a second group of 48."""
+    from specgen.kernels.gpu import tiles
+
+    x, w = randn(50, 384), randn(40, 384, seed=1)
+    weight = gpu.Weight.quantize(w, randn(40, seed=2)) if int4 else gpu.Weight.dense(w, randn(40, seed=2))
+    assert tiles.splits(40, 384, tiles.block_n(40, x.device, int4), 128,
+                        tiles.sm_count(x.device)) == 3
+    full = gpu.linear(x, weight)
+    for m in (1, 16, 17, 33, 48, 49):
+        assert torch.equal(gpu.linear(x[:m], weight), full[:m]), m
+    for r in (0, 20, 47, 48, 49):
+        assert torch.equal(gpu.linear(x[r:r + 1], weight)[0], full[r]), r
+    if int4:
+        q, sz = quantize_int4(w, gpu.GROUP)
+        ref = reference.linear_int4(x, q, sz, weight.bias)
+    else:
+        ref = reference.linear(x, w, weight.bias)
+    torch.testing.assert_close(full, ref, atol=1e-4, rtol=1e-5)
+
+
+def test_int4_unpacks_exactly_in_half_precision():
+    """fp16 takes the exponent trick two weights a register (bf16 the same on a GPU): the
+    product with one-hot rows gives back (q - 8) * scale + zero, every weight exactly."""
+    w = randn(48, 256, seed=7)
+    weight = gpu.Weight.quantize(w)
+    q, sz = quantize_int4(w, gpu.GROUP)
+    weight.scales_and_zeros = torch.ones_like(weight.scales_and_zeros)  # scale 1, zero 1
+    eye = torch.eye(256, device=DEVICE, dtype=torch.float16)
+    got = gpu.linear(eye, weight).T.float()  # [48, 256]: w[n, k] = (q - 8) + 1
+    assert torch.equal(got, q.float() - 7)
+
+
+def test_pack_int4_pairs_inputs_in_register_halves():
+    q = torch.arange(16, dtype=torch.int32).repeat(2)[None, :16].repeat(2, 1)
+    word = gpu.pack_int4(q)[0, 0].item() & 0xFFFFFFFF
+    assert word & 0x000F000F == (0 | 1 << 16) and (word >> 4) & 0x000F000F == (2 | 3 << 16)
+    assert torch.equal(gpu.unpack_int4(gpu.pack_int4(q)), q)
+
+
 def test_an_int4_gpu_layer_gives_its_own_values():
     """Weight.from_linear reads an Int4Linear's values back through tinygemm (here its CPU
     twin) exactly: the same q and scales as quantizing the float weight."""
@@ -139,6 +182,19 @@ def test_silu_mul(dtype):
     gate_up = randn(17, 2 * 80, dtype=dtype) * 3
     torch.testing.assert_close(gpu.silu_mul(gate_up), reference.silu_mul(gate_up), **tol(dtype))
     assert_rows_alone(gpu.silu_mul, gate_up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("int4", [False, True])
+def test_the_down_projection_computes_silu_in_its_loads(dtype, int4):
+    """linear(gate_up, w, gated=True) is bit for bit linear(silu_mul(gate_up), w): the MLP's
+    SiLU kernel folded into the down projection's loads, its rounding kept."""
+    gate_up = randn(33, 2 * 256, seed=3, dtype=dtype) * 3
+    w = randn(40, 256, seed=4)
+    weight = gpu.Weight.quantize(w) if int4 else gpu.Weight.dense(w.to(dtype))
+    fused = gpu.linear(gate_up, weight, gated=True)
+    assert torch.equal(fused, gpu.linear(gpu.silu_mul(gate_up), weight))
+    assert torch.equal(gpu.linear(gate_up[20:21], weight, gated=True)[0], fused[20])
 
 
 BLOCKS = dict(chunk=32, block_kv=16)  # several chunks and blocks in a small cache
@@ -238,54 +294,132 @@ def test_available_only_where_the_kernels_run(monkeypatch):
     assert not gpu.available("cuda")
 
 
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from specgen.kernels.gpu import tiles as t
+OFFLINE = """
+import json, sys
+sys.path.insert(0, "bench")
+import gpu_kernels
+from specgen.decoding import fused_offline as offline
 
-def compile(fn, signature, constants):
-    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
-
-p = "*bf16"
-c = "constexpr"
-compile(t._linear, dict(x_ptr=p, w_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32", K="i32", HAS_BIAS=c,
-        BLOCK_M=c, BLOCK_N=c, BLOCK_K=c), dict(HAS_BIAS=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128))
-compile(t._linear_int4, dict(x_ptr=p, q_ptr="*i32", sz_ptr=p, b_ptr=p, out_ptr=p, M="i32", N="i32",
-        K="i32", HAS_BIAS=c, BLOCK_M=c, BLOCK_N=c, GROUP=c),
-        dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=16, GROUP=128))
-compile(t._add_rms_norm, dict(x_ptr=p, r_ptr=p, w_ptr=p, normed_ptr=p, summed_ptr=p, H="i32",
-        eps="fp32", HAS_RESIDUAL=c, BLOCK_H=c), dict(HAS_RESIDUAL=True, BLOCK_H=2048))
-for tree in (False, True):
-    compile(t._rope_write, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, kv_ptr=p, q_ptr=p, pos_ptr="*i64",
-            tree_ptr="*i32" if tree else "*i64", C="i32", HQ=c, HKV=c, D=c, BLOCK_HQ=c, BLOCK_HKV=c,
-            BLOCK_HALF=c, TREE=c, TW=c), dict(HQ=12, HKV=2, D=128, BLOCK_HQ=16, BLOCK_HKV=2,
-            BLOCK_HALF=64, TREE=tree, TW=17 if tree else 1))
-compile(t._silu_mul, dict(gu_ptr=p, out_ptr=p, I="i32", BLOCK=c), dict(BLOCK=1024))
-for tree in (False, True):
-    compile(t._attend_chunk, dict(q_ptr=p, kv_ptr=p, pos_ptr="*i64", tree_ptr="*i32" if tree else "*i64",
-            acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", M="i32", C="i32", scale="fp32", HQ=c,
-            HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, BLOCK_M=c, CHUNK=c, BLOCK_KV=c, TREE=c, TW=c),
-            dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, BLOCK_M=16, CHUNK=256,
-            BLOCK_KV=64, TREE=tree, TW=17 if tree else 1))
-compile(t._attend_combine, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=p,
-        pos_ptr="*i64", M="i32", HQ=c, HKV=c, GROUPS=c, GP=c, D=c, BLOCK_D=c, CHUNK=c, BLOCK_C=c),
-        dict(HQ=12, HKV=2, GROUPS=6, GP=8, D=128, BLOCK_D=128, CHUNK=256, BLOCK_C=16))
+shape = gpu_kernels.shapes()["llama-3.1-8b"]
+widths = {}  # (op, kernel): the binaries of passes of 1..33 rows
+for int4 in (False, True):
+    for tree in (False, True):
+        seen = {}
+        for m in range(1, 34):
+            for launch in offline.launches(shape, m, int4, tree):
+                key = (launch.op, launch.kernel, int4, tree)
+                spec = repr((launch.signature, launch.constexprs, launch.attrs))
+                if spec not in seen.setdefault(key, {}):
+                    seen[key][spec] = offline.measure(launch).hash
+        for key, specs in seen.items():
+            widths["/".join(map(str, key))] = sorted(set(specs.values()))
+rows = gpu_kernels.rows()
+print(json.dumps(dict(rows=rows, widths=widths, doc=gpu_kernels.render(rows))))
 """
 
 
-def test_the_kernels_compile_for_hopper(tmp_path):
-    """The interpreter runs code that compiled Triton refuses (an `if` whose branches give a
-    name two types, for one): each kernel compiled for sm_90 in bf16, to the end (ptxas), on
-    this CPU, in a process of its own (the interpreter is off there)."""
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """Every kernel the fused decoder launches, at the launch configuration it really uses
+    (recorded through the decoder's own code at bench/gpu.py's shapes), compiled for sm_90 to
+    the end (ptxas) on this CPU, in a process of its own (the interpreter is off there):
+    bench/gpu_kernels.py's rows, and the binaries of every width 1..33 of the 8B's."""
     import importlib.util
+    import json
     import subprocess
     import sys
 
     if importlib.util.find_spec("triton.backends.nvidia") is None:
         pytest.skip("this Triton has no NVIDIA backend")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env.update(TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton")),
+               TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", OFFLINE], env=env, capture_output=True,
+                         text=True, timeout=900, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+SM90_SHARED = 227 * 1024
+
+
+def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
+    """No kernel spills a register or needs more shared memory than sm_90 gives a block, at
+    each model's shape, in a chain's pass and a tree's."""
+    rows = offline["rows"]
+    assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
+    assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
+                                           "_rope_write", "_attend_chunk", "_attend_combine",
+                                           "_silu_mul"}
+    assert {r["model"] for r in rows if r["kernel"] == "_silu_mul"} == {"70B int4"}
+    for r in rows:
+        where = f"{r['model']} {r['op']} ({r['kernel']})"
+        assert r["spills"] == 0 and r["stack"] == 0, where
+        assert r["shared"] <= SM90_SHARED, where
+        assert 0 < r["regs"] <= 255, where
+
+
+def test_every_linear_gives_every_sm_two_programs(offline):
+    """Split-K: each linear of the 0.5B, 1.5B, 8B and 70B shapes (and the 1B draft) launches
+    at least two programs per SM of an H100 or H200 (132), so that a one-token pass streams
+    its weights from every SM; the parts come from N, K and the SM count alone."""
+    linears = [r for r in offline["rows"] if r["kernel"].startswith("_linear")]
+    assert {r["op"] for r in linears} == {"qkv", "o", "gate_up", "down", "head"}
+    for r in linears:
+        assert r["ctas"] >= 2 * 132, (r["model"], r["op"], r["ctas"])
+        assert r["grid"][2] == 1  # a 33-row pass: one group of row tiles, looped in a program
+
+
+def test_int4_dequantization_instructions_per_weight(offline):
+    """The int4 linear's main loop, read from its cubin: instructions a thread issues per
+    weight it streams. Measured 3.52 to 3.56 for a pass of one row tile (the issue's aim of
+    2.5 is not reached: see docs/gpu-kernels.md); this bound keeps it from growing."""
+    rows = [r for r in offline["rows"] if r["kernel"] == "_linear_int4"]
+    assert len(rows) == 4
+    for r in rows:
+        one_tile, all_tiles = r["per_weight"]
+        assert one_tile <= 3.6, (r["op"], one_tile)
+        assert all_tiles <= 5.4, (r["op"], all_tiles)
+
+
+def test_the_kernel_table_is_the_scripts_output(offline):
+    """docs/gpu-kernels.md is bench/gpu_kernels.py's output for this code, not hand-kept."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "gpu-kernels.md")) as f:
+        assert f.read() == offline["doc"], "run: python bench/gpu_kernels.py --doc docs/gpu-kernels.md"
+
+
+def test_one_binary_per_kernel_for_every_width(offline):
+    """A pass of 1..33 rows runs the same compiled kernel (one hash) for each of its
+    launches: the rows' count is not specialized (M = 1 a constant, M = 16, 32 aligned)."""
+    widths = offline["widths"]
+    assert any(k.startswith("qkv/_linear_int4") for k in widths)
+    assert any(k.startswith("attention/_attend_chunk") and k.endswith("True") for k in widths)
+    for key, hashes in widths.items():
+        assert len(hashes) == 1, (key, hashes)
+
+
+def test_the_pass_model_counts_the_decoders_launches(tmp_path):
+    """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
+    launch list: nine a layer, then the final norm and the head) and bandwidth; the H200's
+    floor below the H100's by their bandwidths' ratio."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, "bench/gpu_model.py", "--json", str(out)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["model"]: r for r in json.loads(out.read_text())}
+    assert rows["8B"]["kernels"] == 32 * 9 + 2 and rows["8B"]["kernels_per_layer"] == 9
+    assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
+    for r in rows.values():
+        assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)
+        assert r["H100_ms"] > r["H100_floor_ms"]

@@ -1,5 +1,5 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as ten Triton kernels instead of PyTorch's dozens, and every row
+tokens runs each decoder layer as nine Triton kernels (ten for int4) instead of PyTorch's dozens, and every row
 of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
@@ -12,8 +12,10 @@ pending, and each block's first kernel adds them as it norms (so no add runs on 
     linear(., o) -> pending
     add_rms_norm(pending, residual) -> h, residual      post_attention_layernorm
     linear(h, gate_up)                                  gate and up in one GEMM
-    silu_mul(.)
-    linear(., down) -> pending
+    linear(silu(gate) * up, down) -> pending            the SiLU computed in the GEMM's loads
+
+(int4 down projections keep silu_mul as a kernel of its own: recomputed by every output tile,
+the SiLU would triple the int4 loop's instructions per weight, docs/gpu-kernels.md)
 
 then one add_rms_norm for the final norm and one linear for the output head, so that logits
 too are row for row. Every kernel computes a row with the same tile shape and reduction order
@@ -146,6 +148,27 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     return _fused[model]
 
 
+def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tensor, cos: Tensor,
+               sin: Tensor, pos: Tensor, q_heads: int, kv_heads: int, tree: Tensor | None = None,
+               attention: bool = True, mlp: bool = True) -> tuple[Tensor, Tensor | None]:
+    """One decoder layer over the stream (residual, pending) -> (pending, residual): the
+    kernels a layer launches, in order (decoding/fused_offline.py records this very list).
+    kv: this layer's cache [2, kv_heads, capacity, head_dim]."""
+    m = pending.shape[0]
+    if attention:
+        h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
+        q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, pos, q_heads, kv_heads, tree)
+        pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
+    if mlp:
+        h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
+        gate_up = gpu.linear(h, w.gate_up)
+        if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
+            pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
+        else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
+            pending = gpu.linear(gate_up, w.down, gated=True)
+    return pending, residual
+
+
 class FusedDecoder(CudaDecoder):
     """CudaDecoder whose passes of up to GRAPH_WIDTH tokens run specgen's kernels
     (kernels/gpu), each row independent of the pass's width; the same interface, graphs and
@@ -154,6 +177,7 @@ class FusedDecoder(CudaDecoder):
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None,
                  static: bool | None = None) -> None:
         self.fused = fused_layers(model)  # first: it may replace the model's int4 layers
+        gpu.reserve(model.device)  # split-K's counts: before any graph is captured
         super().__init__(model, graphs, static)
         self.q_heads = model.config.num_attention_heads
         head = self.head
@@ -186,16 +210,9 @@ class FusedDecoder(CudaDecoder):
         for i, w in enumerate(self.fused):
             if capture and i in capture:
                 inputs.append(pending if residual is None else residual + pending)
-            if i not in skip.attention:
-                kv = self.kv[i, :, 0]  # [2, kv_heads, capacity, head_dim]
-                h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
-                q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, self.pos,
-                                   self.q_heads, self.kv_heads, shape)
-                pending = gpu.linear(gpu.attention(q, kv, self.pos, w.scale, shape).view(m, -1),
-                                     w.o)
-            if i not in skip.mlp:
-                h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
-                pending = gpu.linear(gpu.silu_mul(gpu.linear(h, w.gate_up)), w.down)
+            pending, residual = layer_pass(
+                w, pending, residual, self.kv[i, :, 0], cos, sin, self.pos, self.q_heads,
+                self.kv_heads, shape, i not in skip.attention, i not in skip.mlp)
         x, _ = gpu.add_rms_norm(pending, residual, self.norm.weight, self.norm.variance_epsilon)
         if capture is not None:
             self._states = (x, inputs)

@@ -11,6 +11,7 @@ how many rows the call has: a verify pass gives each token the bits of a one-tok
 The ops, each beside its PyTorch definition in reference.py:
 
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
+    linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
@@ -58,19 +59,34 @@ def _tiles():
     return tiles
 
 
+# Nibble j of a word holds input NIBBLE_INPUTS[j] of its eight: inputs 2k and 2k + 1 sit in
+# nibbles k and k + 4, so one shift and one mask give both as the two halves of a register
+# (the int4 kernel's exponent trick turns such a pair into two floats at once).
+NIBBLE_INPUTS = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
 def pack_int4(q: Tensor) -> Tensor:
-    """int4 values q [N, K] (0..15) as int32 [N, K / 8]: input 8j + i in nibble i of word j
-    (the int4 kernel unpacks a group of a tile with shifts, in registers)."""
+    """int4 values q [N, K] (0..15) as int32 [N, K / 8]: input 8j + NIBBLE_INPUTS[i] in
+    nibble i of word j (the int4 kernel unpacks a group of a tile in registers)."""
     n, k = q.shape
-    nibbles = q.to(torch.int64).reshape(n, k // 8, 8) << (4 * torch.arange(8, device=q.device))
-    words = nibbles.sum(-1)
+    order = torch.tensor(NIBBLE_INPUTS, device=q.device)
+    grouped = q.to(torch.int64).reshape(n, k // 8, 8)[..., order]
+    words = (grouped << (4 * torch.arange(8, device=q.device))).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack_int4(packed: Tensor) -> Tensor:
     """pack_int4's inverse: int32 [N, K]."""
     shifts = 4 * torch.arange(8, device=packed.device, dtype=torch.int32)
-    return ((packed[..., None] >> shifts) & 0xF).reshape(packed.shape[0], -1)
+    nibbles = (packed[..., None] >> shifts) & 0xF  # nibble order
+    where = torch.tensor([NIBBLE_INPUTS.index(i) for i in range(8)], device=packed.device)
+    return nibbles[..., where].reshape(packed.shape[0], -1)
+
+
+def reserve(device: torch.device | str) -> None:
+    """What the kernels keep per device (split-K's arrival counts), made now: before a CUDA
+    graph is captured (FusedDecoder calls it)."""
+    _tiles().counters(torch.device(device), 1 << 14)
 
 
 @dataclass
@@ -174,9 +190,11 @@ def takes(module: nn.Module) -> bool:
 
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------
 
-def linear(x: Tensor, w: Weight) -> Tensor:
-    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order."""
-    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros)
+def linear(x: Tensor, w: Weight, gated: bool = False) -> Tensor:
+    """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order.
+    gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
+    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer)."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,

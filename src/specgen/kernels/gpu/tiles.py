@@ -3,9 +3,16 @@
 The rule every kernel keeps: a row's result does not depend on how many rows the call has.
 Rows go in tiles of BLOCK_M = 16 (a tile's unused rows are zeros), every reduction runs in one
 order fixed by the operands' shapes (never by the number of rows), and accumulation is fp32.
-A linear splits its work over outputs only, never over its inputs; attention walks the cache
+A linear splits its inputs (K) into a number of parts fixed by N, K and the SM count, never by
+M, and adds the parts in one order (`splits`, `_finish`); attention walks the cache
 in blocks fixed by slot index, so the blocks a wider pass adds past a row's own position are
 wholly masked for that row and change none of its bits (exp(-inf) = 0, a factor exp(0) = 1).
+
+The number of rows M is never specialized (`do_not_specialize=["M"]`): left to itself Triton
+compiles a kernel again for M = 1 (a constant) and for M divisible by 16 (an alignment hint),
+so a pass of 1, 16 or 32 rows would run another binary than one of 2 or 17, with its own
+instruction order. One binary per kernel serves every width (tests/test_gpu_kernels.py
+checks its hash for M = 1..33, compiled for sm_90).
 """
 
 from __future__ import annotations
@@ -23,75 +30,270 @@ BLOCK_KV = 64  # cache slots per attention step
 BLOCK_C = 16  # chunks merged per step
 
 
-def block_n(n: int, device: torch.device) -> int:
-    """Outputs per linear program, fixed by N alone (never by M): on a GPU, narrow blocks
-    give a GEMV at batch 1 enough programs to stream the weights from every SM; on a CPU
-    (Triton's interpreter, which runs programs one by one) wide ones, for fewer programs."""
+ROW_TILES = 3  # row tiles a linear's program loops over: 48 rows, every graph width (<= 33)
+HOPPER_SMS = 132  # H100 and H200 (SXM): the SM count the offline sm_90 measurement assumes
+INTERPRETER_SMS = 2  # what a CPU under Triton's interpreter counts: tiny tests still split K
+
+
+def block_n(n: int, device: torch.device, int4: bool = False) -> int:
+    """Outputs per linear program, fixed by N alone (never by M). On a GPU an int4 tile is
+    128 outputs (its dequantization's fixed costs spread over more weights a thread:
+    docs/gpu-kernels.md), a dense one 16 to 64; K is split to give enough programs (`splits`).
+    On a CPU (Triton's interpreter runs programs one by one) 64, for few programs."""
     if device.type == "cpu":
         return 64
+    if int4:
+        return 128
     return 16 if n <= 8192 else 32 if n <= 32768 else 64
 
 
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return HOPPER_SMS if device.type == "meta" else INTERPRETER_SMS
+
+
+def splits(n: int, k: int, bn: int, bk: int, sms: int) -> int:
+    """How many parts a linear's K is cut into: from N, K and the SM count only, never from M,
+    so a row's partial sums, and their order, are the same in a pass of any width. Enough
+    parts for two programs per SM (one pass of a few rows is a stream of the weights: every
+    SM must pull), at most one per K step."""
+    tiles, steps = triton.cdiv(n, bn), triton.cdiv(k, bk)
+    return max(1, min(steps, triton.cdiv(2 * sms, tiles)))
+
+
+_counters: dict[torch.device, Tensor] = {}
+_kept: list[Tensor] = []  # outgrown count buffers: a captured graph may still point at one
+CHUNK_ROWS = 1536  # a wider call runs in calls of this many rows (a multiple of 48): the
+# partial sums' buffer stays small, and a row's bits do not depend on the chunking
+
+
+def counters(device: torch.device, size: int) -> Tensor:
+    """Zeros, one per output tile, for split-K's arrivals: each launch leaves them zero (its
+    last program resets its tile's), so one buffer per device serves every linear in stream
+    order, and a CUDA graph's replays too (made before capture: FusedDecoder asks first)."""
+    have = _counters.get(device)
+    if have is None or have.numel() < size:
+        if have is not None:
+            _kept.append(have)
+        have = torch.zeros(max(size, 1 << 14), dtype=torch.int32, device=device)
+        _counters[device] = have
+    return have
+
+
 @triton.jit
-def _linear(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _store_rows(acc, rows, cols, split, out_ptr, b_ptr, part_ptr, M, N,
+                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """A row tile's sums: to out (plus bias) when K is whole; else this part's partial sums
+    (`_finish` adds the parts)."""
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=keep)
+    else:
+        tl.store(part_ptr + (split * M + rows[:, None]) * N + cols[None, :], acc, mask=keep)
+
+
+@triton.jit
+def _reduce_rows(rows, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS: tl.constexpr,
+                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for s in range(SPLIT):  # in order: the same sum for a row whatever the pass's width
+        total += tl.load(part_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=keep,
+                         other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        total += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=keep)
+
+
+@triton.jit
+def _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
+            HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """Store a program's three row tiles; with K split, the last of an output tile's SPLIT
+    programs to arrive (an atomic count, acquire-release at GPU scope, after a barrier: every
+    thread's partial stored first; the partials read back through L2, `.cg`) adds the parts
+    in order 0..SPLIT-1 whichever program it is, and sets the count back to zero for the
+    next launch. One kernel a linear, and a row's sum the same in a pass of any width."""
+    split = tl.program_id(1)
+    rows = r0 + tl.arange(0, BLOCK_M)
+    _store_rows(acc0, rows, cols, split, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS, SPLIT)
+    if r0 + BLOCK_M < M:
+        _store_rows(acc1, rows + BLOCK_M, cols, split, out_ptr, b_ptr, part_ptr, M, N,
+                    HAS_BIAS, SPLIT)
+    if r0 + 2 * BLOCK_M < M:
+        _store_rows(acc2, rows + 2 * BLOCK_M, cols, split, out_ptr, b_ptr, part_ptr, M, N,
+                    HAS_BIAS, SPLIT)
+    if SPLIT > 1:
+        tl.debug_barrier()
+        at = cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+        if tl.atomic_add(at, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+            _reduce_rows(rows, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS, SPLIT,
+                         BLOCK_M, BLOCK_N)
+            if r0 + BLOCK_M < M:
+                _reduce_rows(rows + BLOCK_M, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS,
+                             SPLIT, BLOCK_M, BLOCK_N)
+            if r0 + 2 * BLOCK_M < M:
+                _reduce_rows(rows + 2 * BLOCK_M, cols, out_ptr, b_ptr, part_ptr, M, N,
+                             HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+            tl.atomic_xchg(at, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _rows_in(x_ptr, rows, kk, M, K, GATED: tl.constexpr):
+    """A row tile's inputs kk: x's, or (GATED) silu(gate) * up of x = [gate | up] [M, 2K],
+    rounded exactly as `_silu_mul` rounds (the MLP's SiLU kernel, folded into the down
+    projection's loads)."""
+    inside = (rows[:, None] < M) & (kk[None, :] < K)
+    if GATED:
+        at = x_ptr + rows[:, None] * 2 * K + kk[None, :]
+        gate = tl.load(at, mask=inside, other=0.0).to(tl.float32)
+        up = tl.load(at + K, mask=inside, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return (act * up).to(x_ptr.dtype.element_ty)
+    else:
+        return tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=inside, other=0.0)
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
+def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
+            HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+    """Program (output tile, part of K, group of 3 row tiles): each weight tile is loaded once
+    and multiplied into every row tile the pass has (a pass of <= 48 rows: one group)."""
+    r0 = tl.program_id(2) * 3 * BLOCK_M
+    split = tl.program_id(1)
+    rows = r0 + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
+        kk = step * BLOCK_K + ks
         w = tl.load(w_ptr + cols[:, None] * K + kk[None, :],
                     mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * K + kk[None, :],
-                    mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
-        acc = tl.dot(x.to(w.dtype), tl.trans(w), acc, input_precision="ieee")
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
+        x = _rows_in(x_ptr, rows, kk, M, K, GATED)
+        acc0 = tl.dot(x.to(w.dtype), tl.trans(w), acc0, input_precision="ieee")
+        if r0 + BLOCK_M < M:
+            x = _rows_in(x_ptr, rows + BLOCK_M, kk, M, K, GATED)
+            acc1 = tl.dot(x.to(w.dtype), tl.trans(w), acc1, input_precision="ieee")
+        if r0 + 2 * BLOCK_M < M:
+            x = _rows_in(x_ptr, rows + 2 * BLOCK_M, kk, M, K, GATED)
+            acc2 = tl.dot(x.to(w.dtype), tl.trans(w), acc2, input_precision="ieee")
+    _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
+            SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """q_ptr: int32 [N, K / 8], input 8j + i in nibble i of word j; sz_ptr: [N, K / GROUP, 2]
-    scale and zero (output-major, so that a slice of outputs is a view). Each step
-    dequantizes one group of the weight tile in registers."""
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _nibbles(words, k: tl.constexpr, dtype: tl.constexpr):
+    """Inputs 2k and 2k + 1 of each packed word (nibbles k and k + 4: pack_int4's order) as
+    floats q - 8, exactly, by the exponent trick instead of an integer-to-float conversion:
+    the nibble ORed into the low mantissa bits of a power of two 2^e whose last mantissa bit
+    weighs 1 is the float 2^e + q; minus 2^e + 8. bf16 (2^7) and fp16 (2^10) do a pair per
+    32-bit register (one shift, one LOP3, one packed subtract for two weights); fp32 (2^23,
+    the interpreter's tests) one at a time. The same values in every case: q - 8."""
+    if dtype == tl.float32:
+        lo = (((words >> (4 * k)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        hi = (((words >> (4 * k + 16)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        return lo - 8388616.0, hi - 8388616.0
+    else:
+        if dtype == tl.bfloat16:
+            pair = ((words >> (4 * k)) & 0x000F000F) | 0x43004300
+            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 136.0
+            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 136.0
+        else:
+            pair = ((words >> (4 * k)) & 0x000F000F) | 0x64006400
+            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 1032.0
+            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 1032.0
+        return lo.to(dtype), hi.to(dtype)
+
+
+@triton.jit
+def _unpacked(words, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
+    """A group of a weight tile, [BLOCK_N, GROUP] words' values q - 8 in input order."""
+    l0, h0 = _nibbles(words, 0, dtype)
+    l1, h1 = _nibbles(words, 1, dtype)
+    l2, h2 = _nibbles(words, 2, dtype)
+    l3, h3 = _nibbles(words, 3, dtype)
+    lo = tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), (BLOCK_N, GROUP // 8, 4))
+    hi = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_N, GROUP // 8, 4))
+    return tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))
+
+
+@triton.jit
+def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc, GATED: tl.constexpr):
+    x = _rows_in(x_ptr, rows, kk, M, K, GATED)
+    part = tl.dot(x, tl.trans(w), input_precision="ieee")
+    return tl.dot(x, tl.trans(zt), acc + part * scale[None, :], input_precision="ieee")
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
+def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, KW, STEPS,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+    """q_ptr: int32 [N, KW = K / 8] (pack_int4's order); sz_ptr: [N, K / GROUP, 2] scale
+    and zero (output-major, so that a slice of outputs is a view). A step is one group: its
+    words read once, unpacked to q - 8 exactly (`_nibbles`), multiplied into each row tile,
+    then a row's group sum is scale * (x . (q - 8)) + x . zero (the zero as a tile of its
+    own, exact in the dtype): y = sum over groups of x . ((q - 8) * scale + zero), with no
+    per-weight rounding of the dequantized value. Programs as `_linear`'s."""
+    r0 = tl.program_id(2) * 3 * BLOCK_M
+    split = tl.program_id(1)
+    rows = r0 + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, GROUP)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, GROUP):
-        kk = k0 + ks
-        words = tl.load(q_ptr + cols[:, None] * (K // 8) + kk[None, :] // 8,
+    js = tl.arange(0, GROUP // 8)
+    dtype = x_ptr.dtype.element_ty
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
+        words = tl.load(q_ptr + cols[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
                         mask=cols[:, None] < N, other=0)
-        q = (words >> ((kk[None, :] % 8) * 4)) & 0xF
-        at = sz_ptr + cols * (K // GROUP) * 2 + (k0 // GROUP) * 2
+        w = _unpacked(words, BLOCK_N, GROUP, dtype)
+        at = sz_ptr + cols * (K // GROUP) * 2 + step * 2
         scale = tl.load(at, mask=cols < N, other=0.0).to(tl.float32)
-        zero = tl.load(at + 1, mask=cols < N, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=rows[:, None] < M, other=0.0)
-        w = ((q.to(tl.float32) - 8.0) * scale[:, None] + zero[:, None]).to(x.dtype)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
+        zero = tl.load(at + 1, mask=cols < N, other=0.0).to(dtype)
+        zt = tl.zeros((BLOCK_N, GROUP), dtype) + zero[:, None]
+        kk = step * GROUP + ks
+        acc0 = _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc0, GATED)
+        if r0 + BLOCK_M < M:
+            acc1 = _int4_tile(x_ptr, rows + BLOCK_M, kk, M, K, w, zt, scale, acc1, GATED)
+        if r0 + 2 * BLOCK_M < M:
+            acc2 = _int4_tile(x_ptr, rows + 2 * BLOCK_M, kk, M, K, w, zt, scale, acc2, GATED)
+    _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
+            SPLIT, BLOCK_M, BLOCK_N)
 
 
 def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
-           scales_and_zeros: Tensor | None) -> Tensor:
+           scales_and_zeros: Tensor | None, gated: bool = False) -> Tensor:
     m, k = x.shape
+    k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
     x = x.contiguous()
+    if m > CHUNK_ROWS:
+        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated)
+                          for i in range(0, m, CHUNK_ROWS)])
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn = block_n(n, x.device)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, BLOCK_M))
+    bn = block_n(n, x.device, int4)
+    bk = GROUP if int4 else BLOCK_K
+    split = splits(n, k, bn, bk, sm_count(x.device))
+    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, ROW_TILES * BLOCK_M))
     b = bias if bias is not None else out  # any pointer: not read without a bias
+    part = torch.empty(split if split > 1 else 1, m if split > 1 else 1, n if split > 1 else 1,
+                       dtype=torch.float32, device=x.device)  # partial sums (K split)
+    count = counters(x.device, grid[0] * grid[2])
+    steps = triton.cdiv(k, bk)
     if int4:
-        _linear_int4[grid](x, w, scales_and_zeros, b, out, m, n, k, bias is not None,
-                           BLOCK_M, bn, GROUP)
+        _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, m, n, k, k // 8, steps,
+                           bias is not None, BLOCK_M, bn, GROUP, split, gated)
     else:
-        _linear[grid](x, w, b, out, m, n, k, bias is not None, BLOCK_M, bn, BLOCK_K)
+        _linear[grid](x, w, b, out, part, count, m, n, k, steps, bias is not None, BLOCK_M, bn,
+                      BLOCK_K, split, gated)
     return out
 
 
@@ -222,7 +424,7 @@ def _branch_slots(tree_ptr, row, s, pos, TW: tl.constexpr):
     return tl.where(t < 0, s, tl.where(node >= 0, pos + node, -1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
                   HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -265,7 +467,7 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             if TREE:
                 if s0 + BLOCK_KV > pos:
-                    for r in tl.static_range(BLOCK_M):
+                    for r in range(BLOCK_M):  # a loop, not unrolled: fewer registers live
                         row = tile * BLOCK_M + r
                         if row < M:
                             if tl.load(tree_ptr + row * TW) != row:  # off the first branch
@@ -283,10 +485,14 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
             alpha = tl.exp(run_max - safe)
             run_sum = run_sum * alpha + tl.sum(p, axis=1)
             scaled = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, scaled, input_precision="ieee")
             if TREE:
                 if s0 + BLOCK_KV > pos:
-                    for r in tl.static_range(BLOCK_M):
+                    # An off-branch row's product with its own values lands in `scaled`, and
+                    # its p is zeroed for the tile's product below, which then adds exact
+                    # zeros to it (x + 0 = x): one accumulator tile fewer live than keeping
+                    # the row's product beside the tile's (which spilled on sm_90).
+                    off = tl.zeros((BLOCK_M * GP,), tl.int1)
+                    for r in range(BLOCK_M):  # a loop, not unrolled: fewer registers live
                         row = tile * BLOCK_M + r
                         if row < M:
                             if tl.load(tree_ptr + row * TW) != row:
@@ -297,7 +503,10 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
                                                 other=0.0)
                                 row_acc = tl.dot(p.to(v.dtype), v_row, scaled,
                                                  input_precision="ieee")
-                                acc = tl.where((m == row)[:, None], row_acc, acc)
+                                scaled = tl.where((m == row)[:, None], row_acc, scaled)
+                                off = off | (m == row)
+                    p = tl.where(off[:, None], 0.0, p)
+            acc = tl.dot(p.to(v.dtype), v, scaled, input_precision="ieee")
             run_max = new_max
         at = (chunk * HKV + h) * M * GP + m * GP + g  # [chunk, HKV, M, GP]: only real rows kept
         keep = m < M
@@ -306,7 +515,7 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
         tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc, mask=keep[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
                     HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                     BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -358,5 +567,5 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
         tree is not None, 1 if tree is None else tree.shape[1],
         num_warps=8 if BLOCK_M * gp >= 64 else 4)
     _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
-                              chunk, BLOCK_C, num_warps=8 if gp >= 4 else 4)
+                              chunk, BLOCK_C, num_warps=16 if gp >= 8 else 8 if gp >= 4 else 4)
     return out

@@ -1,0 +1,175 @@
+"""The fused decoder's kernels compiled for sm_90 (H100, H200) on a machine without a GPU:
+per model shape, each kernel a pass launches at its production launch configuration, with the
+registers, spills, stack and shared memory the compiled kernel needs and its CTAs (the grid).
+
+    python bench/gpu_kernels.py [--doc docs/gpu-kernels.md] [--json rows.json]
+
+Needs Triton with its NVIDIA backend (it ships ptxas and cuobjdump) and its interpreter off.
+The shapes are bench/gpu.py's; the launches come from the decoder's own code
+(specgen.decoding.fused_offline). docs/gpu-kernels.md is this script's output, not edited by
+hand; tests/test_gpu_kernels.py checks the document against a fresh run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "gpu-kernels.md"
+WIDTH = 33  # the widest graph (GRAPH_WIDTH); M is not specialized, so any width gives these
+
+
+def shapes() -> dict[str, tuple]:
+    """bench/gpu.py's SHAPES, read from its source (importing it would pull in its run)."""
+    tree = ast.parse((ROOT / "bench" / "gpu.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SHAPES":
+            return ast.literal_eval(node.value)
+    raise LookupError("bench/gpu.py has no SHAPES")
+
+
+# name in the table: (bench/gpu.py shape, int4-gpu linears)
+MODELS = {
+    "0.5B": ("qwen2.5-coder-0.5b", False),
+    "1.5B": ("qwen2.5-coder-1.5b", False),
+    "1B": ("llama-3.2-1b", False),
+    "8B": ("llama-3.1-8b", False),
+    "70B int4": ("llama-3.1-70b", True),
+}
+
+
+def rows() -> list[dict]:
+    from specgen.decoding import fused_offline as offline
+
+    all_shapes = shapes()
+    out = []
+    for model, (name, int4) in MODELS.items():
+        chain = offline.launches(all_shapes[name], WIDTH, int4)
+        tree = offline.launches(all_shapes[name], WIDTH, int4, tree=True)
+        ops = [(t, False) for t in chain] + [(t, True) for t in tree
+                                             if t.op in ("rope", "attention")]
+        for launch, tree_pass in ops:  # a tree pass differs from a chain's in these two
+            int4 = launch.kernel == "_linear_int4"
+            got = offline.measure(launch, with_sass=int4)
+            per_weight = offline.instructions_per_weight(got) if int4 else None
+            out.append(dict(
+                model=model, op=launch.op + (" (tree)" if tree_pass else ""),
+                kernel=launch.kernel, warps=got.num_warps, stages=got.num_stages,
+                regs=got.regs, spills=got.spills, stack=got.stack, shared=got.shared,
+                ctas=launch.ctas, grid=list(launch.grid), hash=got.hash[:12],
+                n=launch.args.get("N"), k=launch.args.get("K"),
+                split=launch.grid[1] if launch.kernel.startswith("_linear") else None,
+                per_weight=per_weight))
+    return out
+
+
+def weight(per: list | tuple | None) -> str:
+    return "" if per is None else f"{per[0]:.2f} ({per[1]:.2f})"
+
+
+def render(table: list[dict]) -> str:
+    lines = [
+        "# The GPU kernels compiled for sm_90",
+        "",
+        "Written by `python bench/gpu_kernels.py --doc docs/gpu-kernels.md` (do not edit by "
+        "hand); `tests/test_gpu_kernels.py` compares it with a fresh run.",
+        "",
+        "Every kernel the fused decoder (`decoding/fused.py`) launches for one decoder layer, "
+        "the final norm and the output head, recorded from the decoder's own code at each "
+        "model's shape (`bench/gpu.py`'s) with Triton's binder (the launch configuration it "
+        "really uses: warps, stages, block sizes, argument specialization), then compiled for "
+        "sm_90 to the end on a machine without a GPU (`specgen.decoding.fused_offline`). "
+        "Registers per thread and the stack frame are read from the cubin (cuobjdump), spill "
+        "bytes from ptxas' report on the same PTX, shared memory from Triton's metadata; "
+        f"sm_90 allows {227} KB of shared memory a block and 255 registers a thread. CTAs: "
+        f"the grid of a {WIDTH}-row pass (the rows' count is not specialized, so the binary is "
+        f"the same for every width) with a cache of {4096} slots for attention. "
+        "K parts: the split of a linear's inputs (`tiles.splits`, from N, K and 132 SMs). "
+        "SASS / int4 weight: instructions in the int4 linear's main loop (from the cubin, "
+        "cuobjdump) a thread issues per weight it streams: one trip's shortest path (a pass of "
+        "one row tile, up to 16 rows) and, in brackets, the whole loop (three row tiles, a "
+        "pass of 33 to 48 rows), over BLOCK_N x GROUP / threads weights. "
+        "No figure here was measured on a GPU.",
+        "",
+        "## How the linears are built",
+        "",
+        "- **One binary for every width.** `M` (the pass's rows) is `do_not_specialize`d: "
+        "Triton would otherwise compile again for M = 1 (a constant) and for M divisible by "
+        "16 (an alignment hint). The tests compile passes of 1..33 rows and find one hash per "
+        "kernel.",
+        "- **Row tiles looped inside a program.** A program takes an output tile and a part "
+        "of K and multiplies each weight tile it loads into each of the pass's row tiles of 16 "
+        "(three: 48 rows; a pass of up to 33 rows is one group), so the grid, and the weights' "
+        "one trip from memory, are the same for every graph width; a row's sums never depend "
+        "on the other tiles.",
+        "- **Split-K from N, K and the SM count.** `tiles.splits` cuts K into "
+        "min(K steps, ceil(2 x SMs / output tiles)) parts, split j taking steps "
+        "[j S / P, (j + 1) S / P): never a function of M. Each program writes its fp32 partial "
+        "sums; the last program of an output tile to arrive (an atomic count, acquire-release "
+        "at GPU scope after a barrier) adds the parts in order 0..P-1 and resets the count: "
+        "one kernel a linear, and a row's bits the same in a pass of any width. Under the "
+        "interpreter a CPU counts 2 SMs, so the tests' small shapes split too.",
+        "- **int4 by the exponent trick.** Eight int4 values a word, input 2k in nibble k and "
+        "2k + 1 in nibble k + 4 (`gpu.NIBBLE_INPUTS`): one shift and one LOP3 put both in the "
+        "mantissas of a bf16 pair 0x4300 | q (the float 128 + q), one packed subtract of 136 "
+        "makes them q - 8 exactly; no integer-to-float conversion, each word read once. The "
+        "group's scale multiplies the fp32 product x . (q - 8) and its zero enters as a "
+        "product x . zero of its own (exact in bf16), so no dequantized weight is rounded and "
+        "every row is computed alike (`reference.linear_int4` is this sum). fp16 uses "
+        "2^10 the same way; fp32 (the interpreter's tests) one value a register at 2^23: the "
+        "same values q - 8 on every path, so the interpreter runs the code that compiles.",
+        "- **Instructions per weight: the aim of 2.5 is not reached.** One row tile's trip "
+        "through the int4 loop issues about 3.5 instructions a weight a thread: 1.4 for the "
+        "unpacking (3 shifts, 4 LOP3, 4 HADD2 a word), 0.5 for the two products (M = 16 rows "
+        "per HMMA), and the rest moving the unpacked tile through shared memory into the "
+        "MMA operand layout (STS, LDS, LDSM) and materializing LOP3's second constant (IMAD): "
+        "layouts Triton chooses. Getting under 2.5 needs Marlin's pre-permuted operand "
+        "fragments and hand-placed constants (inline PTX or Gluon), not done here.",
+        "- **SiLU in the down projection's loads (bf16).** `linear(gate_up, down, gated=True)` "
+        "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
+        "(the tests compare the bits): nine kernels a layer. Every output tile recomputes it, "
+        "so an int4 down projection keeps the SiLU kernel (ten a layer): folded in, its loop "
+        "measured 10.6 instructions a weight against 3.5, more than an H100 can issue while "
+        "streaming int4 weights (about 5 a weight at 3.35 TB/s and 1.76 GHz).",
+        "",
+        "## The table",
+        "",
+        "| model | op | kernel | warps | stages | registers | spills (B) | stack (B) "
+        "| shared (KB) | CTAs | N | K | K parts | SASS / int4 weight |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        lines.append(
+            f"| {r['model']} | {r['op']} | `{r['kernel']}` | {r['warps']} | {r['stages']} "
+            f"| {r['regs']} | {r['spills']} | {r['stack']} | {r['shared'] / 1024:.1f} "
+            f"| {r['ctas']} | {r['n'] if r['n'] is not None else ''} "
+            f"| {r['k'] if r['k'] is not None else ''} "
+            f"| {r['split'] if r['split'] is not None else ''} "
+            f"| {weight(r['per_weight'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--doc", type=Path, help="write the markdown table here")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run with Triton's interpreter off (unset TRITON_INTERPRET)")
+    table = rows()
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1))
+    text = render(table)
+    if args.doc:
+        args.doc.write_text(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
