@@ -18,7 +18,8 @@
 // weight row, the same on both paths and whatever the number of tokens in the pass (see "The
 // order of the float work" below): lane i of a unit's (block's or super-block's) integer sums
 // holds inputs 4i..4i+3 of each 32 of the unit (K-quants: times their sub-block's scale), on
-// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers.
+// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers
+// (K-quants: a register holds the same 32 inputs of two super-blocks, lanes 0-7 the first's).
 // Each weight block is unpacked once per tile of up to TILE tokens; a token's result never
 // depends on the tile it is in.
 #include <immintrin.h>
@@ -45,6 +46,8 @@ typedef struct {
     const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
+    const int8_t *qp;    // K-quants on VNNI: q with each pair of super-blocks interleaved by
+                         // 32 (s's inputs 32j.., then s + 1's), an odd last one in order
     int k;
 } Acts;
 
@@ -460,6 +463,81 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s
     }
 }
 
+// The integer sums of a pair of super-blocks s, s + 1 (VNNI) for nt tokens, from A->qp: each
+// register holds 32 inputs of s and the same 32 of s + 1, so isum[t]'s lanes 0-7 are s's
+// AVX2 lanes and 8-15 s + 1's as they are summed (no fold). K4: sm0, sm1 the decoded scales.
+VNNI_TARGET AI void kq_pair_ints_vnni(int fmt, const uint8_t *b0, const uint8_t *b1, __m128i sm0,
+                                      __m128i sm1, int s, const Acts *A, int t0, int nt,
+                                      __m512i *isum) {
+    const int k = A->k;
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < 2 * bb; i += 64)
+        _mm_prefetch((const char *)b0 + PREFETCH_BYTES + i, _MM_HINT_T0);
+    // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
+    // sums apiece, so that the 8 steps of a pair need not wait on each other
+    const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
+    __m512i part[TILE][4];
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < parts; i++) part[t][i] = _mm512_setzero_si512();
+#define PAIR_LOAD(off) _mm512_inserti64x4(_mm512_castsi256_si512(                               \
+        _mm256_loadu_si256((const __m256i *)(b0 + (off)))), _mm256_loadu_si256((const __m256i *)(b1 + (off))), 1)
+#define PAIR_STEP(j, w, scale)                                                                  \
+    for (int t = 0; t < nt; t++) {                                                              \
+        __m512i a = _mm512_loadu_si512(A->qp + (int64_t)(t0 + t) * k + s * 256 + 64 * (j));     \
+        __m512i *to = &part[t][(j) % parts];                                                    \
+        *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);                      \
+    }
+    if (fmt == Q6_K) {
+        const __m512i two = _mm512_set1_epi8(0x30);
+        // each half's 16 int8 scales in its two 128-bit lanes; a scale is made a word by
+        // vpshufb into the word's high byte and an arithmetic shift (its sign)
+        __m512i sc = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192)))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 192))), 1);
+        for (int c = 0; c < 2; c++) {
+            __m512i ql0 = PAIR_LOAD(64 * c), ql1 = PAIR_LOAD(64 * c + 32), qh = PAIR_LOAD(128 + 32 * c);
+            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups g = 8c + 2i, g + 1
+                __m512i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm512_srli_epi16(ql0, 4)
+                                                                 : _mm512_srli_epi16(ql1, 4);
+                __m512i h = i == 0 ? _mm512_slli_epi16(qh, 4) : i == 1 ? _mm512_slli_epi16(qh, 2)
+                          : i == 2 ? qh : _mm512_srli_epi16(qh, 2);
+                __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
+                int g = 8 * c + 2 * i;
+                __m512i scale = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, word_index(
+                    g << 8 | 0x80, (g + 1) << 8 | 0x80, g << 8 | 0x80, (g + 1) << 8 | 0x80)), 8);
+                PAIR_STEP(4 * c + i, w, scale)
+            }
+        }
+    } else {
+        const int q5 = fmt == Q5_K;
+        const __m512i one = _mm512_set1_epi8(1);
+        const int at = q5 ? 48 : 16;
+        // each half's 16 scale and min bytes in its 128-bit lanes
+        __m512i sm = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)),
+                                        _mm256_broadcastsi128_si256(sm1), 1);
+        __m512i qh = q5 ? PAIR_LOAD(16) : _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high)
+            __m512i raw = PAIR_LOAD(at + 32 * i);
+            for (int v = 0; v < 2; v++) {
+                int j = 2 * i + v;
+                __m512i w = _mm512_and_si512(v ? _mm512_srli_epi16(raw, 4) : raw, low);
+                if (q5)
+                    w = _mm512_or_si512(w, _mm512_slli_epi16(
+                        _mm512_and_si512(_mm512_srli_epi16(qh, j), one), 4));
+                __m512i scale = _mm512_shuffle_epi8(sm, _mm512_set1_epi16((short)(0x8000 | j)));
+                PAIR_STEP(j, w, scale)
+            }
+        }
+    }
+#undef PAIR_LOAD
+#undef PAIR_STEP
+    for (int t = 0; t < nt; t++) {  // exact: any grouping gives the same integers
+        isum[t] = part[t][0];
+        for (int i = 1; i < parts; i++) isum[t] = _mm512_add_epi32(isum[t], part[t][i]);
+    }
+}
+
 // Per super-block, what its integer sums are scaled by: d (and dmin), and what the sums of 16
 // are multiplied by (K4: the mins, paired; Q6_K: the scales, the offset 32 taken off).
 VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin, __m256i *by) {
@@ -511,14 +589,11 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
             by = _mm512_shuffle_epi8(_mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)), _mm256_broadcastsi128_si256(sm1), 1), pairs);
         }
-        __m512i i0[TILE], i1[TILE];
-        kq_ints_vnni(fmt, b0, sm0, s, A, t0, nt, i0);
-        kq_ints_vnni(fmt, b1, sm1, s + 1, A, t0, nt, i1);
+        __m512i ip[TILE];
+        kq_pair_ints_vnni(fmt, b0, b1, sm0, sm1, s, A, t0, nt, ip);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
-            // [super-block s's 8 lanes | s + 1's], each folded as AVX2 holds them (exact)
-            __m512i is = _mm512_add_epi32(_mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(1, 0, 1, 0)),
-                                          _mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(3, 2, 3, 2)));
+            __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
             __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
             __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
             if (fmt == Q6_K) {
@@ -635,7 +710,22 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
             c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
     }
     for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-    Acts A = {q, ex, s16, c, k};
+    int8_t *qp = NULL;
+    if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
+        qp = malloc((size_t)m * k + 64);
+        int ns = k / 256;
+        for (int r = 0; r < m; r++) {
+            const int8_t *from = q + (int64_t)r * k;
+            int8_t *to = qp + (int64_t)r * k;
+            for (int s = 0; s + 2 <= ns; s += 2)
+                for (int j = 0; j < 8; j++) {
+                    memcpy(to + 256 * s + 64 * j, from + 256 * s + 32 * j, 32);
+                    memcpy(to + 256 * s + 64 * j + 32, from + 256 * (s + 1) + 32 * j, 32);
+                }
+            if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
+        }
+    }
+    Acts A = {q, ex, s16, c, qp, k};
 #pragma omp parallel for schedule(guided) num_threads(threads)
     for (int row = 0; row < n; row++) {
         const uint8_t *wr = w + (int64_t)row * row_bytes;
@@ -653,6 +743,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     free(s16);
     free(c);
     free(ex);
+    free(qp);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
