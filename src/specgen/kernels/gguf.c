@@ -285,6 +285,13 @@ AI __m256i scales_mins16(const uint8_t *s) { return _mm256_cvtepu8_epi16(scales_
 // bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
 AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
 
+// The sums in registers at this point: without it GCC computes all of a super-block's
+// products for all tokens first and adds them up after (integer adds reassociate), which
+// spills most of them with only 16 ymm registers.
+AI void keep(__m256i *isum, int nt) {
+    for (int t = 0; t < nt; t++) __asm__("" : "+x"(isum[t]));
+}
+
 // Q4_K (q5 = 0) and Q5_K (q5 = 1): one super-block (AVX2) against nt tokens, into acc. Per
 // token: isum (8 lanes) = sum_j sc_j * madd(maddubs(q_j, a_j)), msum = madd(sums of 16,
 // mins paired), then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
@@ -305,6 +312,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
     __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
     __m256i isum[TILE];
     for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
         __m256i w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
@@ -316,6 +324,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
             __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
             isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
         }
+        keep(isum, nt);
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
@@ -338,12 +347,14 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     __m256i isum[TILE];
     for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
     for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
         __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
                          : _mm256_permute4x64_epi64(sc16, 0x44);
         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
             __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
                                                              : _mm256_srli_epi16(ql1, 4);
@@ -356,6 +367,7 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
                 __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
             }
+            keep(isum, nt);
         }
     }
     for (int t = 0; t < nt; t++) {
