@@ -699,6 +699,22 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
+// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time.
+static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
+                     int m, int n, int path, const Acts *A, int r0, int r1) {
+    for (int row = r0; row < r1; row++) {
+        const uint8_t *wr = w + (int64_t)row * row_bytes;
+        float out[TILE];
+        for (int t0 = 0; t0 < m; t0 += TILE) {
+            int nt = m - t0 < TILE ? m - t0 : TILE;
+            if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
+            else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
+            for (int t = 0; t < nt; t++)
+                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+        }
+    }
+}
+
 // y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
 // `path` (AVX2, or VNNI where gguf_path() says so). Threads take weight rows as they finish.
 void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
@@ -738,17 +754,11 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         }
     }
     Acts A = {q, ex, s16, c, qp, k};
+    if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
+        dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
+    else {
 #pragma omp parallel for schedule(guided) num_threads(threads)
-    for (int row = 0; row < n; row++) {
-        const uint8_t *wr = w + (int64_t)row * row_bytes;
-        float out[TILE];
-        for (int t0 = 0; t0 < m; t0 += TILE) {
-            int nt = m - t0 < TILE ? m - t0 : TILE;
-            if (path == VNNI) dots_vnni(fmt, wr, k, &A, t0, nt, out);
-            else dots_avx2(fmt, wr, k, &A, t0, nt, out);
-            for (int t = 0; t < nt; t++)
-                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
-        }
+        for (int row = 0; row < n; row++) dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, row, row + 1);
     }
     free(q);
     free(e);
