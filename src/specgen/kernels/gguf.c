@@ -18,7 +18,8 @@
 // weight row, the same on both paths and whatever the number of tokens in the pass (see "The
 // order of the float work" below): lane i of a unit's (block's or super-block's) integer sums
 // holds inputs 4i..4i+3 of each 32 of the unit (K-quants: times their sub-block's scale), on
-// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers.
+// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers
+// (K-quants: a register holds the same 32 inputs of two super-blocks, lanes 0-7 the first's).
 // Each weight block is unpacked once per tile of up to TILE tokens; a token's result never
 // depends on the tile it is in.
 #include <immintrin.h>
@@ -45,6 +46,8 @@ typedef struct {
     const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
+    const int8_t *qp;    // K-quants on VNNI: q with each pair of super-blocks interleaved by
+                         // 32 (s's inputs 32j.., then s + 1's), an odd last one in order
     int k;
 } Acts;
 
@@ -282,6 +285,13 @@ AI __m256i scales_mins16(const uint8_t *s) { return _mm256_cvtepu8_epi16(scales_
 // bytes 2j, 2j + 1 of each 128-bit lane in all 16 words: a word broadcast by shuffle_epi8
 AI __m256i word_mask(int j) { return _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)); }
 
+// The sums in registers at this point: without it GCC computes all of a super-block's
+// products for all tokens first and adds them up after (integer adds reassociate), which
+// spills most of them with only 16 ymm registers.
+AI void keep(__m256i *isum, int nt) {
+    for (int t = 0; t < nt; t++) __asm__("" : "+x"(isum[t]));
+}
+
 // Q4_K (q5 = 0) and Q5_K (q5 = 1): one super-block (AVX2) against nt tokens, into acc. Per
 // token: isum (8 lanes) = sum_j sc_j * madd(maddubs(q_j, a_j)), msum = madd(sums of 16,
 // mins paired), then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
@@ -302,6 +312,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
     __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
     __m256i isum[TILE];
     for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
         __m256i w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
@@ -313,6 +324,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
             __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
             isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
         }
+        keep(isum, nt);
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
@@ -335,12 +347,14 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     __m256i isum[TILE];
     for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
     for (int c = 0; c < 2; c++) {  // 128 inputs: groups 8c .. 8c + 7
         __m256i half = c ? _mm256_permute4x64_epi64(sc16, 0xEE)  // their 8 scales, twice
                          : _mm256_permute4x64_epi64(sc16, 0x44);
         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * c));
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
             __m256i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm256_srli_epi16(ql0, 4)
                                                              : _mm256_srli_epi16(ql1, 4);
@@ -353,6 +367,7 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
                 __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
             }
+            keep(isum, nt);
         }
     }
     for (int t = 0; t < nt; t++) {
@@ -460,6 +475,81 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s
     }
 }
 
+// The integer sums of a pair of super-blocks s, s + 1 (VNNI) for nt tokens, from A->qp: each
+// register holds 32 inputs of s and the same 32 of s + 1, so isum[t]'s lanes 0-7 are s's
+// AVX2 lanes and 8-15 s + 1's as they are summed (no fold). K4: sm0, sm1 the decoded scales.
+VNNI_TARGET AI void kq_pair_ints_vnni(int fmt, const uint8_t *b0, const uint8_t *b1, __m128i sm0,
+                                      __m128i sm1, int s, const Acts *A, int t0, int nt,
+                                      __m512i *isum) {
+    const int k = A->k;
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < 2 * bb; i += 64)
+        _mm_prefetch((const char *)b0 + PREFETCH_BYTES + i, _MM_HINT_T0);
+    // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
+    // sums apiece, so that the 8 steps of a pair need not wait on each other
+    const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
+    __m512i part[TILE][4];
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < parts; i++) part[t][i] = _mm512_setzero_si512();
+#define PAIR_LOAD(off) _mm512_inserti64x4(_mm512_castsi256_si512(                               \
+        _mm256_loadu_si256((const __m256i *)(b0 + (off)))), _mm256_loadu_si256((const __m256i *)(b1 + (off))), 1)
+#define PAIR_STEP(j, w, scale)                                                                  \
+    for (int t = 0; t < nt; t++) {                                                              \
+        __m512i a = _mm512_loadu_si512(A->qp + (int64_t)(t0 + t) * k + s * 256 + 64 * (j));     \
+        __m512i *to = &part[t][(j) % parts];                                                    \
+        *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);                      \
+    }
+    if (fmt == Q6_K) {
+        const __m512i two = _mm512_set1_epi8(0x30);
+        // each half's 16 int8 scales in its two 128-bit lanes; a scale is made a word by
+        // vpshufb into the word's high byte and an arithmetic shift (its sign)
+        __m512i sc = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192)))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 192))), 1);
+        for (int c = 0; c < 2; c++) {
+            __m512i ql0 = PAIR_LOAD(64 * c), ql1 = PAIR_LOAD(64 * c + 32), qh = PAIR_LOAD(128 + 32 * c);
+            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups g = 8c + 2i, g + 1
+                __m512i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm512_srli_epi16(ql0, 4)
+                                                                 : _mm512_srli_epi16(ql1, 4);
+                __m512i h = i == 0 ? _mm512_slli_epi16(qh, 4) : i == 1 ? _mm512_slli_epi16(qh, 2)
+                          : i == 2 ? qh : _mm512_srli_epi16(qh, 2);
+                __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
+                int g = 8 * c + 2 * i;
+                __m512i scale = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, word_index(
+                    g << 8 | 0x80, (g + 1) << 8 | 0x80, g << 8 | 0x80, (g + 1) << 8 | 0x80)), 8);
+                PAIR_STEP(4 * c + i, w, scale)
+            }
+        }
+    } else {
+        const int q5 = fmt == Q5_K;
+        const __m512i one = _mm512_set1_epi8(1);
+        const int at = q5 ? 48 : 16;
+        // each half's 16 scale and min bytes in its 128-bit lanes
+        __m512i sm = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)),
+                                        _mm256_broadcastsi128_si256(sm1), 1);
+        __m512i qh = q5 ? PAIR_LOAD(16) : _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high)
+            __m512i raw = PAIR_LOAD(at + 32 * i);
+            for (int v = 0; v < 2; v++) {
+                int j = 2 * i + v;
+                __m512i w = _mm512_and_si512(v ? _mm512_srli_epi16(raw, 4) : raw, low);
+                if (q5)
+                    w = _mm512_or_si512(w, _mm512_slli_epi16(
+                        _mm512_and_si512(_mm512_srli_epi16(qh, j), one), 4));
+                __m512i scale = _mm512_shuffle_epi8(sm, _mm512_set1_epi16((short)(0x8000 | j)));
+                PAIR_STEP(j, w, scale)
+            }
+        }
+    }
+#undef PAIR_LOAD
+#undef PAIR_STEP
+    for (int t = 0; t < nt; t++) {  // exact: any grouping gives the same integers
+        isum[t] = part[t][0];
+        for (int i = 1; i < parts; i++) isum[t] = _mm512_add_epi32(isum[t], part[t][i]);
+    }
+}
+
 // Per super-block, what its integer sums are scaled by: d (and dmin), and what the sums of 16
 // are multiplied by (K4: the mins, paired; Q6_K: the scales, the offset 32 taken off).
 VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin, __m256i *by) {
@@ -511,14 +601,11 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
             by = _mm512_shuffle_epi8(_mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)), _mm256_broadcastsi128_si256(sm1), 1), pairs);
         }
-        __m512i i0[TILE], i1[TILE];
-        kq_ints_vnni(fmt, b0, sm0, s, A, t0, nt, i0);
-        kq_ints_vnni(fmt, b1, sm1, s + 1, A, t0, nt, i1);
+        __m512i ip[TILE];
+        kq_pair_ints_vnni(fmt, b0, b1, sm0, sm1, s, A, t0, nt, ip);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
-            // [super-block s's 8 lanes | s + 1's], each folded as AVX2 holds them (exact)
-            __m512i is = _mm512_add_epi32(_mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(1, 0, 1, 0)),
-                                          _mm512_shuffle_i64x2(i0[t], i1[t], _MM_SHUFFLE(3, 2, 3, 2)));
+            __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
             __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
             __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
             if (fmt == Q6_K) {
@@ -612,6 +699,22 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
+// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time.
+static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
+                     int m, int n, int path, const Acts *A, int r0, int r1) {
+    for (int row = r0; row < r1; row++) {
+        const uint8_t *wr = w + (int64_t)row * row_bytes;
+        float out[TILE];
+        for (int t0 = 0; t0 < m; t0 += TILE) {
+            int nt = m - t0 < TILE ? m - t0 : TILE;
+            if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
+            else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
+            for (int t = 0; t < nt; t++)
+                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+        }
+    }
+}
+
 // y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
 // `path` (AVX2, or VNNI where gguf_path() says so). Threads take weight rows as they finish.
 void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
@@ -635,24 +738,34 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
             c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
     }
     for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-    Acts A = {q, ex, s16, c, k};
-#pragma omp parallel for schedule(guided) num_threads(threads)
-    for (int row = 0; row < n; row++) {
-        const uint8_t *wr = w + (int64_t)row * row_bytes;
-        float out[TILE];
-        for (int t0 = 0; t0 < m; t0 += TILE) {
-            int nt = m - t0 < TILE ? m - t0 : TILE;
-            if (path == VNNI) dots_vnni(fmt, wr, k, &A, t0, nt, out);
-            else dots_avx2(fmt, wr, k, &A, t0, nt, out);
-            for (int t = 0; t < nt; t++)
-                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+    int8_t *qp = NULL;
+    if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
+        qp = malloc((size_t)m * k + 64);
+        int ns = k / 256;
+        for (int r = 0; r < m; r++) {
+            const int8_t *from = q + (int64_t)r * k;
+            int8_t *to = qp + (int64_t)r * k;
+            for (int s = 0; s + 2 <= ns; s += 2)
+                for (int j = 0; j < 8; j++) {
+                    memcpy(to + 256 * s + 64 * j, from + 256 * s + 32 * j, 32);
+                    memcpy(to + 256 * s + 64 * j + 32, from + 256 * (s + 1) + 32 * j, 32);
+                }
+            if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
         }
+    }
+    Acts A = {q, ex, s16, c, qp, k};
+    if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
+        dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
+    else {
+#pragma omp parallel for schedule(guided) num_threads(threads)
+        for (int row = 0; row < n; row++) dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, row, row + 1);
     }
     free(q);
     free(e);
     free(s16);
     free(c);
     free(ex);
+    free(qp);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
