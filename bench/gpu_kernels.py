@@ -132,10 +132,17 @@ def render(table: list[dict]) -> str:
         "fragments and hand-placed constants (inline PTX or Gluon), not done here.",
         "- **SiLU in the down projection's loads (bf16).** `linear(gate_up, down, gated=True)` "
         "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
-        "(the tests compare the bits): nine kernels a layer. Every output tile recomputes it, "
-        "so an int4 down projection keeps the SiLU kernel (ten a layer): folded in, its loop "
+        "(the tests compare the bits). Every output tile recomputes it, "
+        "so an int4 down projection keeps the SiLU kernel: folded in, its loop "
         "measured 10.6 instructions a weight against 3.5, more than an H100 can issue while "
         "streaming int4 weights (about 5 a weight at 3.35 TB/s and 1.76 GHz).",
+        "- **The attention merge in the attention kernel.** `_attend_chunk`'s programs each "
+        "leave a chunk's running max, sum and output; the last of a (key/value head, row "
+        "tile)'s programs to arrive (an atomic count, as split-K's) merges every row of the "
+        "tile over its chunks in slot order, 16 chunks a step, and resets the count: the "
+        "merge's order is fixed by the slots whichever program runs it. Eight kernels a "
+        "layer in bf16, nine in int4 (the SiLU kernel), chain and tree passes alike "
+        "(`tests/test_gpu_kernels.py` counts them in the decoder's launch list).",
         "",
         "## The table",
         "",

@@ -302,11 +302,15 @@ from specgen.decoding import fused_offline as offline
 
 shape = gpu_kernels.shapes()["llama-3.1-8b"]
 widths = {}  # (op, kernel): the binaries of passes of 1..33 rows
+per_layer = {}  # "int4/tree": the kernels of one layer, from the decoder's launch list
 for int4 in (False, True):
     for tree in (False, True):
         seen = {}
         for m in range(1, 34):
-            for launch in offline.launches(shape, m, int4, tree):
+            launches = offline.launches(shape, m, int4, tree)
+            counts = per_layer.setdefault(f"{int4}/{tree}", set())
+            counts.add(sum(1 for l in launches if l.op not in ("final norm", "head")))
+            for launch in launches:
                 key = (launch.op, launch.kernel, int4, tree)
                 spec = repr((launch.signature, launch.constexprs, launch.attrs))
                 if spec not in seen.setdefault(key, {}):
@@ -314,7 +318,9 @@ for int4 in (False, True):
         for key, specs in seen.items():
             widths["/".join(map(str, key))] = sorted(set(specs.values()))
 rows = gpu_kernels.rows()
-print(json.dumps(dict(rows=rows, widths=widths, doc=gpu_kernels.render(rows))))
+per_layer = {k: sorted(v) for k, v in per_layer.items()}
+print(json.dumps(dict(rows=rows, widths=widths, per_layer=per_layer,
+                      doc=gpu_kernels.render(rows))))
 """
 
 
@@ -350,8 +356,7 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
     rows = offline["rows"]
     assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
     assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
-                                           "_rope_write", "_attend_chunk", "_attend_combine",
-                                           "_silu_mul"}
+                                           "_rope_write", "_attend_chunk", "_silu_mul"}
     assert {r["model"] for r in rows if r["kernel"] == "_silu_mul"} == {"70B int4"}
     for r in rows:
         where = f"{r['model']} {r['op']} ({r['kernel']})"
@@ -400,9 +405,20 @@ def test_one_binary_per_kernel_for_every_width(offline):
         assert len(hashes) == 1, (key, hashes)
 
 
+KERNELS_PER_LAYER = {"False/False": 8, "False/True": 8,  # bf16: chain, tree
+                     "True/False": 9, "True/True": 9}  # int4 (the SiLU kernel): chain, tree
+
+
+def test_kernels_per_layer_from_the_decoders_launch_list(offline):
+    """One layer of the 8B's shape, as `layer_pass` launches it for a pass of every width
+    1..33: eight kernels in bf16 and nine in int4, chain and tree passes alike (the attention
+    merge runs in the attention kernel's last program)."""
+    assert offline["per_layer"] == {k: [v] for k, v in KERNELS_PER_LAYER.items()}
+
+
 def test_the_pass_model_counts_the_decoders_launches(tmp_path):
     """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
-    launch list: nine a layer, then the final norm and the head) and bandwidth; the H200's
+    launch list: eight a layer, then the final norm and the head) and bandwidth; the H200's
     floor below the H100's by their bandwidths' ratio."""
     import importlib.util
     import json
@@ -418,7 +434,7 @@ def test_the_pass_model_counts_the_decoders_launches(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {r["model"]: r for r in json.loads(out.read_text())}
-    assert rows["8B"]["kernels"] == 32 * 9 + 2 and rows["8B"]["kernels_per_layer"] == 9
+    assert rows["8B"]["kernels"] == 32 * 8 + 2 and rows["8B"]["kernels_per_layer"] == 8
     assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
     for r in rows.values():
         assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)

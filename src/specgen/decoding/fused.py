@@ -1,5 +1,5 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as nine Triton kernels (ten for int4) instead of PyTorch's dozens, and every row
+tokens runs each decoder layer as eight Triton kernels (nine for int4) instead of PyTorch's dozens, and every row
 of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
@@ -8,7 +8,7 @@ pending, and each block's first kernel adds them as it norms (so no add runs on 
     add_rms_norm(pending, residual) -> h, residual      input_layernorm
     linear(h, qkv)                                      q, k and v in one GEMM
     rope_write(qkv, cos, sin, cache, pos) -> q          k and v written at pos..pos+m-1
-    attention(q, cache, pos)                            two kernels (chunks, then their merge)
+    attention(q, cache, pos)                            chunks, merged by the last to finish
     linear(., o) -> pending
     add_rms_norm(pending, residual) -> h, residual      post_attention_layernorm
     linear(h, gate_up)                                  gate and up in one GEMM

@@ -135,7 +135,7 @@ def launches(shape: tuple, m: int, int4: bool = False, tree: bool = False,
     head = gpu.Weight(torch.empty(vocab, hidden, **meta), vocab, hidden)
     out: list[Launch] = []
     op = ["layer"]
-    names = iter(["input norm", "qkv", "rope", "attention", "attention merge", "o", "post norm",
+    names = iter(["input norm", "qkv", "rope", "attention", "o", "post norm",
                   "gate_up"] + (["silu"] if int4 else []) + ["down"])
 
     class Named(list):  # name each launch as it is appended

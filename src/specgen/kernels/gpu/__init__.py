@@ -15,7 +15,7 @@ The ops, each beside its PyTorch definition in reference.py:
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
-    attention(q, kv, pos, scale)      causal grouped-query attention over the cache (2 kernels)
+    attention(q, kv, pos, scale)      causal grouped-query attention over the cache (1 kernel)
 
 `rope_write` and `attention` also take a token tree's rows (`tree=`, a `tree_table`): each row
 at the position of its depth, attending its own ancestors, with the bits of a one-token pass
@@ -220,7 +220,8 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, tree: Tensor | None = None,
               **blocks: int) -> Tensor:
     """q [M, hq, D]: row r attends cache slots 0..pos+r of kv [2, hkv, capacity, D].
-    Flash-decoding in two kernels: chunks of the cache fixed by slot, merged in slot order.
+    Flash-decoding in one kernel: chunks of the cache fixed by slot, merged in slot order by
+    the last program of a (head, row tile) to arrive.
     `tree` (a tree_table, rows at slots pos..pos+M-1): row r attends the slots below pos and
     then, position by position, those of its ancestors and itself. `blocks` (chunk=,
     block_kv=) changes the fixed split (tests use small ones)."""

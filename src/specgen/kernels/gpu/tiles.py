@@ -425,14 +425,18 @@ def _branch_slots(tree_ptr, row, s, pos, TW: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
-                  HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr, TREE: tl.constexpr,
-                  TW: tl.constexpr):
+def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, cnt_ptr,
+                  M, C, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr,
+                  GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr,
+                  BLOCK_C: tl.constexpr, TREE: tl.constexpr, TW: tl.constexpr):
     """One program per (key/value head, chunk of CHUNK slots, tile of rows): the tile holds
     BLOCK_M rows times the GROUPS query heads sharing the key/value head (padded to GP), and
-    leaves each row's running max, sum and unnormalised output over the chunk.
+    leaves each row's running max, sum and unnormalised output over the chunk. The last of a
+    (head, row tile)'s programs to arrive (an atomic count, acquire-release at GPU scope after
+    a barrier, as `_finish`'s split-K; the partials read back through L2) merges the chunks of
+    each of the tile's rows in slot order (`_merge_row`) and resets the count: one kernel, and
+    the merge's order fixed whichever program does it.
 
     TREE: the rows are a token tree's (`tree` [M, TW]: per row its depth, then its ancestor
     at each depth, itself last). Each row sees positions up to pos + its depth, and at
@@ -513,35 +517,43 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
         tl.store(max_ptr + at, run_max, mask=keep)
         tl.store(sum_ptr + at, run_sum, mask=keep)
         tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc, mask=keep[:, None])
+    tl.debug_barrier()
+    count = cnt_ptr + h * tl.num_programs(2) + tile
+    if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        for r in range(BLOCK_M):  # a loop, not unrolled: one row's merge live at a time
+            row = tile * BLOCK_M + r
+            if row < M:
+                _merge_row(acc_ptr, max_ptr, sum_ptr, out_ptr, pos, row, h, M, HQ, HKV, GROUPS,
+                           GP, D, BLOCK_D, CHUNK, BLOCK_C)
+        tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
-                    HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One program per (row, key/value head), for its query heads: the chunks merged in slot
+@triton.jit
+def _merge_row(acc_ptr, max_ptr, sum_ptr, out_ptr, pos, row, h, M, HQ: tl.constexpr,
+               HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+               BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A row's output for the query heads of key/value head h: its chunks merged in slot
     order, BLOCK_C at a time (a fixed block: its sums' order never depends on the number of
     chunks). A chunk past the row's own position, or past the pass's, weighs exactly 0 (max
     -inf, sum 0), which leaves every sum's bits as they were."""
-    row, h = tl.program_id(0), tl.program_id(1)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
     run_max = tl.full((GP,), float("-inf"), tl.float32)
     run_sum = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, BLOCK_D), tl.float32)
-    chunks = (tl.load(pos_ptr) + M + CHUNK - 1) // CHUNK
+    chunks = (pos + M + CHUNK - 1) // CHUNK
     for c0 in range(0, chunks, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         seen = (c < chunks)[:, None]
         at = (c[:, None] * HKV + h) * M * GP + row * GP + g[None, :]  # [BLOCK_C, GP]
-        c_max = tl.load(max_ptr + at, mask=seen, other=float("-inf"))
+        c_max = tl.load(max_ptr + at, mask=seen, other=float("-inf"), cache_modifier=".cg")
         new_max = tl.maximum(run_max, tl.max(c_max, axis=0))
         weight = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - new_max[None, :]))
         a_old = tl.exp(run_max - new_max)  # 0 at the first block; 1 where nothing new was seen
-        c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0)
+        c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0, cache_modifier=".cg")
         run_sum = run_sum * a_old + tl.sum(c_sum * weight, axis=0)
         c_acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :],
-                        mask=seen[:, :, None], other=0.0)
+                        mask=seen[:, :, None], other=0.0, cache_modifier=".cg")
         acc = acc * a_old[:, None] + tl.sum(c_acc * weight[:, :, None], axis=0)
         run_max = new_max
     out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
@@ -561,11 +573,11 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
     run_sum = torch.empty(chunks, hkv, m, gp, **f32)
     acc = torch.empty(chunks, hkv, m, gp, bd, **f32)
     out = torch.empty_like(q)
-    _attend_chunk[(hkv, chunks, triton.cdiv(m, BLOCK_M))](
-        q.contiguous(), kv, pos, pos if tree is None else tree, acc, run_max, run_sum, m,
-        capacity, scale, hq, hkv, groups, gp, d, bd, BLOCK_M, chunk, block_kv,
-        tree is not None, 1 if tree is None else tree.shape[1],
+    tiles = triton.cdiv(m, BLOCK_M)
+    count = counters(q.device, hkv * tiles)  # arrivals per (head, row tile): the merge's
+    _attend_chunk[(hkv, chunks, tiles)](
+        q.contiguous(), kv, pos, pos if tree is None else tree, acc, run_max, run_sum, out,
+        count, m, capacity, scale, hq, hkv, groups, gp, d, bd, BLOCK_M, chunk, block_kv,
+        BLOCK_C, tree is not None, 1 if tree is None else tree.shape[1],
         num_warps=8 if BLOCK_M * gp >= 64 else 4)
-    _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
-                              chunk, BLOCK_C, num_warps=16 if gp >= 8 else 8 if gp >= 4 else 4)
     return out
