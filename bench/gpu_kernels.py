@@ -140,9 +140,18 @@ def render(table: list[dict]) -> str:
         "leave a chunk's running max, sum and output; the last of a (key/value head, row "
         "tile)'s programs to arrive (an atomic count, as split-K's) merges every row of the "
         "tile over its chunks in slot order, 16 chunks a step, and resets the count: the "
-        "merge's order is fixed by the slots whichever program runs it. Eight kernels a "
-        "layer in bf16, nine in int4 (the SiLU kernel), chain and tree passes alike "
-        "(`tests/test_gpu_kernels.py` counts them in the decoder's launch list).",
+        "merge's order is fixed by the slots whichever program runs it.",
+        "- **RMSNorm in the dense q/k/v and gate/up linears' loads (bf16).** `norm_linear` "
+        "adds the residual and normalises as it loads its inputs, rounded as the norm kernel "
+        "rounds; each program first sums each of its rows' squares over the whole of K, "
+        "128 inputs a block, the blocks in order (`reference.norm_linear`), so every part "
+        "of a split K scales a row alike, and the first output tile's programs store "
+        "x + residual for the stream. The price: every program reads its rows' inputs and "
+        "residual over all of K (through L2), a traffic that grows with the rows (not "
+        "measured on a GPU); an int4 linear keeps the norm kernel (more instructions in its "
+        "loop a weight, as the SiLU). Six kernels a layer in bf16, nine in int4, chain and "
+        "tree passes alike (`tests/test_gpu_kernels.py` counts them in the decoder's launch "
+        "list).",
         "",
         "## The table",
         "",

@@ -148,6 +148,33 @@ def test_add_rms_norm(dtype):
                 rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
 
 
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_the_norm_in_the_linears_loads(with_residual):
+    """norm_linear: RMSNorm(x + residual) * weight in a dense linear's loads, every part of
+    the split K normalising a row by the same scale: the sum x + residual bit for bit, the
+    output as reference.norm_linear, each row's bits the same in a pass of any width."""
+    from specgen.kernels.gpu import tiles
+
+    x, r = randn(50, 384), randn(50, 384, seed=1)
+    nw, w, b = randn(384, seed=2), randn(40, 384, seed=3), randn(40, seed=4)
+    assert tiles.splits(40, 384, tiles.block_n(40, x.device), 128, tiles.sm_count(x.device)) > 1
+    residual = r if with_residual else None
+    weight = gpu.Weight.dense(w, b)
+    out, summed = gpu.norm_linear(x, residual, nw, 1e-6, weight)
+    ref_out, ref_summed = reference.norm_linear(x, residual, nw, 1e-6, w, b)
+    assert torch.equal(summed, ref_summed)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    h, _ = gpu.add_rms_norm(x, residual, nw, 1e-6)  # the two kernels it replaces
+    torch.testing.assert_close(out, gpu.linear(h, weight), atol=1e-4, rtol=1e-4)
+    for m in (1, 16, 17, 33, 48, 49):
+        got, s = gpu.norm_linear(x[:m], None if residual is None else r[:m], nw, 1e-6, weight)
+        assert torch.equal(got, out[:m]) and torch.equal(s, summed[:m]), m
+    for i in (0, 20, 49):
+        one, _ = gpu.norm_linear(x[i:i + 1], None if residual is None else r[i:i + 1], nw,
+                                 1e-6, weight)
+        assert torch.equal(one[0], out[i]), i
+
+
 def rope_tables(capacity: int, d: int):
     angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
     angles = torch.cat([angles, angles], 1)
@@ -405,20 +432,21 @@ def test_one_binary_per_kernel_for_every_width(offline):
         assert len(hashes) == 1, (key, hashes)
 
 
-KERNELS_PER_LAYER = {"False/False": 8, "False/True": 8,  # bf16: chain, tree
-                     "True/False": 9, "True/True": 9}  # int4 (the SiLU kernel): chain, tree
+KERNELS_PER_LAYER = {"False/False": 6, "False/True": 6,  # bf16: chain, tree
+                     "True/False": 9, "True/True": 9}  # int4 (norms, SiLU apart): chain, tree
 
 
 def test_kernels_per_layer_from_the_decoders_launch_list(offline):
     """One layer of the 8B's shape, as `layer_pass` launches it for a pass of every width
-    1..33: eight kernels in bf16 and nine in int4, chain and tree passes alike (the attention
-    merge runs in the attention kernel's last program)."""
+    1..33: six kernels in bf16 and nine in int4, chain and tree passes alike (the attention
+    merge runs in the attention kernel's last program; a dense q/k/v or gate/up linear
+    computes the RMSNorm before it in its loads)."""
     assert offline["per_layer"] == {k: [v] for k, v in KERNELS_PER_LAYER.items()}
 
 
 def test_the_pass_model_counts_the_decoders_launches(tmp_path):
     """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
-    launch list: eight a layer, then the final norm and the head) and bandwidth; the H200's
+    launch list: six a layer in bf16, then the final norm and the head) and bandwidth; the H200's
     floor below the H100's by their bandwidths' ratio."""
     import importlib.util
     import json
@@ -434,7 +462,7 @@ def test_the_pass_model_counts_the_decoders_launches(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {r["model"]: r for r in json.loads(out.read_text())}
-    assert rows["8B"]["kernels"] == 32 * 8 + 2 and rows["8B"]["kernels_per_layer"] == 8
+    assert rows["8B"]["kernels"] == 32 * 6 + 2 and rows["8B"]["kernels_per_layer"] == 6
     assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
     for r in rows.values():
         assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)

@@ -13,6 +13,7 @@ The ops, each beside its PyTorch definition in reference.py:
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
     linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
+    norm_linear(x, residual, nw, eps, w)  (linear(RMSNorm(x + residual) * nw, w), x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
     attention(q, kv, pos, scale)      causal grouped-query attention over the cache (1 kernel)
@@ -195,6 +196,17 @@ def linear(x: Tensor, w: Weight, gated: bool = False) -> Tensor:
     gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
     loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer)."""
     return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated)
+
+
+def norm_linear(x: Tensor, residual: Tensor | None, norm: Tensor, eps: float,
+                w: Weight) -> tuple[Tensor, Tensor]:
+    """(linear(add_rms_norm(x, residual, norm, eps)[0], w), x + residual) in one kernel, w
+    dense: the RMSNorm in the linear's loads, each program taking a row's sum of squares over
+    all of K in one fixed order (blocks of 128 inputs, added in order:
+    reference.norm_linear), so every part of a split K normalises a row alike."""
+    if w.is_int4:
+        raise ValueError("the RMSNorm prologue is the dense linear's")
+    return _tiles().linear(x, w.data, w.bias, w.n, False, None, norm=(residual, norm, eps))
 
 
 def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,

@@ -159,17 +159,85 @@ def _rows_in(x_ptr, rows, kk, M, K, GATED: tl.constexpr):
         return tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=inside, other=0.0)
 
 
+@triton.jit
+def _summed_in(x_ptr, r_ptr, rows, kk, M, K, HAS_RESIDUAL: tl.constexpr):
+    """x + residual of a row tile's inputs kk, rounded to the dtype (`_add_rms_norm`'s sum)."""
+    inside = (rows[:, None] < M) & (kk[None, :] < K)
+    at = rows[:, None] * K + kk[None, :]
+    x = tl.load(x_ptr + at, mask=inside, other=0.0)
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(r_ptr + at, mask=inside, other=0.0).to(tl.float32)
+             ).to(x_ptr.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) of each row s = x + residual of a tile: the squares summed
+    BLOCK_K inputs at a time, the blocks added in order 0..K/BLOCK_K - 1 (the order fixed by
+    K alone; the same code, so the same bits, in every program that needs the row)."""
+    ss = tl.zeros((BLOCK_M,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        s = _summed_in(x_ptr, r_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K,
+                       HAS_RESIDUAL).to(tl.float32)
+        ss += tl.sum(s * s, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write,
+               HAS_RESIDUAL: tl.constexpr):
+    """A row tile's inputs kk of RMSNorm(x + residual) * weight, rounded as `_add_rms_norm`
+    rounds (the normed state, then the product with the weight); the sum x + residual is
+    stored too at inputs below `write` (K or 0: the stream's next residual)."""
+    s = _summed_in(x_ptr, r_ptr, rows, kk, M, K, HAS_RESIDUAL)
+    if HAS_RESIDUAL:
+        tl.store(s_ptr + rows[:, None] * K + kk[None, :], s,
+                 mask=(rows[:, None] < M) & (kk[None, :] < write))
+    normed = (s.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty)
+    nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    return (normed.to(tl.float32) * nw[None, :]).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write, GATED: tl.constexpr,
+             NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    if NORM:
+        return _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write,
+                          HAS_RESIDUAL)
+    else:
+        return _rows_in(x_ptr, rows, kk, M, K, GATED)
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
-            HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_ptr, M, N, K,
+            STEPS, eps, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
+            NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """Program (output tile, part of K, group of 3 row tiles): each weight tile is loaded once
-    and multiplied into every row tile the pass has (a pass of <= 48 rows: one group)."""
+    and multiplied into every row tile the pass has (a pass of <= 48 rows: one group).
+    NORM: the inputs are RMSNorm(x + residual) * weight (`_add_rms_norm`'s, folded into the
+    loads): each program first takes the sum of squares of each of its rows over the whole
+    of K (`_row_scale`, one order fixed by K), so every part of K normalises a row by the
+    same scale; the first output tile's programs also store x + residual (`s_ptr`)."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
+    write = K - K * tl.minimum(tl.program_id(0), 1)  # K in the first output tile, else 0
+    scale0 = tl.zeros((BLOCK_M,), tl.float32)
+    scale1 = tl.zeros((BLOCK_M,), tl.float32)
+    scale2 = tl.zeros((BLOCK_M,), tl.float32)
+    if NORM:
+        scale0 = _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+        if r0 + BLOCK_M < M:
+            scale1 = _row_scale(x_ptr, r_ptr, rows + BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
+        if r0 + 2 * BLOCK_M < M:
+            scale2 = _row_scale(x_ptr, r_ptr, rows + 2 * BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -177,13 +245,16 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
         kk = step * BLOCK_K + ks
         w = tl.load(w_ptr + cols[:, None] * K + kk[None, :],
                     mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-        x = _rows_in(x_ptr, rows, kk, M, K, GATED)
+        x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, GATED, NORM,
+                     HAS_RESIDUAL)
         acc0 = tl.dot(x.to(w.dtype), tl.trans(w), acc0, input_precision="ieee")
         if r0 + BLOCK_M < M:
-            x = _rows_in(x_ptr, rows + BLOCK_M, kk, M, K, GATED)
+            x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows + BLOCK_M, kk, M, K, scale1, write,
+                         GATED, NORM, HAS_RESIDUAL)
             acc1 = tl.dot(x.to(w.dtype), tl.trans(w), acc1, input_precision="ieee")
         if r0 + 2 * BLOCK_M < M:
-            x = _rows_in(x_ptr, rows + 2 * BLOCK_M, kk, M, K, GATED)
+            x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows + 2 * BLOCK_M, kk, M, K, scale2,
+                         write, GATED, NORM, HAS_RESIDUAL)
             acc2 = tl.dot(x.to(w.dtype), tl.trans(w), acc2, input_precision="ieee")
     _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
             SPLIT, BLOCK_M, BLOCK_N)
@@ -271,8 +342,21 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, 
 
 
 def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
-           scales_and_zeros: Tensor | None, gated: bool = False) -> Tensor:
+           scales_and_zeros: Tensor | None, gated: bool = False,
+           norm: tuple[Tensor | None, Tensor, float] | None = None) -> Tensor:
+    """norm = (residual, weight, eps): dense only, the inputs RMSNorm(x + residual) * weight;
+    then (out, x + residual) (x itself where residual is None)."""
     m, k = x.shape
+    if norm is not None:
+        residual, norm_w, eps = norm
+        if int4 or gated:
+            raise ValueError("the RMSNorm prologue is the dense, ungated linear's")
+        summed = x.contiguous() if residual is None else torch.empty_like(x)
+        if m > CHUNK_ROWS:
+            done = [linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, None, False,
+                           (None if residual is None else residual[i:i + CHUNK_ROWS], norm_w,
+                            eps)) for i in range(0, m, CHUNK_ROWS)]
+            return torch.cat([o for o, _ in done]), torch.cat([s for _, s in done])
     k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
     x = x.contiguous()
     if m > CHUNK_ROWS:
@@ -291,9 +375,15 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     if int4:
         _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, m, n, k, k // 8, steps,
                            bias is not None, BLOCK_M, bn, GROUP, split, gated)
+    elif norm is not None:
+        r = x if residual is None else residual.contiguous()
+        _linear[grid](x, w, b, out, part, count, r, norm_w, summed, m, n, k, steps, eps,
+                      bias is not None, BLOCK_M, bn, BLOCK_K, split, False, True,
+                      residual is not None)
+        return out, summed
     else:
-        _linear[grid](x, w, b, out, part, count, m, n, k, steps, bias is not None, BLOCK_M, bn,
-                      BLOCK_K, split, gated)
+        _linear[grid](x, w, b, out, part, count, x, x, x, m, n, k, steps, 0.0,
+                      bias is not None, BLOCK_M, bn, BLOCK_K, split, gated, False, False)
     return out
 
 
