@@ -175,6 +175,25 @@ def test_the_norm_in_the_linears_loads(with_residual):
         assert torch.equal(one[0], out[i]), i
 
 
+@pytest.mark.parametrize("int4", [False, True])
+def test_the_gate_up_projection_computes_silu_in_its_epilogue(int4):
+    """linear(x, gate_up, silu=True): each tile loads the gate and the up rows of the same
+    outputs and stores silu(gate) * up, with K split: the bits of linear then silu_mul, and
+    each row's the same in a pass of any width."""
+    from specgen.kernels.gpu import tiles
+
+    x, w, b = randn(50, 384), randn(80, 384, seed=1), randn(80, seed=2)
+    weight = gpu.Weight.quantize(w, b) if int4 else gpu.Weight.dense(w, b)
+    assert tiles.splits(80, 384, tiles.block_n(80, x.device, int4), 128,
+                        tiles.sm_count(x.device)) > 1
+    out = gpu.linear(x, weight, silu=True)
+    assert out.shape == (50, 40)
+    assert torch.equal(out, gpu.silu_mul(gpu.linear(x, weight)))
+    for m in (1, 16, 17, 33, 48):
+        assert torch.equal(gpu.linear(x[:m], weight, silu=True), out[:m]), m
+    assert torch.equal(gpu.linear(x[20:21], weight, silu=True)[0], out[20])
+
+
 def rope_tables(capacity: int, d: int):
     angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
     angles = torch.cat([angles, angles], 1)
@@ -383,8 +402,9 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
     rows = offline["rows"]
     assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
     assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
-                                           "_rope_write", "_attend_chunk", "_silu_mul"}
-    assert {r["model"] for r in rows if r["kernel"] == "_silu_mul"} == {"70B int4"}
+                                           "_rope_write", "_attend_chunk"}
+    assert {r["model"] for r in rows if r["kernel"] == "_add_rms_norm"
+            and r["op"] != "final norm"} == {"70B int4"}
     for r in rows:
         where = f"{r['model']} {r['op']} ({r['kernel']})"
         assert r["spills"] == 0 and r["stack"] == 0, where
@@ -433,14 +453,15 @@ def test_one_binary_per_kernel_for_every_width(offline):
 
 
 KERNELS_PER_LAYER = {"False/False": 6, "False/True": 6,  # bf16: chain, tree
-                     "True/False": 9, "True/True": 9}  # int4 (norms, SiLU apart): chain, tree
+                     "True/False": 8, "True/True": 8}  # int4 (the norms apart): chain, tree
 
 
 def test_kernels_per_layer_from_the_decoders_launch_list(offline):
     """One layer of the 8B's shape, as `layer_pass` launches it for a pass of every width
-    1..33: six kernels in bf16 and nine in int4, chain and tree passes alike (the attention
+    1..33: six kernels in bf16 and eight in int4, chain and tree passes alike (the attention
     merge runs in the attention kernel's last program; a dense q/k/v or gate/up linear
-    computes the RMSNorm before it in its loads)."""
+    computes the RMSNorm before it in its loads; an int4 gate/up linear, the SiLU after it
+    in its epilogue)."""
     assert offline["per_layer"] == {k: [v] for k, v in KERNELS_PER_LAYER.items()}
 
 

@@ -1,5 +1,5 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as six Triton kernels (nine for int4) instead of PyTorch's dozens, and every row
+tokens runs each decoder layer as six Triton kernels (eight for int4) instead of PyTorch's dozens, and every row
 of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
@@ -14,9 +14,10 @@ pending, and each block's first kernel adds them as it norms (so no add runs on 
                                                         loads of gate and up's one GEMM
     linear(silu(gate) * up, down) -> pending            the SiLU computed in the GEMM's loads
 
-(int4 linears keep add_rms_norm and silu_mul as kernels of their own: recomputed by every
-output tile, the SiLU would triple the int4 loop's instructions per weight, and the norm too
-would add to them, docs/gpu-kernels.md)
+(int4 linears keep add_rms_norm as a kernel of its own, the norm in their loads would add to
+the int4 loop's instructions per weight; their SiLU runs in the gate/up linear's epilogue,
+linear(h, gate_up, silu=True), not in the down projection's loads, where every output tile
+would recompute it: docs/gpu-kernels.md)
 
 then one add_rms_norm for the final norm and one linear for the output head, so that logits
 too are row for row. Every kernel computes a row with the same tile shape and reduction order
@@ -172,11 +173,15 @@ def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tens
         q = gpu.rope_write(qkv, cos, sin, kv, pos, q_heads, kv_heads, tree)
         pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
     if mlp:
-        gate_up, residual = _normed(w.gate_up, pending, residual, w.norm_2, w.eps_2)
-        if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
-            pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
-        else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
-            pending = gpu.linear(gate_up, w.down, gated=True)
+        if w.gate_up.is_int4:  # the SiLU in the gate/up linear's epilogue, once an output
+            h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
+            pending = gpu.linear(gpu.linear(h, w.gate_up, silu=True), w.down)
+        else:
+            gate_up, residual = _normed(w.gate_up, pending, residual, w.norm_2, w.eps_2)
+            if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
+                pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
+            else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
+                pending = gpu.linear(gate_up, w.down, gated=True)
     return pending, residual
 
 

@@ -136,7 +136,7 @@ def launches(shape: tuple, m: int, int4: bool = False, tree: bool = False,
     out: list[Launch] = []
     op = ["layer"]
     names = iter(["input norm", "qkv", "rope", "attention", "o", "post norm", "gate_up",
-                  "silu", "down"] if int4 else  # the norms in the dense linears' loads
+                  "down"] if int4 else  # the norms in the dense linears' loads
                  ["qkv", "rope", "attention", "o", "gate_up", "down"])
 
     class Named(list):  # name each launch as it is appended

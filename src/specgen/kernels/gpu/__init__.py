@@ -12,6 +12,7 @@ The ops, each beside its PyTorch definition in reference.py:
 
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
     linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
+    linear(x, gate_up, silu=True)     silu_mul(x @ gate_up.T), the SiLU in the epilogue
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
     norm_linear(x, residual, nw, eps, w)  (linear(RMSNorm(x + residual) * nw, w), x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
@@ -191,11 +192,15 @@ def takes(module: nn.Module) -> bool:
 
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------
 
-def linear(x: Tensor, w: Weight, gated: bool = False) -> Tensor:
+def linear(x: Tensor, w: Weight, gated: bool = False, silu: bool = False) -> Tensor:
     """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order.
     gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
-    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer)."""
-    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated)
+    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer).
+    silu: w is [gate | up] (N = 2I) and the output silu_mul(x @ w.T) [M, I], computed in the
+    epilogue (a tile loads the gate and up rows of the same outputs) with the rounding of
+    linear then silu_mul: the same bits, one launch fewer."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated,
+                           silu=silu)
 
 
 def norm_linear(x: Tensor, residual: Tensor | None, norm: Tensor, eps: float,
