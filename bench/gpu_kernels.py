@@ -132,10 +132,32 @@ def render(table: list[dict]) -> str:
         "fragments and hand-placed constants (inline PTX or Gluon), not done here.",
         "- **SiLU in the down projection's loads (bf16).** `linear(gate_up, down, gated=True)` "
         "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
-        "(the tests compare the bits): nine kernels a layer. Every output tile recomputes it, "
-        "so an int4 down projection keeps the SiLU kernel (ten a layer): folded in, its loop "
+        "(the tests compare the bits). Every output tile recomputes it, "
+        "so an int4 down projection does not take it: folded in, its loop "
         "measured 10.6 instructions a weight against 3.5, more than an H100 can issue while "
         "streaming int4 weights (about 5 a weight at 3.35 TB/s and 1.76 GHz).",
+        "- **SiLU in the int4 gate/up projection's epilogue.** `linear(h, gate_up, "
+        "silu=True)`: a tile of BLOCK_N loads the gate rows of BLOCK_N / 2 outputs and the "
+        "up rows of the same outputs (interleaved at load, the weight as stored), and its "
+        "epilogue (or split-K's last program, after adding the parts in order) stores "
+        "silu(gate) * up with the rounding of the linear then the SiLU kernel (the tests "
+        "compare the bits): once an output, no instruction in the main loop.",
+        "- **The attention merge in the attention kernel.** `_attend_chunk`'s programs each "
+        "leave a chunk's running max, sum and output; the last of a (key/value head, row "
+        "tile)'s programs to arrive (an atomic count, as split-K's) merges every row of the "
+        "tile over its chunks in slot order, 16 chunks a step, and resets the count: the "
+        "merge's order is fixed by the slots whichever program runs it.",
+        "- **RMSNorm in the dense q/k/v and gate/up linears' loads (bf16).** `norm_linear` "
+        "adds the residual and normalises as it loads its inputs, rounded as the norm kernel "
+        "rounds; each program first sums each of its rows' squares over the whole of K, "
+        "128 inputs a block, the blocks in order (`reference.norm_linear`), so every part "
+        "of a split K scales a row alike, and the first output tile's programs store "
+        "x + residual for the stream. The price: every program reads its rows' inputs and "
+        "residual over all of K (through L2), a traffic that grows with the rows (not "
+        "measured on a GPU); an int4 linear keeps the norm kernel (more instructions in its "
+        "loop a weight). Six kernels a layer in bf16, eight in int4, chain and "
+        "tree passes alike (`tests/test_gpu_kernels.py` counts them in the decoder's launch "
+        "list).",
         "",
         "## The table",
         "",

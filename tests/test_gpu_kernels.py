@@ -148,6 +148,52 @@ def test_add_rms_norm(dtype):
                 rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
 
 
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_the_norm_in_the_linears_loads(with_residual):
+    """norm_linear: RMSNorm(x + residual) * weight in a dense linear's loads, every part of
+    the split K normalising a row by the same scale: the sum x + residual bit for bit, the
+    output as reference.norm_linear, each row's bits the same in a pass of any width."""
+    from specgen.kernels.gpu import tiles
+
+    x, r = randn(50, 384), randn(50, 384, seed=1)
+    nw, w, b = randn(384, seed=2), randn(40, 384, seed=3), randn(40, seed=4)
+    assert tiles.splits(40, 384, tiles.block_n(40, x.device), 128, tiles.sm_count(x.device)) > 1
+    residual = r if with_residual else None
+    weight = gpu.Weight.dense(w, b)
+    out, summed = gpu.norm_linear(x, residual, nw, 1e-6, weight)
+    ref_out, ref_summed = reference.norm_linear(x, residual, nw, 1e-6, w, b)
+    assert torch.equal(summed, ref_summed)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    h, _ = gpu.add_rms_norm(x, residual, nw, 1e-6)  # the two kernels it replaces
+    torch.testing.assert_close(out, gpu.linear(h, weight), atol=1e-4, rtol=1e-4)
+    for m in (1, 16, 17, 33, 48, 49):
+        got, s = gpu.norm_linear(x[:m], None if residual is None else r[:m], nw, 1e-6, weight)
+        assert torch.equal(got, out[:m]) and torch.equal(s, summed[:m]), m
+    for i in (0, 20, 49):
+        one, _ = gpu.norm_linear(x[i:i + 1], None if residual is None else r[i:i + 1], nw,
+                                 1e-6, weight)
+        assert torch.equal(one[0], out[i]), i
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_the_gate_up_projection_computes_silu_in_its_epilogue(int4):
+    """linear(x, gate_up, silu=True): each tile loads the gate and the up rows of the same
+    outputs and stores silu(gate) * up, with K split: the bits of linear then silu_mul, and
+    each row's the same in a pass of any width."""
+    from specgen.kernels.gpu import tiles
+
+    x, w, b = randn(50, 384), randn(80, 384, seed=1), randn(80, seed=2)
+    weight = gpu.Weight.quantize(w, b) if int4 else gpu.Weight.dense(w, b)
+    assert tiles.splits(80, 384, tiles.block_n(80, x.device, int4), 128,
+                        tiles.sm_count(x.device)) > 1
+    out = gpu.linear(x, weight, silu=True)
+    assert out.shape == (50, 40)
+    assert torch.equal(out, gpu.silu_mul(gpu.linear(x, weight)))
+    for m in (1, 16, 17, 33, 48):
+        assert torch.equal(gpu.linear(x[:m], weight, silu=True), out[:m]), m
+    assert torch.equal(gpu.linear(x[20:21], weight, silu=True)[0], out[20])
+
+
 def rope_tables(capacity: int, d: int):
     angles = torch.arange(capacity)[:, None] * 0.5 ** torch.arange(d // 2)[None, :]
     angles = torch.cat([angles, angles], 1)
@@ -302,11 +348,15 @@ from specgen.decoding import fused_offline as offline
 
 shape = gpu_kernels.shapes()["llama-3.1-8b"]
 widths = {}  # (op, kernel): the binaries of passes of 1..33 rows
+per_layer = {}  # "int4/tree": the kernels of one layer, from the decoder's launch list
 for int4 in (False, True):
     for tree in (False, True):
         seen = {}
         for m in range(1, 34):
-            for launch in offline.launches(shape, m, int4, tree):
+            launches = offline.launches(shape, m, int4, tree)
+            counts = per_layer.setdefault(f"{int4}/{tree}", set())
+            counts.add(sum(1 for l in launches if l.op not in ("final norm", "head")))
+            for launch in launches:
                 key = (launch.op, launch.kernel, int4, tree)
                 spec = repr((launch.signature, launch.constexprs, launch.attrs))
                 if spec not in seen.setdefault(key, {}):
@@ -314,7 +364,9 @@ for int4 in (False, True):
         for key, specs in seen.items():
             widths["/".join(map(str, key))] = sorted(set(specs.values()))
 rows = gpu_kernels.rows()
-print(json.dumps(dict(rows=rows, widths=widths, doc=gpu_kernels.render(rows))))
+per_layer = {k: sorted(v) for k, v in per_layer.items()}
+print(json.dumps(dict(rows=rows, widths=widths, per_layer=per_layer,
+                      doc=gpu_kernels.render(rows))))
 """
 
 
@@ -350,9 +402,9 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
     rows = offline["rows"]
     assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
     assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
-                                           "_rope_write", "_attend_chunk", "_attend_combine",
-                                           "_silu_mul"}
-    assert {r["model"] for r in rows if r["kernel"] == "_silu_mul"} == {"70B int4"}
+                                           "_rope_write", "_attend_chunk"}
+    assert {r["model"] for r in rows if r["kernel"] == "_add_rms_norm"
+            and r["op"] != "final norm"} == {"70B int4"}
     for r in rows:
         where = f"{r['model']} {r['op']} ({r['kernel']})"
         assert r["spills"] == 0 and r["stack"] == 0, where
@@ -400,9 +452,22 @@ def test_one_binary_per_kernel_for_every_width(offline):
         assert len(hashes) == 1, (key, hashes)
 
 
+KERNELS_PER_LAYER = {"False/False": 6, "False/True": 6,  # bf16: chain, tree
+                     "True/False": 8, "True/True": 8}  # int4 (the norms apart): chain, tree
+
+
+def test_kernels_per_layer_from_the_decoders_launch_list(offline):
+    """One layer of the 8B's shape, as `layer_pass` launches it for a pass of every width
+    1..33: six kernels in bf16 and eight in int4, chain and tree passes alike (the attention
+    merge runs in the attention kernel's last program; a dense q/k/v or gate/up linear
+    computes the RMSNorm before it in its loads; an int4 gate/up linear, the SiLU after it
+    in its epilogue)."""
+    assert offline["per_layer"] == {k: [v] for k, v in KERNELS_PER_LAYER.items()}
+
+
 def test_the_pass_model_counts_the_decoders_launches(tmp_path):
     """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
-    launch list: nine a layer, then the final norm and the head) and bandwidth; the H200's
+    launch list: six a layer in bf16, then the final norm and the head) and bandwidth; the H200's
     floor below the H100's by their bandwidths' ratio."""
     import importlib.util
     import json
@@ -418,7 +483,7 @@ def test_the_pass_model_counts_the_decoders_launches(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {r["model"]: r for r in json.loads(out.read_text())}
-    assert rows["8B"]["kernels"] == 32 * 9 + 2 and rows["8B"]["kernels_per_layer"] == 9
+    assert rows["8B"]["kernels"] == 32 * 6 + 2 and rows["8B"]["kernels_per_layer"] == 6
     assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
     for r in rows.values():
         assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)

@@ -1,21 +1,23 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as nine Triton kernels (ten for int4) instead of PyTorch's dozens, and every row
+tokens runs each decoder layer as six Triton kernels (eight for int4) instead of PyTorch's dozens, and every row
 of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
 pending, and each block's first kernel adds them as it norms (so no add runs on its own):
 
-    add_rms_norm(pending, residual) -> h, residual      input_layernorm
-    linear(h, qkv)                                      q, k and v in one GEMM
+    norm_linear(pending, residual, qkv) -> qkv, residual  input_layernorm in the GEMM's loads
+                                                        (q, k and v in one GEMM)
     rope_write(qkv, cos, sin, cache, pos) -> q          k and v written at pos..pos+m-1
-    attention(q, cache, pos)                            two kernels (chunks, then their merge)
+    attention(q, cache, pos)                            chunks, merged by the last to finish
     linear(., o) -> pending
-    add_rms_norm(pending, residual) -> h, residual      post_attention_layernorm
-    linear(h, gate_up)                                  gate and up in one GEMM
+    norm_linear(pending, residual, gate_up)             post_attention_layernorm in the
+                                                        loads of gate and up's one GEMM
     linear(silu(gate) * up, down) -> pending            the SiLU computed in the GEMM's loads
 
-(int4 down projections keep silu_mul as a kernel of its own: recomputed by every output tile,
-the SiLU would triple the int4 loop's instructions per weight, docs/gpu-kernels.md)
+(int4 linears keep add_rms_norm as a kernel of its own, the norm in their loads would add to
+the int4 loop's instructions per weight; their SiLU runs in the gate/up linear's epilogue,
+linear(h, gate_up, silu=True), not in the down projection's loads, where every output tile
+would recompute it: docs/gpu-kernels.md)
 
 then one add_rms_norm for the final norm and one linear for the output head, so that logits
 too are row for row. Every kernel computes a row with the same tile shape and reduction order
@@ -148,6 +150,17 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     return _fused[model]
 
 
+def _normed(weight: gpu.Weight, pending: Tensor, residual: Tensor | None, norm: Tensor,
+            eps: float) -> tuple[Tensor, Tensor]:
+    """(linear(RMSNorm(pending + residual) * norm, weight), pending + residual): one kernel
+    for a dense weight (the norm in the linear's loads); an int4 one keeps add_rms_norm's
+    kernel (normalising in the loads would add to the int4 loop's instructions a weight)."""
+    if weight.is_int4:
+        h, residual = gpu.add_rms_norm(pending, residual, norm, eps)
+        return gpu.linear(h, weight), residual
+    return gpu.norm_linear(pending, residual, norm, eps, weight)
+
+
 def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tensor, cos: Tensor,
                sin: Tensor, pos: Tensor, q_heads: int, kv_heads: int, tree: Tensor | None = None,
                attention: bool = True, mlp: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -156,16 +169,19 @@ def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tens
     kv: this layer's cache [2, kv_heads, capacity, head_dim]."""
     m = pending.shape[0]
     if attention:
-        h, residual = gpu.add_rms_norm(pending, residual, w.norm_1, w.eps_1)
-        q = gpu.rope_write(gpu.linear(h, w.qkv), cos, sin, kv, pos, q_heads, kv_heads, tree)
+        qkv, residual = _normed(w.qkv, pending, residual, w.norm_1, w.eps_1)
+        q = gpu.rope_write(qkv, cos, sin, kv, pos, q_heads, kv_heads, tree)
         pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
     if mlp:
-        h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
-        gate_up = gpu.linear(h, w.gate_up)
-        if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
-            pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
-        else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
-            pending = gpu.linear(gate_up, w.down, gated=True)
+        if w.gate_up.is_int4:  # the SiLU in the gate/up linear's epilogue, once an output
+            h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
+            pending = gpu.linear(gpu.linear(h, w.gate_up, silu=True), w.down)
+        else:
+            gate_up, residual = _normed(w.gate_up, pending, residual, w.norm_2, w.eps_2)
+            if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
+                pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
+            else:  # the SiLU in the down projection's loads: one launch fewer, the same bits
+                pending = gpu.linear(gate_up, w.down, gated=True)
     return pending, residual
 
 

@@ -12,10 +12,12 @@ The ops, each beside its PyTorch definition in reference.py:
 
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
     linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
+    linear(x, gate_up, silu=True)     silu_mul(x @ gate_up.T), the SiLU in the epilogue
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
+    norm_linear(x, residual, nw, eps, w)  (linear(RMSNorm(x + residual) * nw, w), x + residual)
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
-    attention(q, kv, pos, scale)      causal grouped-query attention over the cache (2 kernels)
+    attention(q, kv, pos, scale)      causal grouped-query attention over the cache (1 kernel)
 
 `rope_write` and `attention` also take a token tree's rows (`tree=`, a `tree_table`): each row
 at the position of its depth, attending its own ancestors, with the bits of a one-token pass
@@ -190,11 +192,26 @@ def takes(module: nn.Module) -> bool:
 
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------
 
-def linear(x: Tensor, w: Weight, gated: bool = False) -> Tensor:
+def linear(x: Tensor, w: Weight, gated: bool = False, silu: bool = False) -> Tensor:
     """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order.
     gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
-    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer)."""
-    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated)
+    loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer).
+    silu: w is [gate | up] (N = 2I) and the output silu_mul(x @ w.T) [M, I], computed in the
+    epilogue (a tile loads the gate and up rows of the same outputs) with the rounding of
+    linear then silu_mul: the same bits, one launch fewer."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated,
+                           silu=silu)
+
+
+def norm_linear(x: Tensor, residual: Tensor | None, norm: Tensor, eps: float,
+                w: Weight) -> tuple[Tensor, Tensor]:
+    """(linear(add_rms_norm(x, residual, norm, eps)[0], w), x + residual) in one kernel, w
+    dense: the RMSNorm in the linear's loads, each program taking a row's sum of squares over
+    all of K in one fixed order (blocks of 128 inputs, added in order:
+    reference.norm_linear), so every part of a split K normalises a row alike."""
+    if w.is_int4:
+        raise ValueError("the RMSNorm prologue is the dense linear's")
+    return _tiles().linear(x, w.data, w.bias, w.n, False, None, norm=(residual, norm, eps))
 
 
 def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
@@ -220,7 +237,8 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, tree: Tensor | None = None,
               **blocks: int) -> Tensor:
     """q [M, hq, D]: row r attends cache slots 0..pos+r of kv [2, hkv, capacity, D].
-    Flash-decoding in two kernels: chunks of the cache fixed by slot, merged in slot order.
+    Flash-decoding in one kernel: chunks of the cache fixed by slot, merged in slot order by
+    the last program of a (head, row tile) to arrive.
     `tree` (a tree_table, rows at slots pos..pos+M-1): row r attends the slots below pos and
     then, position by position, those of its ancestors and itself. `blocks` (chunk=,
     block_kv=) changes the fixed split (tests use small ones)."""

@@ -49,6 +49,22 @@ def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,
     return (normed.float() * weight.float()).to(x.dtype), summed
 
 
+def norm_linear(x: Tensor, residual: Tensor | None, norm: Tensor, eps: float,
+                weight: Tensor, bias: Tensor | None = None,
+                block: int = 128) -> tuple[Tensor, Tensor]:
+    """(linear(RMSNorm(x + residual) * norm, weight), x + residual): add_rms_norm's math and
+    rounding, but the row's sum of squares taken as the fused linear takes it, in blocks of
+    `block` inputs added in order (add_rms_norm's is one sum over the row)."""
+    summed = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    s = summed.float()
+    ss = torch.zeros(s.shape[0], dtype=torch.float32, device=s.device)
+    for k0 in range(0, s.shape[1], block):
+        ss = ss + s[:, k0:k0 + block].pow(2).sum(-1)
+    normed = (s * (1.0 / torch.sqrt(ss / s.shape[1] + eps))[:, None]).to(x.dtype)
+    h = (normed.float() * norm.float()).to(x.dtype)
+    return linear(h, weight, bias), summed
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """transformers' apply_rotary_pos_emb for one tensor [M, heads, D] with cos, sin [M, D]
     (rotate_half convention), each product rounded to the dtype as PyTorch's ops do."""

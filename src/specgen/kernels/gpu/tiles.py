@@ -82,38 +82,73 @@ def counters(device: torch.device, size: int) -> Tensor:
 
 
 @triton.jit
-def _store_rows(acc, rows, cols, split, out_ptr, b_ptr, part_ptr, M, N,
-                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
-    """A row tile's sums: to out (plus bias) when K is whole; else this part's partial sums
-    (`_finish` adds the parts)."""
-    keep = (rows[:, None] < M) & (cols[None, :] < N)
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=keep)
+def _weight_rows(N, BLOCK_N: tl.constexpr, SILU: tl.constexpr):
+    """The weight rows (outputs) a program's tile computes, and which of them exist: outputs
+    pid * BLOCK_N on; or (SILU: the weight is [gate | up], N = 2I) the gate rows of outputs
+    pid * BLOCK_N / 2 on, then the up rows of the same outputs, interleaved at load so that
+    the epilogue holds each output's gate and up (`_out`)."""
+    j = tl.arange(0, BLOCK_N)
+    if SILU:
+        at = tl.program_id(0) * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        return at + (j // (BLOCK_N // 2)) * (N // 2), at < N // 2
     else:
-        tl.store(part_ptr + (split * M + rows[:, None]) * N + cols[None, :], acc, mask=keep)
+        cols = tl.program_id(0) * BLOCK_N + j
+        return cols, cols < N
 
 
 @triton.jit
-def _reduce_rows(rows, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS: tl.constexpr,
-                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    keep = (rows[:, None] < M) & (cols[None, :] < N)
+def _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS: tl.constexpr,
+         SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A row tile's sums (plus bias) to out; SILU: silu(gate) * up of its outputs, each of
+    gate and up rounded to the dtype first, then the SiLU, then the product (`_silu_mul`'s
+    rounding: the bits of the gate/up linear and the SiLU kernel)."""
+    if HAS_BIAS:
+        total += tl.load(b_ptr + wrows, mask=wok, other=0.0).to(tl.float32)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    if SILU:
+        g, u = tl.split(tl.permute(tl.reshape(total, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        gate = g.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        cols = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + rows[:, None] * (N // 2) + cols[None, :],
+                 (act * u.to(dtype).to(tl.float32)).to(dtype),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N // 2))
+    else:
+        tl.store(out_ptr + rows[:, None] * N + wrows[None, :], total.to(dtype),
+                 mask=(rows[:, None] < M) & wok[None, :])
+
+
+@triton.jit
+def _store_rows(acc, rows, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N, PN,
+                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SILU: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A row tile's sums: to out (`_out`) when K is whole; else this part's partial sums
+    (`_finish` adds the parts), PN a row, at the tile's positions."""
+    if SPLIT == 1:
+        _out(acc, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, BLOCK_M, BLOCK_N)
+    else:
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        keep = (rows[:, None] < M) & (cols[None, :] < PN)
+        tl.store(part_ptr + (split * M + rows[:, None]) * PN + cols[None, :], acc, mask=keep)
+
+
+@triton.jit
+def _reduce_rows(rows, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS: tl.constexpr,
+                 SPLIT: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = (rows[:, None] < M) & (cols[None, :] < PN)
     total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for s in range(SPLIT):  # in order: the same sum for a row whatever the pass's width
-        total += tl.load(part_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=keep,
+        total += tl.load(part_ptr + (s * M + rows[:, None]) * PN + cols[None, :], mask=keep,
                          other=0.0, cache_modifier=".cg")
-    if HAS_BIAS:
-        total += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], total.to(out_ptr.dtype.element_ty),
-             mask=keep)
+    _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
+def _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
             HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr):
+            BLOCK_N: tl.constexpr, SILU: tl.constexpr):
     """Store a program's three row tiles; with K split, the last of an output tile's SPLIT
     programs to arrive (an atomic count, acquire-release at GPU scope, after a barrier: every
     thread's partial stored first; the partials read back through L2, `.cg`) adds the parts
@@ -121,25 +156,30 @@ def _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
     next launch. One kernel a linear, and a row's sum the same in a pass of any width."""
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    _store_rows(acc0, rows, cols, split, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS, SPLIT)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
+    PN = N
+    if SILU:
+        PN = tl.num_programs(0) * BLOCK_N  # the partials of whole tiles, [gate | up] each
+    _store_rows(acc0, rows, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS,
+                SPLIT, SILU, BLOCK_M, BLOCK_N)
     if r0 + BLOCK_M < M:
-        _store_rows(acc1, rows + BLOCK_M, cols, split, out_ptr, b_ptr, part_ptr, M, N,
-                    HAS_BIAS, SPLIT)
+        _store_rows(acc1, rows + BLOCK_M, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N,
+                    PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
     if r0 + 2 * BLOCK_M < M:
-        _store_rows(acc2, rows + 2 * BLOCK_M, cols, split, out_ptr, b_ptr, part_ptr, M, N,
-                    HAS_BIAS, SPLIT)
+        _store_rows(acc2, rows + 2 * BLOCK_M, wrows, wok, split, out_ptr, b_ptr, part_ptr, M,
+                    N, PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
     if SPLIT > 1:
         tl.debug_barrier()
         at = cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
         if tl.atomic_add(at, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
-            _reduce_rows(rows, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS, SPLIT,
-                         BLOCK_M, BLOCK_N)
+            _reduce_rows(rows, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS,
+                         SPLIT, SILU, BLOCK_M, BLOCK_N)
             if r0 + BLOCK_M < M:
-                _reduce_rows(rows + BLOCK_M, cols, out_ptr, b_ptr, part_ptr, M, N, HAS_BIAS,
-                             SPLIT, BLOCK_M, BLOCK_N)
+                _reduce_rows(rows + BLOCK_M, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN,
+                             HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
             if r0 + 2 * BLOCK_M < M:
-                _reduce_rows(rows + 2 * BLOCK_M, cols, out_ptr, b_ptr, part_ptr, M, N,
-                             HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+                _reduce_rows(rows + 2 * BLOCK_M, wrows, wok, out_ptr, b_ptr, part_ptr, M, N,
+                             PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(at, 0, sem="relaxed", scope="gpu")
 
 
@@ -159,34 +199,106 @@ def _rows_in(x_ptr, rows, kk, M, K, GATED: tl.constexpr):
         return tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=inside, other=0.0)
 
 
+@triton.jit
+def _summed_in(x_ptr, r_ptr, rows, kk, M, K, HAS_RESIDUAL: tl.constexpr):
+    """x + residual of a row tile's inputs kk, rounded to the dtype (`_add_rms_norm`'s sum)."""
+    inside = (rows[:, None] < M) & (kk[None, :] < K)
+    at = rows[:, None] * K + kk[None, :]
+    x = tl.load(x_ptr + at, mask=inside, other=0.0)
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(r_ptr + at, mask=inside, other=0.0).to(tl.float32)
+             ).to(x_ptr.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) of each row s = x + residual of a tile: the squares summed
+    BLOCK_K inputs at a time, the blocks added in order 0..K/BLOCK_K - 1 (the order fixed by
+    K alone; the same code, so the same bits, in every program that needs the row)."""
+    ss = tl.zeros((BLOCK_M,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        s = _summed_in(x_ptr, r_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K,
+                       HAS_RESIDUAL).to(tl.float32)
+        ss += tl.sum(s * s, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write,
+               HAS_RESIDUAL: tl.constexpr):
+    """A row tile's inputs kk of RMSNorm(x + residual) * weight, rounded as `_add_rms_norm`
+    rounds (the normed state, then the product with the weight); the sum x + residual is
+    stored too at inputs below `write` (K or 0: the stream's next residual)."""
+    s = _summed_in(x_ptr, r_ptr, rows, kk, M, K, HAS_RESIDUAL)
+    if HAS_RESIDUAL:
+        tl.store(s_ptr + rows[:, None] * K + kk[None, :], s,
+                 mask=(rows[:, None] < M) & (kk[None, :] < write))
+    normed = (s.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty)
+    nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    return (normed.to(tl.float32) * nw[None, :]).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write, GATED: tl.constexpr,
+             NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    if NORM:
+        return _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write,
+                          HAS_RESIDUAL)
+    else:
+        return _rows_in(x_ptr, rows, kk, M, K, GATED)
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, STEPS,
-            HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_ptr, M, N, K,
+            STEPS, eps, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
+            NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr):
     """Program (output tile, part of K, group of 3 row tiles): each weight tile is loaded once
-    and multiplied into every row tile the pass has (a pass of <= 48 rows: one group)."""
+    and multiplied into every row tile the pass has (a pass of <= 48 rows: one group).
+    NORM: the inputs are RMSNorm(x + residual) * weight (`_add_rms_norm`'s, folded into the
+    loads): each program first takes the sum of squares of each of its rows over the whole
+    of K (`_row_scale`, one order fixed by K), so every part of K normalises a row by the
+    same scale; the first output tile's programs also store x + residual (`s_ptr`).
+    SILU: the outputs are silu(gate) * up of the [gate | up] weight's (`_weight_rows`)."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
     ks = tl.arange(0, BLOCK_K)
+    write = K - K * tl.minimum(tl.program_id(0), 1)  # K in the first output tile, else 0
+    scale0 = tl.zeros((BLOCK_M,), tl.float32)
+    scale1 = tl.zeros((BLOCK_M,), tl.float32)
+    scale2 = tl.zeros((BLOCK_M,), tl.float32)
+    if NORM:
+        scale0 = _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+        if r0 + BLOCK_M < M:
+            scale1 = _row_scale(x_ptr, r_ptr, rows + BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
+        if r0 + 2 * BLOCK_M < M:
+            scale2 = _row_scale(x_ptr, r_ptr, rows + 2 * BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
         kk = step * BLOCK_K + ks
-        w = tl.load(w_ptr + cols[:, None] * K + kk[None, :],
-                    mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-        x = _rows_in(x_ptr, rows, kk, M, K, GATED)
+        w = tl.load(w_ptr + wrows[:, None] * K + kk[None, :],
+                    mask=wok[:, None] & (kk[None, :] < K), other=0.0)
+        x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, GATED, NORM,
+                     HAS_RESIDUAL)
         acc0 = tl.dot(x.to(w.dtype), tl.trans(w), acc0, input_precision="ieee")
         if r0 + BLOCK_M < M:
-            x = _rows_in(x_ptr, rows + BLOCK_M, kk, M, K, GATED)
+            x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows + BLOCK_M, kk, M, K, scale1, write,
+                         GATED, NORM, HAS_RESIDUAL)
             acc1 = tl.dot(x.to(w.dtype), tl.trans(w), acc1, input_precision="ieee")
         if r0 + 2 * BLOCK_M < M:
-            x = _rows_in(x_ptr, rows + 2 * BLOCK_M, kk, M, K, GATED)
+            x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows + 2 * BLOCK_M, kk, M, K, scale2,
+                         write, GATED, NORM, HAS_RESIDUAL)
             acc2 = tl.dot(x.to(w.dtype), tl.trans(w), acc2, input_precision="ieee")
-    _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
-            SPLIT, BLOCK_M, BLOCK_N)
+    _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
+            SPLIT, BLOCK_M, BLOCK_N, SILU)
 
 
 @triton.jit
@@ -235,7 +347,8 @@ def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc, GATED: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, KW, STEPS,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr):
+                 GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
+                 SILU: tl.constexpr):
     """q_ptr: int32 [N, KW = K / 8] (pack_int4's order); sz_ptr: [N, K / GROUP, 2] scale
     and zero (output-major, so that a slice of outputs is a view). A step is one group: its
     words read once, unpacked to q - 8 exactly (`_nibbles`), multiplied into each row tile,
@@ -245,7 +358,7 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, 
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
     ks = tl.arange(0, GROUP)
     js = tl.arange(0, GROUP // 8)
     dtype = x_ptr.dtype.element_ty
@@ -253,12 +366,12 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, 
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
-        words = tl.load(q_ptr + cols[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
-                        mask=cols[:, None] < N, other=0)
+        words = tl.load(q_ptr + wrows[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
+                        mask=wok[:, None], other=0)
         w = _unpacked(words, BLOCK_N, GROUP, dtype)
-        at = sz_ptr + cols * (K // GROUP) * 2 + step * 2
-        scale = tl.load(at, mask=cols < N, other=0.0).to(tl.float32)
-        zero = tl.load(at + 1, mask=cols < N, other=0.0).to(dtype)
+        at = sz_ptr + wrows * (K // GROUP) * 2 + step * 2
+        scale = tl.load(at, mask=wok, other=0.0).to(tl.float32)
+        zero = tl.load(at + 1, mask=wok, other=0.0).to(dtype)
         zt = tl.zeros((BLOCK_N, GROUP), dtype) + zero[:, None]
         kk = step * GROUP + ks
         acc0 = _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc0, GATED)
@@ -266,34 +379,60 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, 
             acc1 = _int4_tile(x_ptr, rows + BLOCK_M, kk, M, K, w, zt, scale, acc1, GATED)
         if r0 + 2 * BLOCK_M < M:
             acc2 = _int4_tile(x_ptr, rows + 2 * BLOCK_M, kk, M, K, w, zt, scale, acc2, GATED)
-    _finish(acc0, acc1, acc2, r0, cols, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
-            SPLIT, BLOCK_M, BLOCK_N)
+    _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
+            SPLIT, BLOCK_M, BLOCK_N, SILU)
 
 
 def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
-           scales_and_zeros: Tensor | None, gated: bool = False) -> Tensor:
+           scales_and_zeros: Tensor | None, gated: bool = False,
+           norm: tuple[Tensor | None, Tensor, float] | None = None,
+           silu: bool = False) -> Tensor:
+    """norm = (residual, weight, eps): dense only, the inputs RMSNorm(x + residual) * weight;
+    then (out, x + residual) (x itself where residual is None). silu: the weight is
+    [gate | up] (n = 2I) and the output silu(gate) * up [M, I], in the epilogue."""
     m, k = x.shape
+    if norm is not None:
+        residual, norm_w, eps = norm
+        if int4 or gated:
+            raise ValueError("the RMSNorm prologue is the dense, ungated linear's")
+        summed = x.contiguous() if residual is None else torch.empty_like(x)
+        if m > CHUNK_ROWS:
+            done = [linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, None, False,
+                           (None if residual is None else residual[i:i + CHUNK_ROWS], norm_w,
+                            eps)) for i in range(0, m, CHUNK_ROWS)]
+            return torch.cat([o for o, _ in done]), torch.cat([s for _, s in done])
     k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
     x = x.contiguous()
     if m > CHUNK_ROWS:
-        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated)
-                          for i in range(0, m, CHUNK_ROWS)])
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated,
+                                 silu=silu) for i in range(0, m, CHUNK_ROWS)])
+    if silu and (gated or norm is not None or n % 2):
+        raise ValueError("the SiLU epilogue takes a plain [gate | up] linear")
+    out = torch.empty(m, n // 2 if silu else n, dtype=x.dtype, device=x.device)
     bn = block_n(n, x.device, int4)
     bk = GROUP if int4 else BLOCK_K
     split = splits(n, k, bn, bk, sm_count(x.device))
-    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, ROW_TILES * BLOCK_M))
+    tiles = triton.cdiv(n // 2, bn // 2) if silu else triton.cdiv(n, bn)
+    grid = (tiles, split, triton.cdiv(m, ROW_TILES * BLOCK_M))
     b = bias if bias is not None else out  # any pointer: not read without a bias
-    part = torch.empty(split if split > 1 else 1, m if split > 1 else 1, n if split > 1 else 1,
+    width = tiles * bn if silu else n  # a partial row: whole tiles under silu
+    part = torch.empty(split if split > 1 else 1, m if split > 1 else 1,
+                       width if split > 1 else 1,
                        dtype=torch.float32, device=x.device)  # partial sums (K split)
     count = counters(x.device, grid[0] * grid[2])
     steps = triton.cdiv(k, bk)
     if int4:
         _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, m, n, k, k // 8, steps,
-                           bias is not None, BLOCK_M, bn, GROUP, split, gated)
+                           bias is not None, BLOCK_M, bn, GROUP, split, gated, silu)
+    elif norm is not None:
+        r = x if residual is None else residual.contiguous()
+        _linear[grid](x, w, b, out, part, count, r, norm_w, summed, m, n, k, steps, eps,
+                      bias is not None, BLOCK_M, bn, BLOCK_K, split, False, True,
+                      residual is not None, False)
+        return out, summed
     else:
-        _linear[grid](x, w, b, out, part, count, m, n, k, steps, bias is not None, BLOCK_M, bn,
-                      BLOCK_K, split, gated)
+        _linear[grid](x, w, b, out, part, count, x, x, x, m, n, k, steps, 0.0,
+                      bias is not None, BLOCK_M, bn, BLOCK_K, split, gated, False, False, silu)
     return out
 
 
@@ -425,14 +564,18 @@ def _branch_slots(tree_ptr, row, s, pos, TW: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M, C, scale,
-                  HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr, TREE: tl.constexpr,
-                  TW: tl.constexpr):
+def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, cnt_ptr,
+                  M, C, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUPS: tl.constexpr,
+                  GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_KV: tl.constexpr,
+                  BLOCK_C: tl.constexpr, TREE: tl.constexpr, TW: tl.constexpr):
     """One program per (key/value head, chunk of CHUNK slots, tile of rows): the tile holds
     BLOCK_M rows times the GROUPS query heads sharing the key/value head (padded to GP), and
-    leaves each row's running max, sum and unnormalised output over the chunk.
+    leaves each row's running max, sum and unnormalised output over the chunk. The last of a
+    (head, row tile)'s programs to arrive (an atomic count, acquire-release at GPU scope after
+    a barrier, as `_finish`'s split-K; the partials read back through L2) merges the chunks of
+    each of the tile's rows in slot order (`_merge_row`) and resets the count: one kernel, and
+    the merge's order fixed whichever program does it.
 
     TREE: the rows are a token tree's (`tree` [M, TW]: per row its depth, then its ancestor
     at each depth, itself last). Each row sees positions up to pos + its depth, and at
@@ -513,35 +656,43 @@ def _attend_chunk(q_ptr, kv_ptr, pos_ptr, tree_ptr, acc_ptr, max_ptr, sum_ptr, M
         tl.store(max_ptr + at, run_max, mask=keep)
         tl.store(sum_ptr + at, run_sum, mask=keep)
         tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc, mask=keep[:, None])
+    tl.debug_barrier()
+    count = cnt_ptr + h * tl.num_programs(2) + tile
+    if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        for r in range(BLOCK_M):  # a loop, not unrolled: one row's merge live at a time
+            row = tile * BLOCK_M + r
+            if row < M:
+                _merge_row(acc_ptr, max_ptr, sum_ptr, out_ptr, pos, row, h, M, HQ, HKV, GROUPS,
+                           GP, D, BLOCK_D, CHUNK, BLOCK_C)
+        tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _attend_combine(acc_ptr, max_ptr, sum_ptr, out_ptr, pos_ptr, M, HQ: tl.constexpr,
-                    HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                    BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One program per (row, key/value head), for its query heads: the chunks merged in slot
+@triton.jit
+def _merge_row(acc_ptr, max_ptr, sum_ptr, out_ptr, pos, row, h, M, HQ: tl.constexpr,
+               HKV: tl.constexpr, GROUPS: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+               BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A row's output for the query heads of key/value head h: its chunks merged in slot
     order, BLOCK_C at a time (a fixed block: its sums' order never depends on the number of
     chunks). A chunk past the row's own position, or past the pass's, weighs exactly 0 (max
     -inf, sum 0), which leaves every sum's bits as they were."""
-    row, h = tl.program_id(0), tl.program_id(1)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
     run_max = tl.full((GP,), float("-inf"), tl.float32)
     run_sum = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, BLOCK_D), tl.float32)
-    chunks = (tl.load(pos_ptr) + M + CHUNK - 1) // CHUNK
+    chunks = (pos + M + CHUNK - 1) // CHUNK
     for c0 in range(0, chunks, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         seen = (c < chunks)[:, None]
         at = (c[:, None] * HKV + h) * M * GP + row * GP + g[None, :]  # [BLOCK_C, GP]
-        c_max = tl.load(max_ptr + at, mask=seen, other=float("-inf"))
+        c_max = tl.load(max_ptr + at, mask=seen, other=float("-inf"), cache_modifier=".cg")
         new_max = tl.maximum(run_max, tl.max(c_max, axis=0))
         weight = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - new_max[None, :]))
         a_old = tl.exp(run_max - new_max)  # 0 at the first block; 1 where nothing new was seen
-        c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0)
+        c_sum = tl.load(sum_ptr + at, mask=seen, other=0.0, cache_modifier=".cg")
         run_sum = run_sum * a_old + tl.sum(c_sum * weight, axis=0)
         c_acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :],
-                        mask=seen[:, :, None], other=0.0)
+                        mask=seen[:, :, None], other=0.0, cache_modifier=".cg")
         acc = acc * a_old[:, None] + tl.sum(c_acc * weight[:, :, None], axis=0)
         run_max = new_max
     out = (acc / run_sum[:, None]).to(out_ptr.dtype.element_ty)
@@ -561,11 +712,11 @@ def attention(q: Tensor, kv: Tensor, pos: Tensor, scale: float, chunk: int = CHU
     run_sum = torch.empty(chunks, hkv, m, gp, **f32)
     acc = torch.empty(chunks, hkv, m, gp, bd, **f32)
     out = torch.empty_like(q)
-    _attend_chunk[(hkv, chunks, triton.cdiv(m, BLOCK_M))](
-        q.contiguous(), kv, pos, pos if tree is None else tree, acc, run_max, run_sum, m,
-        capacity, scale, hq, hkv, groups, gp, d, bd, BLOCK_M, chunk, block_kv,
-        tree is not None, 1 if tree is None else tree.shape[1],
+    tiles = triton.cdiv(m, BLOCK_M)
+    count = counters(q.device, hkv * tiles)  # arrivals per (head, row tile): the merge's
+    _attend_chunk[(hkv, chunks, tiles)](
+        q.contiguous(), kv, pos, pos if tree is None else tree, acc, run_max, run_sum, out,
+        count, m, capacity, scale, hq, hkv, groups, gp, d, bd, BLOCK_M, chunk, block_kv,
+        BLOCK_C, tree is not None, 1 if tree is None else tree.shape[1],
         num_warps=8 if BLOCK_M * gp >= 64 else 4)
-    _attend_combine[(m, hkv)](acc, run_max, run_sum, out, pos, m, hq, hkv, groups, gp, d, bd,
-                              chunk, BLOCK_C, num_warps=16 if gp >= 8 else 8 if gp >= 4 else 4)
     return out
