@@ -50,7 +50,7 @@ CONTESTANTS = ("baseline", "plain", "peer", "k2", "k4", "k6", "adaptive", "looku
 # llama.cpp's own speculative decoding in `specgen bench` (contestant llamacpp-spec): at most
 # n_max draft tokens a step, a draft ending where the draft's probability falls below p_min.
 # The best of a sweep on the demo pair (docs/benchmarks.md); --llamacpp-draft sets others.
-LLAMACPP_DRAFT_N_MAX, LLAMACPP_DRAFT_P_MIN = 8, 0.0
+LLAMACPP_DRAFT_N_MAX, LLAMACPP_DRAFT_P_MIN = 16, 0.75
 
 # What runs a model: transformers, or (a GGUF draft only) llama.cpp on its own weights.
 RUNTIMES = ("transformers", "llama.cpp")

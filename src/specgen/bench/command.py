@@ -56,7 +56,7 @@ class BenchRequest(MeasureRequest):
     draft_runtime: str | None = None
     raw: bool = False
     draft_window: int | None = None
-    llamacpp_draft: str | None = None  # llamacpp-spec's draft settings: "n_max=8,p_min=0"
+    llamacpp_draft: str | None = None  # llamacpp-spec's draft settings: "n_max=16,p_min=0.75"
 
     def check(self) -> None:
         """Refuse bad values before anything loads, and an --out file that cannot be written

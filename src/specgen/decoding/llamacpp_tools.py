@@ -192,21 +192,37 @@ def parse(stdout: str, stderr: str, prompt: str) -> SpecRun:
                    drafted=int(found["drafted"].group(1)), accepted=int(found["accepted"].group(1)))
 
 
+def _peak_rss(pid: int) -> int:
+    """The process's resident high-water mark so far (Linux: VmHWM), or 0."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+    except (OSError, AttributeError, ValueError):
+        return 0
+
+
 def run(args: list[str], prompt: str) -> SpecRun:
-    """Run the tool once and parse what it printed, with its peak resident memory (the child's
-    own, from wait4)."""
+    """Run the tool once and parse what it printed, with its peak resident memory: its own
+    VmHWM, read every 20 ms while it runs (the high-water mark only grows). Not the child's
+    rusage: its maxrss counts the bench's own memory, which the child held before its exec."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as log:
         try:
             child = subprocess.Popen(args, stdout=out, stderr=log, stdin=subprocess.DEVNULL)
         except OSError as e:
             raise ConfigError(f"Cannot run {args[0]}: {e.strerror or e}; {BUILD_HINT}.") from None
+        peak = 0
         try:
-            _, status, usage = os.wait4(child.pid, 0)
+            while True:
+                peak = max(peak, _peak_rss(child.pid))
+                try:
+                    child.wait(timeout=0.02)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
         except BaseException:  # Ctrl-C: the child goes too
             child.kill()
             child.wait()
             raise
-        child.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         log.seek(0)
         stdout = out.read().decode("utf-8", errors="replace")
@@ -215,7 +231,7 @@ def run(args: list[str], prompt: str) -> SpecRun:
         tail = " / ".join(stderr.strip().splitlines()[-3:])
         raise ModelError(f"{SPECULATIVE} failed (exit {child.returncode}): {tail or 'no output'}")
     result = parse(stdout, stderr, prompt)
-    result.peak_memory_bytes = usage.ru_maxrss * 1024  # kB on Linux
+    result.peak_memory_bytes = peak
     return result
 
 
