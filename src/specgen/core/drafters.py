@@ -25,13 +25,13 @@ and lookup together with a model (HybridDrafter: the draft model, or the target 
 heads on the target itself (EAGLE, EAGLE-3, Medusa) are in head_drafters.py. `make_drafter`
 builds one from a profile's `method`.
 
-Every kind inherits `Drafter` (core/base.py), which declares each optional ability with its default (a kind
-that has one overrides it): `bind_target(decoder, model)`, which the generator calls once
-with the target's decoder (a drafter that drafts with the target's own weights or cache, or
-reads its hidden states, takes them there), `holds_drafts`, `branches`, `unread`, `size`,
-`catch_up`, `reserve`, `graphs_off`, `device`. The engine and the planner read them as
-attributes; whether something passed to the generator is a drafter at all is whether it is a
-`Drafter`.
+Every kind inherits `Drafter` (core/base.py), which declares each optional ability with its
+default (a kind that has one overrides it): `bind_target(decoder, model)`, which the
+generator calls once with the target's decoder (a drafter that drafts with the target's own
+weights or cache, or reads its hidden states, takes them there), `holds_drafts`, `branches`,
+`unread`, `size`, `catch_up`, `reserve`, `graphs_off`, `device`. The engine and the planner
+read them as attributes; whether something passed to the generator is a drafter at all is
+whether it is a `Drafter`.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class TorchDraft:
     `head_rows` drafts over the first head_rows token ids only (byte-level BPE ids are ranked
     by merge frequency, so these are the common tokens; FR-Spec, Zhao et al. 2025): the
     output layer, a fifth of a small model's weights, shrinks in proportion (a float or an
-    int4-dyn head: trimmed_output). q is then zero on the other ids, which rejection sampling
+    int4-dyn layer: trimmed_output). q is then zero on the other ids, which rejection sampling
     handles exactly; only acceptance can suffer."""
 
     def __init__(self, model: PreTrainedModel, head_rows: int | None = None) -> None:

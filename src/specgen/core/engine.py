@@ -315,7 +315,8 @@ class SpeculativeGenerator:
         seconds = self._clock.seconds
         draft_s, verify_s = (seconds(*marks[:2]), seconds(*marks[1:])) if marks else (0.0, 0.0)
         return Step(
-            plan, drafted, kept, draft_s, verify_s, chain=chain, tree=verdict.tree, path=verdict.path,
+            plan, drafted, kept, draft_s, verify_s, chain=chain, tree=verdict.tree,
+            path=verdict.path,
             tokens=torch.cat([verdict.drafts[:kept], verdict.token.view(1)]), ids=ids,
             sure=values[-1] / SURE_SCALE)
 
