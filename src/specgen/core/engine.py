@@ -375,9 +375,9 @@ class SpeculativeGenerator:
         return ids.to(self.device)
 
     def _eos_ids(self, eos_token_ids: int | Sequence[int] | None) -> set[int]:
-        if eos_token_ids is None:  # transformers' generation config, where the model has one
-            config = getattr(self.target, "generation_config", None)
-            eos_token_ids = getattr(config, "eos_token_id", None)
+        if eos_token_ids is None:  # the model's generation settings, where it has them
+            config = self.target.generation_config  # transformers' and specgen's tree's alike
+            eos_token_ids = None if config is None else config.eos_token_id
         return set() if eos_token_ids is None else as_set(eos_token_ids)
 
     def _generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
