@@ -1,7 +1,7 @@
 """A GGUF file run as it is stored (quantization "gguf"): its tensors mapped from the file
 onto specgen's own tree (models/llama.py), each linear layer computed from its blocks in place
-by kernels/gguf.py. Nothing is converted and nothing is written to the cache: the first run
-starts as fast as a later one.
+by kernels/gguf.py. Nothing is converted and no weight is written to the cache: the first run
+maps the file as a later one does.
 
 Only what the file stores is read here: the model's shape from its metadata, its tensors by
 name. The token embedding stays in its blocks too (a pass dequantizes the rows of its tokens);
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from specgen.choices import STORED_SCHEME
 from specgen.errors import ModelError
+from specgen.kernels import gguf as kernels, prepare
 from specgen.models import config as config_values, llama
 
 ARCHITECTURES = ("llama", "qwen2")  # the tree's families, as GGUF names them
@@ -48,8 +49,6 @@ class StoredEmbedding(nn.Module):
         return self.stored.data
 
     def forward(self, ids: Tensor) -> Tensor:
-        from specgen.kernels import gguf as kernels
-
         rows = kernels.dequantize(self.stored, ids.reshape(-1))
         return rows.reshape(*ids.shape, self.embedding_dim)
 
@@ -71,13 +70,8 @@ class File:
     def value(self, key: str, default=None):
         return self.fields.get(key, default)
 
-    def kind(self, name: str) -> str:
-        return self.tensors[name].kind
-
     def weight(self, name: str):
         """The tensor as the kernels read it (kernels.gguf.GGUFWeight): no copy."""
-        from specgen.kernels import gguf as kernels
-
         t = self.tensors[name]
         if not kernels.supported(t.kind):
             raise ModelError(f"{self.path.name}: {name} is stored as {t.kind}, which specgen's "
@@ -87,8 +81,6 @@ class File:
 
     def floats(self, name: str) -> Tensor:
         """A small float tensor (a norm, a bias) copied out as float32."""
-        from specgen.kernels import gguf as kernels
-
         t = self.tensors[name]
         if t.kind == "F32":
             return torch.from_numpy(t.data.view(np.float32).reshape(-1).copy())
@@ -228,8 +220,6 @@ def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
 
 def load(path: Path) -> llama.CausalLM:
     """The GGUF file at `path` on the tree, float32 around the stored linears."""
-    from specgen.kernels import gguf as kernels
-
     file = File(path)
     config = read_config(file)
     model = llama.CausalLM(config, torch.float32)
@@ -264,8 +254,6 @@ def load_gguf(path: str | Path, role: str = "target") -> llama.CausalLM:
     `SpeculativeGenerator(load_gguf(t), load_gguf(d, "draft"))` runs, on the same kernels as
     the command line. Its tokenizer: transformers' `AutoTokenizer.from_pretrained(folder,
     gguf_file=name)`."""
-    from specgen.kernels import prepare
-
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelError(f"GGUF file {path} does not exist.")
