@@ -47,6 +47,7 @@ from specgen.choices import CATCH_UP_TOKENS, HEAD_KINDS, METHODS, listing
 from specgen.core.base import Drafter
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
 from specgen.decoding import Decoder, lean_supported, make_decoder
+from specgen.decoding.base import DraftModel
 from specgen.decoding.lean import LEAN_FAMILIES, Skip
 from specgen.errors import ConfigError, ModelError
 from specgen.kernels.gguf import GGUFLinear, GGUFWeight
@@ -136,7 +137,7 @@ def trimmed_output(model: PreTrainedModel, head_rows: int | None) -> OutputRows 
     return OutputRows(out, head_rows) if isinstance(out, (torch.nn.Linear, GGUFLinear)) else None
 
 
-class TorchDraft:
+class TorchDraft(DraftModel):
     """A transformers causal LM as a draft model: its decoder (the lean one where it can) and
     its output layer, answering `logits(ids)`, `crop(length)`, `reset()` and `length`, as
     llamacpp.LlamaCppDraft does for a GGUF file run by llama.cpp.
@@ -229,17 +230,15 @@ class ModelDrafter(Drafter):
         self.skip_at = self.skipped = 0
         self._passes = 0
         self.catch_up = (0, 0.0)  # the last propose's reading: (tokens, seconds)
-        self.lm: TorchDraft | LlamaCppDraft | SkippedTarget | None = None
+        self.lm: DraftModel | None = None
         self.vocab_size = 0
         if model is not None:
             lm = TorchDraft(model, head_rows) if isinstance(model, torch.nn.Module) else model
-            # A GGUF's multiply-adds per token are not known (size None).
-            self._use(lm, vocab_size, lm.size if isinstance(lm, TorchDraft) else None)
+            self._use(lm, vocab_size)
 
-    def _use(self, lm: TorchDraft | LlamaCppDraft | SkippedTarget, vocab_size: int,
-             size: int | None) -> None:
-        """Draft with the language model `lm`, whose layers cost `size` multiply-adds a token."""
-        self.lm, self.size = lm, size
+    def _use(self, lm: DraftModel, vocab_size: int) -> None:
+        """Draft with the language model `lm`."""
+        self.lm, self.size = lm, lm.size
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.vocab_size = min(vocab_size, lm.vocab_size)
 
@@ -387,7 +386,7 @@ def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
             "method = \"prompt-lookup\" or a draft model.")
 
 
-class SkippedTarget:
+class SkippedTarget(DraftModel):
     """The target run through its own decoder with a set of sub-layers skipped, as the
     language model ModelDrafter drafts with (`logits`, `length`).
 
@@ -414,6 +413,12 @@ class SkippedTarget:
         if self.output is None:
             return self.decoder.logits(ids, 1, skip=self.skip)[0]
         return self.output(self.decoder.hidden(ids, 1, skip=self.skip)[0])
+
+    def crop(self, length: int) -> None:
+        self.decoder.crop(length)
+
+    def reset(self) -> None:
+        self.decoder.reset()
 
 
 class SelfDrafter(ModelDrafter):
@@ -446,7 +451,7 @@ class SelfDrafter(ModelDrafter):
         skip = self.skip if self.skip is not None else default_skip(num_layers(model))
         check_skip(skip, num_layers(model))
         lm = SkippedTarget(decoder, model, skip, self.head_rows)
-        self._use(lm, lm.vocab_size, None)
+        self._use(lm, lm.vocab_size)
 
     def reserve(self, positions: int, widest: int = 1) -> None:
         pass  # the cache is the target's, reserved by the generator
@@ -473,7 +478,7 @@ class SelfDrafter(ModelDrafter):
         finally:
             # Forget the draft's entries: positions from `start` on were written by passes
             # that skipped layers, and the verify pass must write all of them again.
-            self.lm.decoder.crop(start)
+            self.lm.crop(start)
 
 
 def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int, int]:

@@ -4,7 +4,10 @@ read them as attributes, never by probing."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -12,7 +15,7 @@ if TYPE_CHECKING:
     from specgen.decoding.capture import Capture
 
 
-class Decoder:
+class Decoder(ABC):
     """hidden, logits, crop, reset and length are every decoder's own (decoding/__init__.py)."""
 
     # `hidden` and `logits` take `skip` (a lean.Skip: sub-layers left out), as self-speculative
@@ -31,19 +34,59 @@ class Decoder:
 
     length: int
 
+    @abstractmethod
     def hidden(self, ids: Tensor, n: int = 1) -> Tensor:
-        raise NotImplementedError
+        """The last n positions' final hidden states [n, H] after reading `ids` [T]."""
 
+    @abstractmethod
     def logits(self, ids: Tensor, n: int = 1) -> Tensor:
-        raise NotImplementedError
+        """The last n positions' logits [n, V] after reading `ids` [T]."""
 
+    @abstractmethod
     def crop(self, length: int) -> None:
-        raise NotImplementedError
+        """Forget cached positions beyond `length`."""
 
+    @abstractmethod
     def reset(self) -> None:
-        raise NotImplementedError
+        """Forget every cached position."""
 
     def reserve(self, positions: int, widest: int = 1, **passes: bool) -> None:
         """Room for `positions` in a static cache, with its passes of up to `widest` tokens
         (and the kinds in `passes`, e.g. `trees=True`) made ready before the first timed
         pass; nothing where the cache grows as it goes."""
+
+
+class DraftModel(ABC):
+    """A language model that a draft model drafts with (core/drafters.py: ModelDrafter), one
+    next-token row at a time over its own KV cache: a transformers model (TorchDraft), the
+    target with layers skipped (SkippedTarget) or a GGUF file run by llama.cpp
+    (llamacpp.LlamaCppDraft). `logits`, `crop`, `reset` and `length` are every kind's own;
+    the rest is declared here with its default."""
+
+    vocab_size: int  # rows of its logits
+    input_vocab: int  # token ids its embedding reads
+    device: torch.device = torch.device("cpu")
+    # Its layers' multiply-adds per token (None: not known, e.g. a GGUF run by llama.cpp).
+    size: int | None = None
+    # The one line that says its decoder gave up on CUDA graphs (None: it did not).
+    graphs_off: str | None = None
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Positions cached."""
+
+    @abstractmethod
+    def logits(self, ids: Tensor) -> Tensor:
+        """The next token's logits [V] after reading `ids` [T] into the cache."""
+
+    @abstractmethod
+    def crop(self, length: int) -> None:
+        """Forget cached positions beyond `length`."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every cached position."""
+
+    def reserve(self, positions: int, widest: int = 1) -> None:
+        """Room for `positions` in a static cache (nothing where the cache grows as it goes)."""

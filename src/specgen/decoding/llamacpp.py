@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from specgen.decoding import llamacpp_tools
-from specgen.decoding.base import Decoder
+from specgen.decoding.base import DraftModel
 from specgen.errors import ConfigError, ModelError
 
 INSTALL_HINT = ("pip install llama-cpp-python (it compiles llama.cpp: several minutes), or, in a "
@@ -78,15 +78,13 @@ def load(gguf: Path, threads: int, n_ctx: int):
 ROOM = 4096
 
 
-class LlamaCppDraft(Decoder):
+class LlamaCppDraft(DraftModel):
     """A draft model run by llama.cpp, with the interface drafters.ModelDrafter drafts with:
     `logits(ids)`, `crop(length)`, `reset()` and `length`. Its KV cache holds the first
     `length` tokens of the context; cropping only moves that mark, and llama.cpp drops the
     cache entries past it before its next evaluation. `reload(n_ctx)`, where given, makes the
     same model with room for n_ctx tokens: a context that outgrows the room moves to a model
     with twice as much (or more), which reads the tokens held so far again."""
-
-    device = torch.device("cpu")
 
     def __init__(self, llm, reload: Callable[[int], object] | None = None) -> None:
         self.llm, self.reload = llm, reload
