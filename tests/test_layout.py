@@ -21,9 +21,9 @@ LAYERS = {
     "heads": 3.5,  # on decoding; under core (the head drafters) and loading (a profile's head)
     "core": 4, "loading": 4,
     "app": 5,
-    "bench": 6, "serve": 6,
-    "tune": 7,
-    "cli": 8,
+    "bench": 6, "serve": 6, "tune": 6,  # libraries: measuring, serving HTTP, the skip-set search
+    "commands": 7,  # each verb's flow
+    "cli": 8,  # parsing: each verb's options, then its flow
     "__init__": 9, "__main__": 9,
 }
 
