@@ -101,6 +101,16 @@ def test_imports_point_down():
     assert not upward(GRAPH), "imports that point up or sideways: " + ", ".join(upward(GRAPH))
 
 
+def test_each_command_has_one_parser_and_one_flow():
+    """cli/ parses, commands/ runs: each command module of cli/ has its flow under the same
+    name in commands/, commands/ holds nothing else, and no other folder keeps a flow."""
+    helpers = {"__init__", "options", "signals", "triton_gate"}  # cli/'s own machinery
+    verbs = {p.stem for p in (ROOT / "cli").glob("*.py")} - helpers
+    flows = {p.stem for p in (ROOT / "commands").glob("*.py")} - {"__init__"}
+    assert verbs == flows and "run" in verbs
+    assert not [m for m in MODULES if m.rsplit(".", 1)[-1] == "command"]
+
+
 def test_the_checks_can_fail(tmp_path):
     """A cycle and an upward import, made up, are found; imports inside functions count."""
     (tmp_path / "a.py").write_text("def f():\n    from specgen.core import engine\n")
