@@ -5,21 +5,20 @@ the head is tied), summed per pass of M rows, on each path this CPU has.
     python bench/gguf_linears.py /tmp/gg/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [--threads 2]
         [--rows 1 2 5 9] [--rounds 5]
 
-Passes are interleaved (every path and width once a round), and each is timed by the wall
-clock and by this process's CPU time: on a machine whose cores are shared, the wall clock
-also counts the time spent waiting for a core. Prints the minimum and the median.
+Passes are interleaved by specgen's bench harness (every path and width once a round, the
+order rotated), and each is timed by the wall clock and by this process's CPU time: on a
+machine whose cores are shared, the wall clock also counts the time spent waiting for a core. Prints the minimum and the median.
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
-import statistics
-import time
 
 import gguf as gguf_file
 import torch
 
+from specgen.bench.harness import interleave, median
 from specgen.kernels import gguf
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -59,21 +58,23 @@ def main() -> None:
     for w in ws:  # every page of the file touched once
         gguf.linear(xs[w.k][:1], w)
     keys = [(p, m) for p in gguf.paths() for m in args.rows]
-    wall: dict = {key: [] for key in keys}
-    cpu: dict = {key: [] for key in keys}
-    for _ in range(args.rounds):
-        for key in keys:
-            p, m = key
-            c0, t0 = cpu_seconds(), time.perf_counter()
-            for w in ws:
-                gguf.linear(xs[w.k][:m], w, path=p)
-            wall[key].append(time.perf_counter() - t0)
-            cpu[key].append(cpu_seconds() - c0)
+
+    def call(key: tuple[int, int], _prompt: int, _round: int) -> float:
+        """Every linear once over M rows on one path; the CPU seconds it took."""
+        p, m = key
+        c0 = cpu_seconds()
+        for w in ws:
+            gguf.linear(xs[w.k][:m], w, path=p)
+        return cpu_seconds() - c0
+
+    trials = interleave(keys, 1, call, repeats=args.rounds)
+    wall = {key: [t.seconds for t in trials if t.name == key] for key in keys}
+    cpu = {key: [t.value for t in trials if t.name == key] for key in keys}
     names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI"}
     for p, m in keys:
         w, c = wall[p, m], cpu[p, m]
         print(f"{names[p]:4s} M={m:<2d} wall min {1e3 * min(w):7.1f} ms, median "
-              f"{1e3 * statistics.median(w):7.1f} ms; CPU median {1e3 * statistics.median(c):7.1f} ms")
+              f"{1e3 * median(w):7.1f} ms; CPU median {1e3 * median(c):7.1f} ms")
 
 
 if __name__ == "__main__":

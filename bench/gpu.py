@@ -566,26 +566,36 @@ def timed(run, ids, n: int, sync) -> tuple[list[int], int, float]:
 
 def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torch.Tensor],
                 n: int) -> dict:
-    """Each contestant on each of its prompts once, the order rotated per prompt; then the
-    figures, and each specgen contestant's graph status."""
+    """Each contestant on each of its prompts once, through specgen's bench harness (the order
+    rotated per prompt); then the figures, and each specgen contestant's graph status."""
+    from specgen.bench.harness import interleave
+
     names = list(entries)
     raw: dict[str, list[dict]] = {name: [] for name in names}
-    for i, ids in enumerate(prompts):
-        order = names[i % len(names):] + names[: i % len(names)]
-        ran = [name for name in order if entries[name].prompts is None or i < entries[name].prompts]
-        for name in ran:
-            tokens, passes, seconds = timed(entries[name].run, ids, n, run_obj.sync)
-            raw[name].append({"prompt": i, "seconds": seconds, "new_tokens": len(tokens),
-                              "target_passes": passes, "tokens": tokens})
-            gen = entries[name].gen
-            if gen is not None:  # what its drafting cost (CUDA events on a GPU)
-                raw[name][-1].update(draft_seconds=gen.stats.draft_seconds,
-                                     draft_passes=gen.stats.draft_passes,
-                                     tree_steps=gen.stats.tree_steps,
-                                     branch_kept=gen.stats.branch_kept)
+
+    def call(name: str, i: int, _repeat: int) -> tuple[list[int], int]:
+        return entries[name].run(prompts[i], n)
+
+    def record(trial) -> None:
+        tokens, passes = trial.value
+        raw[trial.name].append({"prompt": trial.prompt, "seconds": trial.seconds,
+                                "new_tokens": len(tokens), "target_passes": passes,
+                                "tokens": tokens})
+        gen = entries[trial.name].gen
+        if gen is not None:  # what its drafting cost (CUDA events on a GPU)
+            raw[trial.name][-1].update(draft_seconds=gen.stats.draft_seconds,
+                                       draft_passes=gen.stats.draft_passes,
+                                       tree_steps=gen.stats.tree_steps,
+                                       branch_kept=gen.stats.branch_kept)
+
+    def show(i: int, trials: list) -> None:
+        ran = {t.name for t in trials}
         print(f"prompt {i}: " + ", ".join(
             f"{name} {raw[name][-1]['new_tokens'] / raw[name][-1]['seconds']:.1f}"
             for name in names if name in ran) + " tok/s", flush=True)
+
+    interleave(names, len(prompts), call, sync=run_obj.sync, on_trial=record, on_prompt=show,
+               runs=lambda name, i: entries[name].prompts is None or i < entries[name].prompts)
     out = summarize(raw)
     for name, entry in entries.items():
         if entry.gen is not None:

@@ -17,21 +17,65 @@ Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benc
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from harness import demo_target, interleaved, rotating, table, timed  # bench/, beside this script
+from specgen.bench.harness import interleave, median
 from specgen.kernels import int4, linear, quantize
 from specgen.kernels.quantize import QuantLinear, quantize_int4, quantize_int8
 
 MS = (1, 2, 3, 5, 9, 17)
+L3_BYTES = 96_000_000  # more than any L3 of the machines we run on: copies past it stream
 SHAPES = {  # (in, out) of Qwen2.5-Coder-1.5B's layers
     "mlp up/gate 1536->8960": (1536, 8960),
     "mlp down 8960->1536": (8960, 1536),
     "attn q/o 1536->1536": (1536, 1536),
     "lm_head 1536->151936": (1536, 151936),
 }
+
+
+def interleaved(variants: dict[object, Callable[[], object]], rounds: int
+                ) -> dict[object, tuple[float, float]]:
+    """(minimum, median) ms of one call of each variant per round, after a warm-up call each,
+    through specgen's bench harness (the order rotated round by round, so that machine drift
+    hits every variant alike). On a shared machine a call that loses a thread waits a whole
+    time slice: the minimum estimates the work itself, the median shows the noise."""
+    trials = interleave(list(variants), 1, lambda name, _p, _r: variants[name](), repeats=rounds,
+                        warm_up=lambda name: variants[name]())
+    ms = {name: [1e3 * t.seconds for t in trials if t.name == name] for name in variants}
+    return {name: (min(times), median(times)) for name, times in ms.items()}
+
+
+def rotating(make: Callable[[], object], nbytes: int) -> Callable[[], object]:
+    """Enough copies of a layer's weights to exceed the L3 cache; each call takes the next,
+    so the weights come from memory as they do in decoding."""
+    copies = [make() for _ in range(max(1, -(-L3_BYTES // max(nbytes, 1))))]
+    state = {"i": 0}
+
+    def next_copy():
+        state["i"] = (state["i"] + 1) % len(copies)
+        return copies[state["i"]]
+    return next_copy
+
+
+def demo_target(quantization: str = "none"):
+    """The demo profile's target alone, loaded and prepared as `specgen run` loads it (its
+    converted and quantized copies come from specgen's cache)."""
+    from specgen.loading.load import load_pair
+    from specgen.profiles import load_profile, with_overrides
+
+    prof = with_overrides(load_profile("qwen-coder-demo"), method="prompt-lookup",
+                          target_quantization=quantization)
+    return load_pair(prof).target
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def layer_kernels(k: int, n: int) -> dict[str, object]:
@@ -72,7 +116,8 @@ def layers(reps: int) -> None:
     rows = []
     for label, (k, n) in SHAPES.items():
         for name, fn in layer_kernels(k, n).items():
-            both = [timed(lambda m=m: fn(torch.randn(m, k).bfloat16()), reps) for m in MS]
+            both = [interleaved({m: lambda m=m: fn(torch.randn(m, k).bfloat16())}, reps)[m]
+                    for m in MS]
             rows.append([label, name, *(f"{lo:.2f} ({med:.1f})" for lo, med in both),
                          f"{both[3][0] / both[0][0]:.2f}"])
             print(" | ".join(rows[-1]), flush=True)

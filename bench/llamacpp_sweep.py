@@ -9,9 +9,9 @@ chose `specgen bench --llamacpp-draft`'s default (the `llamacpp-spec` contestant
 Each built-in prompt (or the first --per-category of each category) is rendered with the
 target's chat template as `specgen bench` renders it; per prompt, plain llama.cpp (the bench's
 `llamacpp` contestant: llama-cpp-python on the same native build) and every setting run once,
-interleaved, the order rotated prompt by prompt, after one short warm-up each. tokens/s counts
-the prompt's pass for all (for the tool, its own clock: encoded + decoded, model loading left
-out). `equal_to_plain`: the first max-new-tokens tokens equal plain llama.cpp's greedy output.
+interleaved by specgen's bench harness, the order rotated prompt by prompt, after one short
+warm-up each. tokens/s counts the prompt's pass for all (for the tool, its own clock: encoded
++ decoded, model loading left out). `equal_to_plain`: the first max-new-tokens tokens equal plain llama.cpp's greedy output.
 Summaries are geometric means over prompts.
 """
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from specgen.app.session import encode_messages, messages_for
 from specgen.bench.prompts import PROMPTS
-from specgen.bench.report import geomean, machine_info
+from specgen.bench.harness import geomean, interleave
+from specgen.bench.report import machine_info
 from specgen.decoding import llamacpp, llamacpp_tools as lt
 from specgen.loading.sources import find, gguf_file, load_tokenizer
 from specgen.profiles import load_profile
@@ -78,20 +79,26 @@ def main() -> None:
                 "target_passes": run.target_passes}
 
     names = ["llamacpp", *runners]
-    for name in names:  # warm-up
-        plain(inputs[0], 8) if name == "llamacpp" else spec(name, inputs[0], 8)
     rows = []
     started = time.time()
-    for i, ((category, _), ids) in enumerate(zip(prompts, inputs)):
-        order = names[i % len(names):] + names[:i % len(names)]
-        got = {n: plain(ids, a.max_new_tokens) if n == "llamacpp" else spec(n, ids, a.max_new_tokens)
-               for n in order}
+
+    def call(n: str, i: int, _repeat: int, new: int = a.max_new_tokens) -> dict:
+        return plain(inputs[i], new) if n == "llamacpp" else spec(n, inputs[i], new)
+
+    def warm_up(n: str) -> None:
+        call(n, 0, 0, new=8)
+
+    def row(i: int, trials: list) -> None:
+        got = {t.name: t.value for t in trials}
         for n in names:
             got[n]["equal_to_plain"] = got[n]["tokens"] == got["llamacpp"]["tokens"]
             got[n]["vs_llamacpp"] = got[n]["tokens_per_second"] / got["llamacpp"]["tokens_per_second"]
-        rows.append({"prompt": i, "category": category, "prompt_tokens": len(ids), "runs": got})
+        category = prompts[i][0]
+        rows.append({"prompt": i, "category": category, "prompt_tokens": len(inputs[i]), "runs": got})
         print(f"[{i + 1}/{len(prompts)}] {category}: " + ", ".join(
             f"{n} {got[n]['tokens_per_second']:.2f}" for n in names), file=sys.stderr, flush=True)
+
+    interleave(names, len(prompts), call, warm_up=warm_up, on_prompt=row)
     summary = {n: {"tokens_per_second": geomean([r["runs"][n]["tokens_per_second"] for r in rows]),
                    "vs_llamacpp": geomean([r["runs"][n]["vs_llamacpp"] for r in rows]),
                    "equal_to_plain": f"{sum(r['runs'][n]['equal_to_plain'] for r in rows)}/{len(rows)}",

@@ -1,6 +1,7 @@
 """What the server costs per token: the same prompts answered by `specgen run`'s code path
 (app.answer, in this process) and through `specgen serve` (SSE over loopback HTTP, read by a
-plain streaming client in this process), interleaved, on one loaded pair.
+plain streaming client in this process), interleaved by specgen's bench harness, on one
+loaded pair.
 
 Both contestants start each answer from an empty cache (generator.reset()), greedy, with the
 profile's settings. Time to first token: from the call (or the request) to the first token
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import tempfile
 import threading
 import time
@@ -26,9 +26,10 @@ import httpx
 import torch
 
 from specgen.app.answer import answer
-from specgen.bench.prompts import PROMPTS
 from specgen.app.session import open_session
-from specgen.cli.options import profile_with_options
+from specgen.bench.harness import interleave, median
+from specgen.bench.prompts import PROMPTS
+from specgen.profiles import load_profile, with_overrides
 from specgen.serve.server import Server
 
 
@@ -78,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    profile = profile_with_options(args.profile, max_new_tokens=args.max_new_tokens)
+    profile = with_overrides(load_profile(args.profile), max_new_tokens=args.max_new_tokens)
     session = open_session(profile)
     server = Server(session, "127.0.0.1", 0, stats_db=Path(tempfile.mkdtemp()) / "history.sqlite3")
     server.bind()
@@ -90,36 +91,45 @@ def main() -> None:
     client.profile = profile.name
 
     prompts = [p for _, p in PROMPTS[: args.prompts]]
-    via_run(session, "warm up")  # first-call costs (kernels, allocator, routes) out of the figures
-    via_server(client, "warm up", 8)
-    rows = []
-    for rep in range(args.repeats):
-        for i, prompt in enumerate(prompts):
-            order = ["run", "serve"] if (rep + i) % 2 == 0 else ["serve", "run"]
-            for who in order:
-                session.generator.reset()  # the server is idle here: both start from no cache
-                ext = {}
-                if who == "run":
-                    ttft, total, n = via_run(session, prompt)
-                else:
-                    ttft, total, n, ext = via_server(client, prompt, args.max_new_tokens)
-                row = {"contestant": who, "prompt": i, "repeat": rep, "ttft_s": ttft,
-                       "total_s": total, "new_tokens": n, "tokens_per_second": n / total,
-                       "decode_tokens_per_second": (n - 1) / (total - ttft)}
-                if ext:  # the server's own clock: what HTTP adds around the generation
-                    row["server_generation_s"] = ext["generation_seconds"]
-                    row["server_queue_s"] = ext["queue_seconds"]
-                    row["http_s"] = total - ext["generation_seconds"] - ext["queue_seconds"]
-                rows.append(row)
-                print(f"{who:5s} prompt {i} repeat {rep}: ttft {ttft * 1000:7.1f} ms  "
-                      f"{n} tokens  {n / total:6.2f} tok/s", flush=True)
+
+    def warm_up(who: str) -> None:  # first-call costs (kernels, allocator, routes) out of the figures
+        if who == "run":
+            via_run(session, "warm up")
+        else:
+            via_server(client, "warm up", 8)
+
+    def call(who: str, i: int, rep: int) -> dict:
+        session.generator.reset()  # the server is idle here: both start from no cache
+        ext = {}
+        if who == "run":
+            ttft, total, n = via_run(session, prompts[i])
+        else:
+            ttft, total, n, ext = via_server(client, prompts[i], args.max_new_tokens)
+        row = {"contestant": who, "prompt": i, "repeat": rep, "ttft_s": ttft,
+               "total_s": total, "new_tokens": n, "tokens_per_second": n / total,
+               "decode_tokens_per_second": (n - 1) / (total - ttft)}
+        if ext:  # the server's own clock: what HTTP adds around the generation
+            row["server_generation_s"] = ext["generation_seconds"]
+            row["server_queue_s"] = ext["queue_seconds"]
+            row["http_s"] = total - ext["generation_seconds"] - ext["queue_seconds"]
+        return row
+
+    def show(trial) -> None:
+        row = trial.value
+        print(f"{row['contestant']:5s} prompt {row['prompt']} repeat {row['repeat']}: ttft "
+              f"{row['ttft_s'] * 1000:7.1f} ms  {row['new_tokens']} tokens  "
+              f"{row['tokens_per_second']:6.2f} tok/s", flush=True)
+
+    trials = interleave(["run", "serve"], len(prompts), call, repeats=args.repeats,
+                        warm_up=warm_up, on_trial=show)
+    rows = [t.value for t in trials]
 
     summary = {}
     for who in ("run", "serve"):
         mine = [r for r in rows if r["contestant"] == who]
-        summary[who] = {"ttft_ms_median": 1000 * statistics.median(r["ttft_s"] for r in mine),
-                        "tokens_per_second_median": statistics.median(r["tokens_per_second"] for r in mine),
-                        "decode_tokens_per_second_median": statistics.median(
+        summary[who] = {"ttft_ms_median": 1000 * median(r["ttft_s"] for r in mine),
+                        "tokens_per_second_median": median(r["tokens_per_second"] for r in mine),
+                        "decode_tokens_per_second_median": median(
                             r["decode_tokens_per_second"] for r in mine),
                         "seconds_total": sum(r["total_s"] for r in mine),
                         "tokens_total": sum(r["new_tokens"] for r in mine)}
@@ -129,7 +139,7 @@ def main() -> None:
     # The same, as the median over (prompt, repeat) pairs run back to back.
     pairs = [(r, s) for r in rows if r["contestant"] == "run" for s in rows
              if s["contestant"] == "serve" and (s["prompt"], s["repeat"]) == (r["prompt"], r["repeat"])]
-    summary["overhead_per_token_median_of_pairs"] = statistics.median(
+    summary["overhead_per_token_median_of_pairs"] = median(
         r["tokens_per_second"] / s["tokens_per_second"] - 1 for r, s in pairs)
     served = [r for r in rows if "http_s" in r]
     summary["http_ms_per_token"] = 1000 * sum(r["http_s"] for r in served) / sum(

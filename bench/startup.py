@@ -1,11 +1,11 @@
 """Start-up cost of `specgen run`, beside the cost of importing torch and transformers.
 
-For each demo profile, side by side in one run (contestants interleaved, order rotated on
-each repeat): `python -c "import torch, transformers"` (wall time, peak RSS), `specgen run
--p PROFILE -n 1 hi` (wall time to exit, peak RSS), and the bytes of the weights the profile
-runs with (counted once per profile in a separate process that loads the session: every
-tensor the loaded models hold, each once, fbgemm's packed int8 layers at a byte a
-weight). The models must already be converted and cached (run each profile once first).
+For each demo profile, side by side in one run (contestants interleaved by specgen's bench
+harness, order rotated on each repeat): `python -c "import torch, transformers"` (wall time,
+peak RSS), `specgen run -p PROFILE -n 1 hi` (wall time to exit, peak RSS), and the bytes of
+the weights the profile runs with (counted once per profile in a separate process that loads
+the session: every tensor the loaded models hold, each once, fbgemm's packed int8 layers at a
+byte a weight). The models must already be converted and cached (run each profile once first).
 
 Targets (issue #39): wall <= 1.5x the import's, peak RSS <= the import's + 1.2x the weights.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's bench harness, whichever --src is measured
+from specgen.bench.harness import interleave, median  # noqa: E402
 DEMO = ["qwen-coder-demo", "qwen-coder-demo-fp32", "qwen-coder-demo-int8",
         "qwen-coder-demo-int8-int4", "qwen-coder-demo-int4",
         "qwen-coder-demo-llamacpp", "qwen-coder-demo-int8-llamacpp"]
@@ -138,25 +139,28 @@ def main() -> None:
             weights[label(v, p)] = json.loads(out.stdout.strip().splitlines()[-1])["weights"]
 
     contestants = [("import", None, None)] + [(label(v, p), v, p) for p in profiles for v in variants]
-    runs: dict[str, list[tuple[float, int]]] = {c[0]: [] for c in contestants}
-    for r in range(args.repeats):
-        shift = r % len(contestants)
-        for name, v, p in contestants[shift:] + contestants[:shift]:
-            if v is None:
-                cmd, env = [sys.executable, "-c", "import torch, transformers"], first
-            else:
-                cmd = [sys.executable, "-m", "specgen", "run", "-p", p, "-n", "1", "hi"]
-                env = variants[v]
-            if args.warm:
-                timed(cmd, env)
-            wall, rss, rc = timed(cmd, env)
-            if rc != 0:
-                sys.exit(f"{name} exited {rc}")
-            runs[name].append((wall, rss))
-            print(f"  repeat {r + 1}: {name:40s} {wall:6.2f} s  {rss / 1e9:5.2f} GB", flush=True)
+    by_name = {c[0]: c for c in contestants}
 
-    imp_wall = statistics.median(w for w, _ in runs["import"])
-    imp_rss = statistics.median(m for _, m in runs["import"])
+    def call(name: str, _prompt: int, r: int) -> tuple[float, int]:
+        _, v, p = by_name[name]
+        if v is None:
+            cmd, env = [sys.executable, "-c", "import torch, transformers"], first
+        else:
+            cmd = [sys.executable, "-m", "specgen", "run", "-p", p, "-n", "1", "hi"]
+            env = variants[v]
+        if args.warm:
+            timed(cmd, env)
+        wall, rss, rc = timed(cmd, env)
+        if rc != 0:
+            sys.exit(f"{name} exited {rc}")
+        print(f"  repeat {r + 1}: {name:40s} {wall:6.2f} s  {rss / 1e9:5.2f} GB", flush=True)
+        return wall, rss
+
+    trials = interleave(list(by_name), 1, call, repeats=args.repeats)
+    runs = {name: [t.value for t in trials if t.name == name] for name in by_name}
+
+    imp_wall = median(w for w, _ in runs["import"])
+    imp_rss = median(m for _, m in runs["import"])
     print(f"\nimport torch, transformers: {imp_wall:.2f} s, {imp_rss / 1e9:.2f} GB "
           f"(median of {args.repeats})\n")
     print("| profile | wall (median, min-max) | x import | peak RSS | weights | RSS target | wall ok | RSS ok |")
@@ -164,8 +168,8 @@ def main() -> None:
     rows = []
     for name, v, p in contestants[1:]:
         walls = [w for w, _ in runs[name]]
-        rss = statistics.median(m for _, m in runs[name])
-        wall = statistics.median(walls)
+        rss = median(m for _, m in runs[name])
+        wall = median(walls)
         limit = imp_rss + 1.2 * weights[name]
         row = {"profile": p, "variant": v, "wall_s": wall, "walls": walls, "rss": rss,
                "rss_all": [m for _, m in runs[name]], "weights": weights[name],

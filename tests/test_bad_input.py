@@ -184,7 +184,7 @@ def test_bench_refuses_non_finite_numbers_before_loading(tiny_profile, no_models
 
 
 def test_chat_refuses_non_finite_temperatures_and_keeps_its_setting(tiny_profile):
-    from specgen.app.chat import Chat
+    from specgen.commands.chat import Chat
     from specgen.app.session import open_session
 
     chat = Chat(open_session(load_profile(str(tiny_profile))))
@@ -275,7 +275,7 @@ def test_bench_checks_its_out_file_before_loading(tiny_profile, no_models, out):
 
 
 def test_the_out_check_leaves_no_file_behind(tmp_path):
-    from specgen.bench.command import check_writable
+    from specgen.commands.bench import check_writable
 
     fresh, kept = tmp_path / "fresh.json", tmp_path / "kept.json"
     kept.write_text("old")

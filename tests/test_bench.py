@@ -13,6 +13,7 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from specgen.bench import harness
 from specgen.bench import report as rep
 from specgen.bench.prompts import CATEGORIES
 from specgen.choices import CONTESTANTS
@@ -42,12 +43,41 @@ def invoke(*args):
 
 # --- pure logic --------------------------------------------------------------------------------
 
-def test_schedule_interleaves_prompt_by_prompt_and_rotates_each_repeat():
-    order = b.schedule(2, ["a", "b", "c"], repeats=2)
+def test_schedule_interleaves_prompt_by_prompt_and_rotates_each_repeat_and_prompt():
+    order = harness.schedule(2, ["a", "b", "c"], repeats=2)
     assert order == [
         (0, 0, "a"), (0, 0, "b"), (0, 0, "c"), (0, 1, "b"), (0, 1, "c"), (0, 1, "a"),
-        (1, 0, "a"), (1, 0, "b"), (1, 0, "c"), (1, 1, "b"), (1, 1, "c"), (1, 1, "a"),
+        (1, 0, "b"), (1, 0, "c"), (1, 0, "a"), (1, 1, "c"), (1, 1, "a"), (1, 1, "b"),
     ]
+    firsts = [harness.schedule(3, ["a", "b", "c"])[3 * p][2] for p in range(3)]
+    assert firsts == ["a", "b", "c"]  # one repeat: still no contestant always first
+
+
+def test_interleave_warms_up_skips_and_reports_prompt_by_prompt():
+    calls, warmed, prompts_done, synced = [], [], [], []
+    trials = harness.interleave(
+        ["a", "b"], 3, lambda name, p, r: calls.append((p, r, name)) or f"{name}{p}", repeats=2,
+        warm_up=warmed.append, runs=lambda name, p: name == "a" or p == 0,
+        sync=lambda: synced.append(1),
+        on_prompt=lambda p, done: prompts_done.append((p, [t.name for t in done])))
+    assert warmed == ["a", "b"]
+    assert calls == [(0, 0, "a"), (0, 0, "b"), (0, 1, "b"), (0, 1, "a"),
+                     (1, 0, "a"), (1, 1, "a"), (2, 0, "a"), (2, 1, "a")]
+    assert [(t.prompt, t.repeat, t.name, t.value) for t in trials] == [
+        (p, r, name, f"{name}{p}") for p, r, name in calls]
+    assert all(t.seconds >= 0 for t in trials) and len(synced) == 2 * len(calls)
+    assert prompts_done == [(0, ["a", "b", "b", "a"]), (1, ["a", "a"]), (2, ["a", "a"])]
+
+
+def test_medians_over_repeats_and_ratios_over_prompts():
+    trials = [harness.Trial(p, r, name, s, None) for p, r, name, s in [
+        (0, 0, "a", 1.0), (0, 1, "a", 3.0), (0, 0, "base", 4.0),
+        (1, 0, "a", 2.0), (1, 0, "base", 8.0), (2, 0, "base", 1.0)]]
+    table = harness.medians(trials, lambda t: t.seconds)
+    assert table == {(0, "a"): 2.0, (0, "base"): 4.0, (1, "a"): 2.0, (1, "base"): 8.0,
+                     (2, "base"): 1.0}
+    assert harness.ratio(table, "base", "a", range(3)) == pytest.approx(math.sqrt(2.0 * 4.0))
+    assert harness.ratio(table, "a", "missing", range(3)) is None
 
 
 def _m(prompt, category, name, tps, tokens=(1, 2, 3), repeat=0):
@@ -92,10 +122,11 @@ def test_ratios_use_medians_and_geometric_means_per_category():
     assert s["equal_to_baseline"] == "2/3"
 
 
-def test_geomean_ignores_missing_values():
-    assert rep.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
-    assert rep.geomean([]) is None
-    assert math.isclose(rep.geomean([3.0]), 3.0)
+def test_geomean_and_median_ignore_missing_values():
+    assert harness.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
+    assert harness.geomean([]) is None
+    assert math.isclose(harness.geomean([3.0]), 3.0)
+    assert harness.median([1.0, None, 3.0]) == 2.0 and harness.median([None]) is None
 
 
 def test_builtin_prompt_set_covers_every_category():

@@ -20,7 +20,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specgen.app.chat import (Chat, line_editing, parse_command, read_message,
+from specgen.commands.chat import (Chat, line_editing, parse_command, read_message,
                           unescape)
 from specgen.cli import app
 from specgen.errors import SpecgenError

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from specgen.app import store
 from specgen.cli import app
-from specgen.cli.stats import parse_since, render_runs, render_summary, summarize
+from specgen.app.report import render_runs, render_summary, summarize
+from specgen.cli.stats import parse_since
 from specgen.app.store import RunRecord, load_runs, record_run
 
 runner = CliRunner()

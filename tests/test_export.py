@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specgen.cli import app
 from specgen.profiles import load_profile, with_overrides
-from specgen.serve.export import Unsupported, llamacpp, vllm
+from specgen.commands.export import Unsupported, llamacpp, vllm
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.cli.profiles import to_toml
+from specgen.commands.profiles import to_toml
 from specgen.errors import SpecgenError
 from specgen.profiles import SECTIONS, TOP_KEYS, Profile, load_profile, with_overrides
 
@@ -217,7 +217,7 @@ def test_random_run_options_parse_or_are_refused(profile_file, monkeypatch, opti
 
 @pytest.fixture(scope="module")
 def chat(tiny_profile):
-    from specgen.app.chat import Chat
+    from specgen.commands.chat import Chat
     from specgen.app.session import open_session
 
     return Chat(open_session(load_profile(str(tiny_profile))))

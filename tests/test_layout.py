@@ -21,9 +21,9 @@ LAYERS = {
     "heads": 3.5,  # on decoding; under core (the head drafters) and loading (a profile's head)
     "core": 4, "loading": 4,
     "app": 5,
-    "bench": 6, "serve": 6,
-    "tune": 7,
-    "cli": 8,
+    "bench": 6, "serve": 6, "tune": 6,  # libraries: measuring, serving HTTP, the skip-set search
+    "commands": 7,  # each verb's flow
+    "cli": 8,  # parsing: each verb's options, then its flow
     "__init__": 9, "__main__": 9,
 }
 
@@ -99,6 +99,16 @@ def test_no_import_cycles():
 
 def test_imports_point_down():
     assert not upward(GRAPH), "imports that point up or sideways: " + ", ".join(upward(GRAPH))
+
+
+def test_each_command_has_one_parser_and_one_flow():
+    """cli/ parses, commands/ runs: each command module of cli/ has its flow under the same
+    name in commands/, commands/ holds nothing else, and no other folder keeps a flow."""
+    helpers = {"__init__", "options", "signals", "triton_gate"}  # cli/'s own machinery
+    verbs = {p.stem for p in (ROOT / "cli").glob("*.py")} - helpers
+    flows = {p.stem for p in (ROOT / "commands").glob("*.py")} - {"__init__"}
+    assert verbs == flows and "run" in verbs
+    assert not [m for m in MODULES if m.rsplit(".", 1)[-1] == "command"]
 
 
 def test_the_checks_can_fail(tmp_path):

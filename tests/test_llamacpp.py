@@ -143,7 +143,7 @@ def test_the_bench_gives_specgen_the_llama_draft_and_the_peer_its_transformers_c
 
 
 def test_chat_answers_with_a_llama_cpp_draft_within_its_context(tmp_path, monkeypatch, fake_llama, tiny_profile):
-    from specgen.app.chat import Chat
+    from specgen.commands.chat import Chat
     from specgen.profiles import load_profile
     from specgen.app.session import open_session
 

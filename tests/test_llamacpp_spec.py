@@ -285,7 +285,7 @@ def test_without_the_tools_it_is_skipped_with_one_line(tmp_path, tiny_gguf, lett
 
 def test_it_runs_by_default_only_with_the_tools_and_a_gguf_pair(tmp_path, tiny_gguf, tiny_profile,
                                                                fake_llamacpp_tools, monkeypatch):
-    from specgen.bench.command import BenchRequest, pick
+    from specgen.commands.bench import BenchRequest, pick
     from specgen.profiles import load_profile
 
     def default(profile) -> list[str]:

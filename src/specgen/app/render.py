@@ -7,12 +7,23 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 if TYPE_CHECKING:  # the terminal side needs no torch at import time
     from specgen.core.stats import Origin, Stats
 
 STYLES: dict[str, str] = {"accepted": "green", "resampled": "yellow", "bonus": "cyan"}
+# The error console every command writes its notes, warnings and errors to (stdout is the
+# answer's alone).
+err = Console(stderr=True)
+
+
+def warn(message: str) -> None:
+    """One `warning:` line on stderr (the message's brackets are text, not markup)."""
+    err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 LEGEND = {
     "accepted": "accepted (draft token the target kept)",
     "resampled": "resampled (target's correction)",

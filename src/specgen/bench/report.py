@@ -4,7 +4,6 @@ peer, bf16, llama.cpp's plain and llama.cpp's speculative decoding of the same p
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import re
@@ -15,19 +14,10 @@ from pathlib import Path
 
 import torch
 
+from specgen.bench.harness import geomean, median
 from specgen.bench.prompts import CATEGORIES, CODE_CATEGORIES
 from specgen.bench.runner import BenchPrompt, Measurement
 from specgen.decoding import llamacpp
-
-
-def geomean(values: Sequence[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -50,30 +40,30 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
     for p, prompt in enumerate(prompts):
         base = groups.get((p, "baseline"))
         peer = groups.get((p, "peer"))
-        base_tps = _median([m.tokens_per_second for m in base]) if base else None
-        base_decode = _median([m.decode_tokens_per_second for m in base]) if base else None
-        peer_tps = _median([m.tokens_per_second for m in peer]) if peer else None
+        base_tps = median([m.tokens_per_second for m in base]) if base else None
+        base_decode = median([m.decode_tokens_per_second for m in base]) if base else None
+        peer_tps = median([m.tokens_per_second for m in peer]) if peer else None
         bf16 = groups.get((p, "bf16"))
-        bf16_tps = _median([m.tokens_per_second for m in bf16]) if bf16 else None
+        bf16_tps = median([m.tokens_per_second for m in bf16]) if bf16 else None
         llama = groups.get((p, "llamacpp"))
-        llama_tps = _median([m.tokens_per_second for m in llama]) if llama else None
+        llama_tps = median([m.tokens_per_second for m in llama]) if llama else None
         llama_spec = groups.get((p, "llamacpp-spec"))
-        llama_spec_tps = _median([m.tokens_per_second for m in llama_spec]) if llama_spec else None
+        llama_spec_tps = median([m.tokens_per_second for m in llama_spec]) if llama_spec else None
         plain = groups.get((p, "plain"))
-        plain_tps = _median([m.tokens_per_second for m in plain]) if plain else None
+        plain_tps = median([m.tokens_per_second for m in plain]) if plain else None
         for name in names:
             ms = groups.get((p, name))
             if not ms:
                 continue
-            tps = _median([m.tokens_per_second for m in ms])
-            decode = _median([m.decode_tokens_per_second for m in ms])
+            tps = median([m.tokens_per_second for m in ms])
+            decode = median([m.decode_tokens_per_second for m in ms])
             rows.append({
                 "prompt": p, "category": prompt.category, "contestant": name,
                 "repeats": len(ms),
                 "new_tokens": ms[0].new_tokens,
                 "tokens_per_second": tps,
                 "tokens_per_second_all": [m.tokens_per_second for m in ms],
-                "seconds": _median([m.seconds for m in ms]),
+                "seconds": median([m.seconds for m in ms]),
                 "speedup": tps / base_tps if base_tps else None,
                 "decode_tokens_per_second": decode,
                 "decode_speedup": decode / base_decode if decode and base_decode else None,
@@ -82,12 +72,12 @@ def per_prompt(measurements: Sequence[Measurement], prompts: Sequence[BenchPromp
                 "vs_llamacpp": tps / llama_tps if llama_tps else None,
                 "vs_llamacpp_spec": tps / llama_spec_tps if llama_spec_tps else None,
                 "vs_plain": tps / plain_tps if plain_tps else None,
-                "acceptance_rate": _median([m.acceptance_rate for m in ms]),
-                "tau": _median([m.tau for m in ms]),
-                "draft_seconds": _median([m.draft_seconds for m in ms]),
-                "verify_seconds": _median([m.verify_seconds for m in ms]),
-                "rest_seconds": _median([m.rest_seconds for m in ms]),
-                "prefill_seconds": _median([m.prefill_seconds for m in ms]),
+                "acceptance_rate": median([m.acceptance_rate for m in ms]),
+                "tau": median([m.tau for m in ms]),
+                "draft_seconds": median([m.draft_seconds for m in ms]),
+                "verify_seconds": median([m.verify_seconds for m in ms]),
+                "rest_seconds": median([m.rest_seconds for m in ms]),
+                "prefill_seconds": median([m.prefill_seconds for m in ms]),
                 "peak_memory_bytes": max(m.peak_memory_bytes for m in ms),
                 "equal_to_baseline": (ms[0].token_ids == base[0].token_ids) if base else None,
                 "common_prefix_with_baseline": (common_prefix(ms[0].token_ids, base[0].token_ids)
@@ -156,9 +146,9 @@ def summarize(rows: Sequence[dict], names: Sequence[str],
             "vs_plain_code": geomean([r["vs_plain"] for r in mine
                                       if r["category"] in CODE_CATEGORIES and r["vs_plain"]]),
             "min_vs_plain": min((r["vs_plain"] for r in mine if r["vs_plain"]), default=None),
-            "acceptance_rate": _median([r["acceptance_rate"] for r in mine]),
-            "tau": _median([r["tau"] for r in mine]),
-            "tau_by_category": {c: _median([r["tau"] for r in mine if r["category"] == c])
+            "acceptance_rate": median([r["acceptance_rate"] for r in mine]),
+            "tau": median([r["tau"] for r in mine]),
+            "tau_by_category": {c: median([r["tau"] for r in mine if r["category"] == c])
                                 for c in categories},
             "acceptance_by_position": acceptance_by_position(mine),
             "equal_to_baseline": f"{sum(equal)}/{len(equal)}" if equal else None,

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from specgen.bench.harness import Trial, interleave
 from specgen.bench.prompts import PROMPTS
 from specgen.choices import CONTESTANTS, HEAD_KINDS, MODEL_METHODS
 from specgen.core.drafters import make_drafter
@@ -149,18 +150,6 @@ def read_prompts(path: Path) -> list[BenchPrompt]:
     if not prompts:
         raise ConfigError(f"{path} holds no prompts.")
     return prompts
-
-
-def schedule(n_prompts: int, names: Sequence[str], repeats: int) -> list[tuple[int, int, str]]:
-    """(prompt, repeat, contestant) in run order: prompt by prompt, every contestant once per
-    repeat, the order rotated each repeat so no contestant always runs first (warm caches)
-    or last."""
-    order = []
-    for p in range(n_prompts):
-        for r in range(repeats):
-            shift = r % len(names)
-            order += [(p, r, name) for name in [*names[shift:], *names[:shift]]]
-    return order
 
 
 # --- measuring ---------------------------------------------------------------------------------
@@ -410,16 +399,21 @@ def run_bench(bench: Bench, prompts: Sequence[BenchPrompt], inputs: Sequence[Ten
               chosen: Sequence[Contestant], repeats: int = 1, warmup_tokens: int = 8,
               on_measurement: Callable[[Measurement, Stats], None] | None = None
               ) -> list[Measurement]:
-    """Every (prompt, repeat, contestant) of `schedule`, after one short unrecorded warm-up
-    generation per contestant (first-call allocations and lazy initialisation)."""
-    if warmup_tokens:
-        for c in chosen:
-            bench.measure(c, inputs[0], warmup_tokens)
+    """Every contestant on every prompt, `repeats` times, through the harness's interleaving,
+    after one short unrecorded warm-up generation per contestant (first-call allocations and
+    lazy initialisation)."""
     by_name = {c.name: c for c in chosen}
-    out = []
-    for p, r, name in schedule(len(prompts), [c.name for c in chosen], repeats):
-        m = bench.run_one(by_name[name], p, prompts[p].category, r, inputs[p])
-        out.append(m)
+
+    def warm_up(name: str) -> None:
+        bench.measure(by_name[name], inputs[0], warmup_tokens)
+
+    def call(name: str, p: int, r: int) -> Measurement:
+        return bench.run_one(by_name[name], p, prompts[p].category, r, inputs[p])
+
+    def seen(trial: Trial[Measurement]) -> None:
         if on_measurement is not None:
-            on_measurement(m, bench.last_stats[name])
-    return out
+            on_measurement(trial.value, bench.last_stats[trial.name])
+
+    trials = interleave(list(by_name), len(prompts), call, repeats=repeats,
+                        warm_up=warm_up if warmup_tokens else None, on_trial=seen)
+    return [t.value for t in trials]

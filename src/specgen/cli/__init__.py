@@ -1,6 +1,7 @@
-"""The `specgen` command line: each command parses its options and delegates to the app
-(app/, bench/, loading/). Errors a user can cause print one line and exit 2; `--debug` shows
-the traceback instead. Ctrl-C exits 130, SIGTERM 143 and a closed stdout 141 (signals.py)."""
+"""The `specgen` command line: each command (one module here per verb) parses its options and
+hands them to its flow (specgen.commands, one module there per verb). Errors a user can cause
+print one line and exit 2; `--debug` shows the traceback instead. Ctrl-C exits 130, SIGTERM
+143 and a closed stdout 141 (signals.py)."""
 
 from __future__ import annotations
 

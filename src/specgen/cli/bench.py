@@ -1,4 +1,4 @@
-"""`specgen bench`: parse the options; specgen.bench.command does the rest."""
+"""`specgen bench`: parse the options; specgen.commands.bench does the rest."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def bench(
     ),
     **options,
 ) -> None:
-    from specgen.bench.command import BenchRequest, run
+    from specgen.commands.bench import BenchRequest, run
 
     options.pop("debug")
     request = BenchRequest(

@@ -1,12 +1,8 @@
-"""`specgen chat`: a conversation on one loaded model pair."""
+"""`specgen chat`: parse the options; specgen.commands.chat holds the conversation."""
 
 from __future__ import annotations
 
-import sys
-
-from specgen.app.render import TokenPrinter, make_console
-from specgen.paths import chat_history
-from specgen.cli.options import (GENERATION, MODELS, err, load_session, pause_gc, prefetch,
+from specgen.cli.options import (GENERATION, MODELS, load_session, pause_gc, prefetch,
                                  profile_with_options, shared, use_color)
 from specgen.profiles import check_seed
 
@@ -36,22 +32,7 @@ def chat(**options) -> None:
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
     pause_gc()  # until load_session has loaded the models
-    from specgen.app import chat as chat_app  # loads torch: after every check of the input
+    from specgen.commands import chat as flow  # loads torch: after every check of the input
 
-    session = load_session(prof)
-    conversation = chat_app.Chat(session, prof.generation.system_prompt, options["seed"])
-    out = make_console(no_color=options["no_color"])
-    history = (options["stats_db"], options["record_prompt"])
-    if not sys.stdin.isatty():
-        chat_app.repl(conversation, chat_app.pipe_line, out, err, *history)
-        return
-    pair = session.pair
-    err.print(f"[bold]specgen chat[/] · {prof.name}: {pair.draft_name or 'no draft'} → "
-              f"{pair.target_name}", highlight=False)
-    err.print('/help for commands · \"\"\" for multi-line input · Ctrl-C stops an answer · '
-              "Ctrl-D leaves", style="dim", highlight=False)
-    printer = TokenPrinter(out)
-    if printer.styled:
-        err.print(printer.legend())
-    with chat_app.line_editing(chat_history()):
-        chat_app.repl(conversation, input, out, err, *history)
+    flow.run(flow.ChatRequest(prof, options["seed"], options["no_color"], options["stats_db"],
+                              options["record_prompt"]), load_session)

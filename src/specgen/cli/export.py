@@ -24,7 +24,7 @@ def vllm(
     port: int = typer.Option(8000, "--port", help="The port vLLM listens on."),
 ) -> None:
     """`vllm serve` with the profile's target and --speculative-config."""
-    from specgen.serve.export import vllm as export
+    from specgen.commands.export import vllm as export
 
     typer.echo(export(load_profile(profile), gpu_memory, port).text(), nl=False)
 
@@ -39,6 +39,6 @@ def llamacpp(
     port: int = typer.Option(8080, "--port", help="The port llama-server listens on."),
 ) -> None:
     """`llama-server` with the profile's target, draft and speculation flags."""
-    from specgen.serve.export import llamacpp as export
+    from specgen.commands.export import llamacpp as export
 
     typer.echo(export(load_profile(profile), flavor, port).text(), nl=False)

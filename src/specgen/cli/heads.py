@@ -1,4 +1,4 @@
-"""`specgen heads train`: parse the options, show a progress bar; specgen.app.heads trains."""
+"""`specgen heads train`: parse the options; specgen.commands.heads trains."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from specgen.choices import TRAINABLE_HEADS, listing
-from specgen.cli.options import DEBUG, PROFILE, err, reflow
+from specgen.cli.options import DEBUG, PROFILE, reflow
 
 app = typer.Typer(help="Draft heads on the target (EAGLE, Medusa): train one for a profile.",
                   no_args_is_help=True)
@@ -47,34 +47,7 @@ def train(
     steps: Optional[int] = typer.Option(None, "--steps", hidden=True),
     debug: bool = DEBUG,
 ) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers.utils import logging as hf_logging
+    from specgen.commands import heads as flow
 
-    from specgen.app.heads import TrainRequest
-    from specgen.app.heads import train as run_training
-    from specgen.heads.train import budget_note
-
-    hf_logging.disable_progress_bar()  # the bar below says what is loading
-    request = TrainRequest(profile, kind, corpus, minutes, out, threads, seq_len, batch,
-                           max_steps=steps)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-               TimeElapsedColumn(), TextColumn("{task.fields[figures]}"))
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task("loading", total=minutes * 60, figures="")
-
-        def report(p) -> None:
-            agree = "/".join(f"{a:.3f}" for a in p.agreement) or "-"
-            loss = f"{p.loss:.3f}" if p.loss is not None else "-"
-            bar.update(task, completed=min(p.seconds, p.budget), description=p.phase,
-                       figures=f"loss {loss}  held-out agreement {agree}  {p.tokens:,} tokens "
-                       f"read  {p.steps} steps" + ("  (corpus done)" if p.corpus_done else ""))
-
-        try:
-            folder, state, settings = run_training(
-                request, report, progress=lambda msg: bar.update(task, description=msg))
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted:[/] the checkpoint is saved; run the same command "
-                      "again to resume.")
-            raise typer.Exit(130) from None
-    err.print(f"[bold]{settings.kind} head[/] in {folder}: {budget_note(state, settings)}",
-              highlight=False)
+    flow.run(flow.TrainRequest(profile, kind, corpus, minutes, out, threads, seq_len, batch,
+                               max_steps=steps))

@@ -1,6 +1,7 @@
-"""What the commands share: the error console, the options of run, chat and bench (declared
-once here, their choices from specgen.choices), and the steps every generating command takes
-before it generates (read the prompt, apply the options to the profile, load the models)."""
+"""What the commands' parsing shares: the options of run, chat and bench (declared once here,
+their choices from specgen.choices), and the steps every generating command takes before its
+flow (specgen.commands) generates: read the prompt, apply the options to the profile, load
+the models behind a status line. The error console itself is app.render's."""
 
 from __future__ import annotations
 
@@ -13,17 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from specgen.app.render import err, warn
 from specgen.choices import MAX_K, METHODS, MIN_K, QUANTIZATIONS, RUNTIMES, listing
 from specgen.errors import ConfigError
 from specgen.profiles import DEFAULT_PROFILE, Profile, load_profile, utf8_text, with_overrides
 
 if TYPE_CHECKING:
     from specgen.app.session import Session
-
-err = Console(stderr=True)
 
 
 def reflow(help_text: str) -> str:
@@ -38,11 +37,6 @@ def reflow(help_text: str) -> str:
         for p in paragraphs)
 
 
-def warn(message: str) -> None:
-    """One `warning:` line on stderr (the message's brackets are text, not markup)."""
-    err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-
 def debug_enabled() -> bool:
     return "--debug" in sys.argv or os.environ.get("SPECGEN_DEBUG") == "1"
 
@@ -51,63 +45,54 @@ def use_color(no_color: bool) -> None:
     err.no_color = no_color or bool(os.environ.get("NO_COLOR"))
 
 
-PROFILE = typer.Option(
-    DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file."
-)
-MAX_NEW_TOKENS = typer.Option(None, "--max-new-tokens", "-n", help="Most tokens to generate.")
-TEMPERATURE = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
-TOP_P = typer.Option(None, "--top-p", help="Nucleus sampling mass, in (0, 1].")
-TOP_K = typer.Option(None, "--top-k", help="Sample from the k likeliest tokens (0: off).")
-SEED = typer.Option(None, "--seed", help="Seed for reproducible sampling.")
-K = typer.Option(
-    None, "--k",
-    help=f"Speculative tokens per step, {MIN_K} to {MAX_K} (the most, when adaptive; 0: off).")
-NO_ADAPTIVE = typer.Option(False, "--no-adaptive", help="Always draft exactly K tokens.")
-NO_TREE = typer.Option(False, "--no-tree",
-                       help="Verify the draft model's chain alone, never a token tree.")
-METHOD = typer.Option(None, "--method", help=f"Who drafts: {listing(METHODS)}.")
-DEVICE = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (both models).")
-TARGET_QUANTIZATION = typer.Option(
-    None, "--target-quantization",
-    help=f"{listing(QUANTIZATIONS)} (docs/profiles.md says which run where).")
-DRAFT_QUANTIZATION = typer.Option(
-    None, "--draft-quantization", help="Same choices, for the draft model.")
-DRAFT_RUNTIME = typer.Option(
-    None, "--draft-runtime",
-    help=f"{listing(RUNTIMES)}: llama.cpp runs a GGUF draft on its CPU kernels "
-    "(needs llama-cpp-python).")
-RAW = typer.Option(False, "--raw", help="Plain continuation: no chat template.")
-SYSTEM = typer.Option(None, "--system", help="System prompt (chat template only).")
-NO_COLOR = typer.Option(False, "--no-color", help="No colours (NO_COLOR is honoured too).")
-STATS_DB = typer.Option(None, "--stats-db", help="Run-history database to record into.")
-RECORD_PROMPT = typer.Option(False, "--record-prompt", help="Store the prompt text in the history.")
-DEBUG = typer.Option(False, "--debug", help="Show tracebacks for errors.")
-
-
 # Every shared option once: its parameter name, type and declaration. A command takes them
-# with @shared(...) and receives them as keyword arguments.
+# with @shared(...) and receives them as keyword arguments; one that declares its parameters
+# itself takes a declaration as a default (PROFILE, K, DEVICE, TARGET_QUANTIZATION, DEBUG).
 SHARED: dict[str, tuple[Any, Any]] = {
-    "profile": (str, PROFILE),
-    "max_new_tokens": (Optional[int], MAX_NEW_TOKENS),
-    "temperature": (Optional[float], TEMPERATURE),
-    "top_p": (Optional[float], TOP_P),
-    "top_k": (Optional[int], TOP_K),
-    "seed": (Optional[int], SEED),
-    "k": (Optional[int], K),
-    "no_adaptive": (bool, NO_ADAPTIVE),
-    "no_tree": (bool, NO_TREE),
-    "method": (Optional[str], METHOD),
-    "device": (Optional[str], DEVICE),
-    "target_quantization": (Optional[str], TARGET_QUANTIZATION),
-    "draft_quantization": (Optional[str], DRAFT_QUANTIZATION),
-    "draft_runtime": (Optional[str], DRAFT_RUNTIME),
-    "raw": (bool, RAW),
-    "system": (Optional[str], SYSTEM),
-    "no_color": (bool, NO_COLOR),
-    "stats_db": (Optional[Path], STATS_DB),
-    "record_prompt": (bool, RECORD_PROMPT),
-    "debug": (bool, DEBUG),
+    "profile": (str, typer.Option(
+        DEFAULT_PROFILE, "--profile", "-p", help="Profile name or path to a .toml file.")),
+    "max_new_tokens": (Optional[int], typer.Option(
+        None, "--max-new-tokens", "-n", help="Most tokens to generate.")),
+    "temperature": (Optional[float], typer.Option(None, "--temperature", "-t", help="0 is greedy.")),
+    "top_p": (Optional[float], typer.Option(
+        None, "--top-p", help="Nucleus sampling mass, in (0, 1].")),
+    "top_k": (Optional[int], typer.Option(
+        None, "--top-k", help="Sample from the k likeliest tokens (0: off).")),
+    "seed": (Optional[int], typer.Option(None, "--seed", help="Seed for reproducible sampling.")),
+    "k": (Optional[int], typer.Option(
+        None, "--k",
+        help=f"Speculative tokens per step, {MIN_K} to {MAX_K} "
+        "(the most, when adaptive; 0: off).")),
+    "no_adaptive": (bool, typer.Option(
+        False, "--no-adaptive", help="Always draft exactly K tokens.")),
+    "no_tree": (bool, typer.Option(
+        False, "--no-tree", help="Verify the draft model's chain alone, never a token tree.")),
+    "method": (Optional[str], typer.Option(
+        None, "--method", help=f"Who drafts: {listing(METHODS)}.")),
+    "device": (Optional[str], typer.Option(
+        None, "--device", help="auto, cpu, cuda or cuda:N (both models).")),
+    "target_quantization": (Optional[str], typer.Option(
+        None, "--target-quantization",
+        help=f"{listing(QUANTIZATIONS)} (docs/profiles.md says which run where).")),
+    "draft_quantization": (Optional[str], typer.Option(
+        None, "--draft-quantization", help="Same choices, for the draft model.")),
+    "draft_runtime": (Optional[str], typer.Option(
+        None, "--draft-runtime",
+        help=f"{listing(RUNTIMES)}: llama.cpp runs a GGUF draft on its CPU kernels "
+        "(needs llama-cpp-python).")),
+    "raw": (bool, typer.Option(False, "--raw", help="Plain continuation: no chat template.")),
+    "system": (Optional[str], typer.Option(
+        None, "--system", help="System prompt (chat template only).")),
+    "no_color": (bool, typer.Option(
+        False, "--no-color", help="No colours (NO_COLOR is honoured too).")),
+    "stats_db": (Optional[Path], typer.Option(
+        None, "--stats-db", help="Run-history database to record into.")),
+    "record_prompt": (bool, typer.Option(
+        False, "--record-prompt", help="Store the prompt text in the history.")),
+    "debug": (bool, typer.Option(False, "--debug", help="Show tracebacks for errors.")),
 }
+PROFILE, K, DEVICE, TARGET_QUANTIZATION, DEBUG = (
+    SHARED[name][1] for name in ("profile", "k", "device", "target_quantization", "debug"))
 # The options that shape the profile a generating command runs (profile_with_options).
 GENERATION = ("profile", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "k",
               "no_adaptive", "no_tree", "method", "system")

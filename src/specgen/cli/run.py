@@ -1,17 +1,14 @@
-"""`specgen run`: one prompt, one streamed answer."""
+"""`specgen run`: parse the options, read the prompt; specgen.commands.run does the rest."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from specgen.app.render import TokenPrinter, make_console, summary_line
-from specgen.app.store import record_run
-from specgen.cli.options import (GENERATION, MODELS, err, load_session, pause_gc, prefetch,
-                                 profile_with_options, read_prompt, shared, use_color, warn)
+from specgen.cli.options import (GENERATION, MODELS, load_session, pause_gc, prefetch,
+                                 profile_with_options, read_prompt, shared, use_color)
 from specgen.errors import ConfigError
 from specgen.profiles import check_seed
 
@@ -48,31 +45,8 @@ def run(
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
     pause_gc()  # until load_session has loaded the models
-    from specgen.app.answer import answer  # loads torch: after every check of the input
+    from specgen.commands import run as flow
 
-    session = load_session(prof)
-    out = make_console(no_color=options["no_color"])
-    as_json = output_format == "json"
-    printer = TokenPrinter(out)
-    if printer.styled and not as_json:
-        err.print(printer.legend())
-    result = answer(session, text, options["seed"], on_text=None if as_json else printer.write)
-    # Recorded first: whatever ended the answer (Ctrl-C, SIGTERM, a closed stdout), the run
-    # is in the history before anything else is written.
-    record = options["record_prompt"]
-    warning = record_run(session.record("run", result.stats, result.ended, text if record else None),
-                         options["stats_db"])
-    if not isinstance(result.stopped_by, BrokenPipeError):
-        if as_json:
-            doc = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict(),
-                   "profile": prof.name, "target": session.pair.target_name,
-                   "draft": session.pair.draft_name}
-            out.file.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        else:
-            out.file.write("\n")
-        out.file.flush()  # a closed stdout shows here, not at exit
-        err.print(summary_line(result.stats), style="dim", soft_wrap=True, highlight=False)
-    if warning:
-        warn(warning)
-    if result.stopped_by is not None:
-        raise result.stopped_by  # the exit code says what ended it (cli/signals.py)
+    flow.run(flow.RunRequest(prof, text, options["seed"], output_format == "json",
+                             options["no_color"], options["stats_db"], options["record_prompt"]),
+             load_session)

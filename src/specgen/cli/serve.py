@@ -1,13 +1,12 @@
-"""`specgen serve`: the loaded profile behind OpenAI- and Ollama-compatible HTTP APIs."""
+"""`specgen serve`: parse and check the options; specgen.commands.serve serves."""
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import typer
 
-from specgen.cli.options import (MODELS, err, load_session, pause_gc, prefetch, profile_with_options,
+from specgen.cli.options import (MODELS, load_session, pause_gc, prefetch, profile_with_options,
                                  shared)
 
 HELP = """Serve the profile over HTTP: OpenAI- and Ollama-compatible APIs.
@@ -42,22 +41,12 @@ def serve(
                                   "one generating; more are refused (429 / 503, Retry-After)."),
     **options,
 ) -> None:
-    from specgen.serve.server import Server, check_options, is_loopback  # starlette, uvicorn
+    from specgen.commands import serve as flow
 
-    check_options(port, max_queue)
+    request = flow.ServeRequest(host, port, api_key, max_queue, options["stats_db"],
+                                options["record_prompt"])
+    request.check()
     prof = profile_with_options(options)
     prefetch(prof)  # the weights are read from disk while torch is imported
     pause_gc()  # until load_session has loaded the models
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    session = load_session(prof)
-    server = Server(session, host, port, api_key, max_queue, options["stats_db"],
-                    options["record_prompt"])
-    server.bind()
-    if not is_loopback(host) and not api_key:
-        err.print(f"[yellow]warning:[/] listening on {host} without an API key: anyone who can "
-                  "reach this port can use the models. Pass --api-key (or SPECGEN_API_KEY).",
-                  highlight=False)
-    err.print(f"Serving [bold]{prof.name}[/] on {server.url} (OpenAI: {server.url}/v1, Ollama: "
-              f"{server.url}). Ctrl-C stops.", highlight=False, soft_wrap=True)
-    server.run()
-    err.print("Stopped.", style="dim")
+    flow.run(request, prof, load_session)

@@ -1,4 +1,4 @@
-"""`specgen tune`: parse the options; specgen.tune.command does the rest."""
+"""`specgen tune`: parse the options; specgen.commands.tune does the rest."""
 
 from __future__ import annotations
 
@@ -39,25 +39,9 @@ def tune(
     target_quantization: Optional[str] = TARGET_QUANTIZATION,
     debug: bool = DEBUG,
 ) -> None:
-    from specgen.tune.command import TuneRequest, run
+    from specgen.commands import tune as flow
 
-    request = TuneRequest(profile=profile, prompts=prompts, minutes=minutes,
-                          max_new_tokens=max_new_tokens, threads=threads, device=device,
-                          target_quantization=target_quantization, k=k)
-    result = run(request, load_session, err)
-    speedup = result.tokens_per_second / result.plain_tokens_per_second
-    err.print(f"skip set: [bold]{result.skip_layers}[/] · {result.tokens_per_second:.2f} tok/s, "
-              f"{speedup:.2f}x plain decoding ({result.plain_tokens_per_second:.2f} tok/s) · "
-              f"{result.trials} sets tried", highlight=False)
-    if result.default_tokens_per_second:
-        err.print(f"the default set: {result.default_tokens_per_second:.2f} tok/s, "
-                  f"{result.default_tokens_per_second / result.plain_tokens_per_second:.2f}x plain",
-                  highlight=False)
-    err.print(f"stored in {result.path}; method \"self\" uses it for this target from now on.",
-              highlight=False)
-    if speedup < 1.0:
-        err.print("[yellow]note:[/] no set drafted faster than plain decoding here; adaptive K "
-                  "switches self drafting off where it does not pay.")
-    if not result.all_equal:
-        err.print("[bold red]warning:[/] some output differed from plain decoding, which an exact "
-                  "target never gives: please report it.")
+    request = flow.TuneRequest(profile=profile, prompts=prompts, minutes=minutes,
+                               max_new_tokens=max_new_tokens, threads=threads, device=device,
+                               target_quantization=target_quantization, k=k)
+    flow.report(flow.run(request, load_session, err))

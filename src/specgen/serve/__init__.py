@@ -1,3 +1,3 @@
-"""`specgen serve` and `specgen export`: the loaded pair behind OpenAI- and Ollama-compatible
-HTTP APIs (validate, worker, openai_api, ollama_api, metrics, app, server), and a profile as
-vLLM and llama.cpp command lines (export)."""
+"""The HTTP server behind `specgen serve` (commands/serve.py): the loaded pair behind OpenAI-
+and Ollama-compatible APIs (validate, worker, openai_api, ollama_api, common, metrics, app,
+server)."""

@@ -1,5 +1,6 @@
-"""What both APIs share: the served model's description, reading a request body, and waiting
-for a job's events while watching for the client to go away."""
+"""What both APIs share: the served model's description, their two generating endpoints,
+reading a request body, and waiting for a job's events while watching for the client to go
+away."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import hashlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -20,6 +21,21 @@ from specgen.serve.worker import Failed, Finished, Job, Piece, Rejected, Worker
 
 if TYPE_CHECKING:
     from specgen.app.session import Session
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def endpoints(generate: Callable[[Request, bool], Awaitable[Response]]) -> tuple[Endpoint, Endpoint]:
+    """An API's two generating endpoints, plain text and chat, both served by its
+    `generate(request, chat)`."""
+    async def plain(request: Request) -> Response:
+        return await generate(request, False)
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, True)
+
+    return plain, chat
 
 
 @dataclass(frozen=True)

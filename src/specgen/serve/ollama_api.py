@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from specgen import __version__
-from specgen.serve.common import Api, Events, ServedModel, iso_time, read_ask, read_json
+from specgen.serve.common import (Api, Events, ServedModel, endpoints, iso_time, read_ask,
+                                  read_json)
 from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, message_fields,
                                     model_matches, seed_value, temperature_value)
 from specgen.serve.worker import Failed, Finished, Piece
@@ -158,14 +159,6 @@ class Ollama(Api):
 
 # --- handlers -----------------------------------------------------------------------------
 
-async def generate(request: Request) -> Response:
-    return await _generate(request, chat=False)
-
-
-async def chat(request: Request) -> Response:
-    return await _generate(request, chat=True)
-
-
 async def _generate(request: Request, chat: bool) -> Response:
     served, ask = await read_ask(request, parse_chat if chat else parse_generate)
     api = Ollama(chat, served.name)
@@ -177,6 +170,9 @@ async def _generate(request: Request, chat: bool) -> Response:
         done = {**api.part("", True), "done_reason": "load"}
         return JSONResponse(done) if not ask.stream else Response(ndjson(done), media_type=api.media_type)
     return await api.generate(request, request.app.state.worker, ask)
+
+
+generate, chat = endpoints(_generate)  # POST /api/generate, POST /api/chat
 
 
 def _details(served: ServedModel) -> dict:

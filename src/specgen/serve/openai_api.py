@@ -13,7 +13,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from specgen.serve.common import Api, Events, ServedModel, read_ask
+from specgen.serve.common import Api, Events, ServedModel, endpoints, read_ask
 from specgen.serve.validate import (EXACT, MAX_INT, Ask, Fields, RequestError, message_fields,
                                     model_matches, seed_value, temperature_value, text_ok)
 from specgen.serve.worker import Failed, Finished, Piece
@@ -224,15 +224,10 @@ def _model(served: ServedModel) -> dict:
                                                "context_length": served.context_length}}
 
 
-async def completions(request: Request) -> Response:
-    return await _generate(request, chat=False)
-
-
-async def chat_completions(request: Request) -> Response:
-    return await _generate(request, chat=True)
-
-
 async def _generate(request: Request, chat: bool) -> Response:
     served, ask = await read_ask(request, parse_chat if chat else parse_completion)
     api = OpenAI(chat, served.name, ask.include_usage)
     return await api.generate(request, request.app.state.worker, ask)
+
+
+completions, chat_completions = endpoints(_generate)  # POST /v1/completions, /v1/chat/completions

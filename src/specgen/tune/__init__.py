@@ -1,2 +1,2 @@
-"""`specgen tune`: search the sub-layers a target skips when it drafts for itself (method
-"self"), scoring each candidate by the measured speed of real speculative decoding."""
+"""The search behind `specgen tune` (commands/tune.py): which sub-layers a target skips when
+it drafts for itself (method "self"), apart from any model (search.py)."""

@@ -1,6 +1,6 @@
 """`specgen heads train`: load a profile's target (unquantized, in its dtype), read a corpus
 as chat answers, and fit a head to the target (heads/train.py) in an output folder that a
-later run resumes from and a profile's `[draft] head` loads. The CLI shows the progress."""
+later run resumes from and a profile's `[draft] head` loads, behind a progress bar (`run`)."""
 
 from __future__ import annotations
 
@@ -122,3 +122,37 @@ def train(request: TrainRequest, report: Callable | None = None,
     trainer.restore()
     state = trainer.run(request.minutes * 60, report, request.max_steps)
     return out, state, settings
+
+
+def run(request: TrainRequest) -> None:
+    """Train behind a progress bar on stderr (loss, held-out agreement, tokens read); Ctrl-C
+    keeps the checkpoint and exits 130; the last line says where the head is."""
+    import typer
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers.utils import logging as hf_logging
+
+    from specgen.app.render import err
+    from specgen.heads.train import budget_note
+
+    hf_logging.disable_progress_bar()  # the bar below says what is loading
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TextColumn("{task.fields[figures]}"))
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task("loading", total=request.minutes * 60, figures="")
+
+        def report(p) -> None:
+            agree = "/".join(f"{a:.3f}" for a in p.agreement) or "-"
+            loss = f"{p.loss:.3f}" if p.loss is not None else "-"
+            bar.update(task, completed=min(p.seconds, p.budget), description=p.phase,
+                       figures=f"loss {loss}  held-out agreement {agree}  {p.tokens:,} tokens "
+                       f"read  {p.steps} steps" + ("  (corpus done)" if p.corpus_done else ""))
+
+        try:
+            folder, state, settings = train(
+                request, report, progress=lambda msg: bar.update(task, description=msg))
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted:[/] the checkpoint is saved; run the same command "
+                      "again to resume.")
+            raise typer.Exit(130) from None
+    err.print(f"[bold]{settings.kind} head[/] in {folder}: {budget_note(state, settings)}",
+              highlight=False)

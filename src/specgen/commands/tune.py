@@ -1,5 +1,5 @@
 """`specgen tune` from parsed options to a stored skip set: load the target, measure plain
-decoding, rank the sub-layers, search (search.py) within the time budget with a progress
+decoding, rank the sub-layers, search (tune/search.py) within the time budget with a progress
 bar, measure plain and the best set once more side by side, store the best set for this
 target (app/skipsets.py), print what was found. The CLI only parses."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from specgen.bench.command import MeasureRequest
 from specgen.bench.runner import BenchPrompt, read_prompts
+from specgen.commands.bench import MeasureRequest
 from specgen.errors import ConfigError
 from specgen.profiles import load_profile, with_overrides
 from specgen.tune.search import Score, Search, SubLayer, rank
@@ -235,3 +235,26 @@ def run(request: TuneRequest, load_session: Callable, err: Console) -> TuneResul
     return TuneResult(skipsets.skip_text(skip), best.rate, plain_rate,
                       default_trial.rate if default_trial else None, len(search.trials), path,
                       all_equal)
+
+
+def report(result: TuneResult) -> None:
+    """The search's outcome on stderr: the set stored, its speed against plain decoding and
+    the default set's, and a warning should any output have differed."""
+    from specgen.app.render import err
+
+    speedup = result.tokens_per_second / result.plain_tokens_per_second
+    err.print(f"skip set: [bold]{result.skip_layers}[/] · {result.tokens_per_second:.2f} tok/s, "
+              f"{speedup:.2f}x plain decoding ({result.plain_tokens_per_second:.2f} tok/s) · "
+              f"{result.trials} sets tried", highlight=False)
+    if result.default_tokens_per_second:
+        err.print(f"the default set: {result.default_tokens_per_second:.2f} tok/s, "
+                  f"{result.default_tokens_per_second / result.plain_tokens_per_second:.2f}x plain",
+                  highlight=False)
+    err.print(f"stored in {result.path}; method \"self\" uses it for this target from now on.",
+              highlight=False)
+    if speedup < 1.0:
+        err.print("[yellow]note:[/] no set drafted faster than plain decoding here; adaptive K "
+                  "switches self drafting off where it does not pay.")
+    if not result.all_equal:
+        err.print("[bold red]warning:[/] some output differed from plain decoding, which an exact "
+                  "target never gives: please report it.")

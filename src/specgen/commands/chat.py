@@ -8,7 +8,7 @@ system prompt, dropped turns, a template that rewrites past answers), it is enco
 and the engine reuses whatever common prefix remains.
 
 `Chat` holds the conversation and the slash commands and does no terminal I/O; `repl` is
-the edge that reads lines and prints.
+the edge that reads lines and prints; `run` is the command's flow (load, greet, repl).
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from torch import Tensor
 
-from specgen.app.render import IncrementalDecoder, TokenPrinter, summary_line
+from specgen.app.render import IncrementalDecoder, TokenPrinter, err, make_console, summary_line
 from specgen.app.report import pct, profile_charts, summarize
 from specgen.app.session import Session
 from specgen.app.store import record_run
 from specgen.core.stats import Stats, Token
 from specgen.errors import ConfigError, SpecgenError, Terminated
 from specgen.loading.load import context_limit
-from specgen.profiles import utf8_text, with_overrides
+from specgen.paths import chat_history
+from specgen.profiles import Profile, utf8_text, with_overrides
 
 PROMPT, MORE = ">>> ", "... "
 FENCE = '"""'
@@ -471,3 +472,37 @@ def answer_turn(chat: Chat, message: str, printer: TokenPrinter, info: Console
     if not isinstance(stopped_by, BrokenPipeError):
         info.print(summary_line(chat.last.stats), style="dim", soft_wrap=True, highlight=False)
     return chat.last, stopped_by
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What cli/chat.py parsed: the profile with the options applied, and where turns go."""
+
+    profile: Profile
+    seed: int | None = None
+    no_color: bool = False
+    stats_db: Path | None = None
+    record_prompt: bool = False
+
+
+def run(request: ChatRequest, load_session: Callable) -> None:
+    """Load the pair and hold the conversation: each line of a piped stdin a turn (answers
+    alone on stdout), else a terminal session with line editing and its history file."""
+    prof = request.profile
+    session = load_session(prof)
+    conversation = Chat(session, prof.generation.system_prompt, request.seed)
+    out = make_console(no_color=request.no_color)
+    history = (request.stats_db, request.record_prompt)
+    if not sys.stdin.isatty():
+        repl(conversation, pipe_line, out, err, *history)
+        return
+    pair = session.pair
+    err.print(f"[bold]specgen chat[/] · {prof.name}: {pair.draft_name or 'no draft'} → "
+              f"{pair.target_name}", highlight=False)
+    err.print('/help for commands · \"\"\" for multi-line input · Ctrl-C stops an answer · '
+              "Ctrl-D leaves", style="dim", highlight=False)
+    printer = TokenPrinter(out)
+    if printer.styled:
+        err.print(printer.legend())
+    with line_editing(chat_history()):
+        repl(conversation, input, out, err, *history)
