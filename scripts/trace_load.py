@@ -30,6 +30,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 @dataclass
 class Node:
     file: str
+    function: str = ""
     children: list[Node] = field(default_factory=list)
 
 
@@ -58,22 +59,24 @@ class Reader:
             return None
         node = self.nodes.get(code)
         if node is None:
-            node = self.nodes[code] = Node(code.co_filename[len(SRC):])
+            node = self.nodes[code] = Node(code.co_filename[len(SRC):], code.co_name)
             parent.children.append(node)
         return node
 
-    def sequence(self) -> list[str]:
-        out: list[str] = []
+    def sequence(self, functions: bool = False) -> list[str]:
+        """The files in reading order, each step into another file once (with `functions`,
+        each step names the function entered: file:function, or the file returned to)."""
+        out: list[tuple[str, str]] = []
 
         def walk(node: Node) -> None:
             for child in node.children:
-                out.append(child.file)
+                out.append((child.file, child.function))
                 walk(child)
-                out.append(node.file)
+                out.append((node.file, ""))
 
         walk(self.root)
-        collapsed = [f for i, f in enumerate(out) if i == 0 or out[i - 1] != f]
-        return [f for f in collapsed if f != self.root.file]
+        steps = [(f, fn) for i, (f, fn) in enumerate(out) if i == 0 or out[i - 1][0] != f]
+        return [f"{f}:{fn}" if functions and fn else f for f, fn in steps if f != self.root.file]
 
 
 SKIPPED = Node("<skipped>")
@@ -127,7 +130,7 @@ def trace(text: str, folder: Path, show: bool) -> tuple[int, int]:
             sys.setprofile(None)
     sequence = reader.sequence()
     if show:
-        print("  " + " > ".join(sequence))
+        print("  " + " > ".join(reader.sequence(functions=True)))
     return counts(sequence)
 
 

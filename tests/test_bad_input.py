@@ -32,7 +32,7 @@ def isolated(tmp_path, monkeypatch):
 @pytest.fixture
 def no_models(monkeypatch):
     """Fail the test if a command gets as far as loading models."""
-    def load_session(prof, peer_draft=False):
+    def load_session(prof, **options):
         raise AssertionError("the models were about to load")
 
     for module in ("run", "chat"):
@@ -307,10 +307,10 @@ def remote_code_model(tmp_path) -> Path:
 
 
 def test_a_model_with_its_own_code_is_refused_naming_the_key(remote_code_model):
-    from specgen.loading.sources import Source, load_config
+    from specgen.loading.sources import ModelFiles, load_config
 
     with pytest.raises(SpecgenError, match="set trust_remote_code = true in the profile's"):
-        load_config(Source("custom", remote_code_model))
+        load_config(ModelFiles("custom", remote_code_model))
 
 
 def test_trust_remote_code_is_one_warning_line(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from specgen.choices import CPU_SCHEMES
 from specgen.cli import app
 from specgen.kernels import build, int8, quantize
 from specgen.kernels.quantize import QuantLinear
-from specgen.loading import cache, demo, packed
+from specgen.loading import cache, cache_listing, demo, packed
 from specgen.loading.load import load_pair
 from specgen.profiles import load_profile
 
@@ -390,14 +390,14 @@ from pathlib import Path
 import torch
 from specgen.loading import cache
 from specgen.loading.convert import convert_gguf
-from specgen.loading.sources import Source
+from specgen.loading.sources import ModelFiles
 
 def slow(folder):
     Path(sys.argv[2]).write_text("writing")  # the weights are written: now stop us
     time.sleep(60)
 cache.file_records = slow
 gguf = Path(sys.argv[1])
-convert_gguf(Source("t", gguf.parent, gguf=gguf.name, sha256="ab" * 32, verified=True),
+convert_gguf(ModelFiles("t", gguf.parent, gguf=gguf.name, sha256="ab" * 32, verified=True),
              torch.float32, False, None)
 """
 
@@ -459,8 +459,8 @@ def test_prefetch_reads_ahead_the_entries_the_profile_loads(tmp_path, gguf_file)
     for p in (path, other):
         load_pair(load_profile(str(p)))
     (entry,) = (tmp_path / "cache" / "quantized").iterdir()
-    assert cache.profile_entries(load_profile(str(path))) == [entry]
-    thread = cache.prefetch(load_profile(str(path)))
+    assert cache_listing.profile_entries(load_profile(str(path))) == [entry]
+    thread = cache_listing.prefetch(load_profile(str(path)))
     thread.join(30)
     assert not thread.is_alive()
 

@@ -141,17 +141,19 @@ def test_a_checkpoint_missing_tensors_is_refused(saved, tmp_path):
         streamed.load_int4(tmp_path / "nothing", config, torch.bfloat16, torch.device("cpu"))
 
 
-def test_load_model_takes_the_streamed_path(saved, monkeypatch):
-    """The loader's int4-gpu branch, with the device check lifted so that it runs here."""
+def test_load_role_takes_the_streamed_path(saved, monkeypatch):
+    """The loader's int4-gpu runtime, with the device check lifted so that it runs here."""
     from specgen.loading import load
-    from specgen.loading.sources import Source
+    from specgen.loading.plan import RolePlan
+    from specgen.loading.sources import ModelFiles
     from specgen.profiles import ModelSpec
 
     checked = []
     monkeypatch.setattr(cuda_int4, "check_device", lambda device, dtype: checked.append(device))
-    source = Source(name="tiny", path=saved["qwen2"])
     spec = ModelSpec(model=str(saved["qwen2"]), quantization="int4-gpu")
-    model = load.load_model(source, spec, "cpu", torch.bfloat16)
+    plan = RolePlan("target", spec, "int4-gpu", "cpu", torch.bfloat16,
+                    ModelFiles(name="tiny", path=saved["qwen2"]))
+    model = load.load_role(plan)
     assert checked == [torch.device("cpu")]
     assert isinstance(model.model.layers[0].self_attn.q_proj, Int4Linear)
 

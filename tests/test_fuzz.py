@@ -189,7 +189,7 @@ def profile_file(tmp_path_factory) -> Path:
 def test_random_run_options_parse_or_are_refused(profile_file, monkeypatch, options, prompt):
     seen: list[Profile] = []
 
-    def load_session(prof, peer_draft=False):
+    def load_session(prof, **options):
         seen.append(prof)
         raise Reached
 

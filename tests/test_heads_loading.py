@@ -308,7 +308,7 @@ def test_a_head_of_another_model_is_refused_before_the_target_loads(
     def no_weights(*args, **kwargs):
         raise AssertionError("the target's weights were loaded")
 
-    monkeypatch.setattr(load, "load_model", no_weights)
+    monkeypatch.setattr(load, "load_role", no_weights)
     result = CliRunner().invoke(app, ["run", "-p", str(head_profile(head)), "hello"])
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())  # as one line, however the console wraps it

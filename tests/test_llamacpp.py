@@ -180,7 +180,7 @@ def isolated(tmp_path, monkeypatch):
 
 def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, fake_llama, tiny_gguf):
     from specgen.loading import load as models
-    from specgen.loading.convert import locate
+    from specgen.loading.plan import resolve_role
     from specgen.profiles import ModelSpec
 
     gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
@@ -188,7 +188,7 @@ def test_run_loads_the_gguf_draft_in_llama_cpp(tmp_path, monkeypatch, isolated, 
     # llama.cpp on the GGUF: here the same weights in torch, converted before the run (the
     # draft loads on a thread of its own while the run converts the target from that file)
     spec = ModelSpec(model=str(gguf), dtype="float32")
-    weights = models.load_model(locate(spec, "draft", torch.float32), spec, "cpu", torch.float32)
+    weights = models.load_role(resolve_role("draft", spec))
 
     def load(path, threads, n_ctx):
         loaded.append((path, threads, n_ctx))
@@ -210,12 +210,12 @@ def test_a_gguf_drafts_tokenizer_is_read_once_then_known_to_match(tmp_path, monk
     import os
 
     from specgen.loading import load as models
-    from specgen.loading.convert import locate
+    from specgen.loading.plan import resolve_role
     from specgen.profiles import ModelSpec
 
     gguf, profile = gguf_profile(tiny_gguf, tmp_path, 'runtime = "llama.cpp"\n')
     spec = ModelSpec(model=str(gguf), dtype="float32")  # converted before the runs, as above
-    weights = models.load_model(locate(spec, "draft", torch.float32), spec, "cpu", torch.float32)
+    weights = models.load_role(resolve_role("draft", spec))
 
     def load(path, threads, n_ctx):
         return fake_llama(weights, eos=2)
@@ -271,13 +271,13 @@ def test_the_real_llama_cpp_drafts_for_the_target_exactly(tmp_path, monkeypatch,
     monkeypatch.delitem(sys.modules, "llama_cpp")
     pytest.importorskip("llama_cpp")
     from specgen.loading import load as models
-    from specgen.loading.convert import locate
+    from specgen.loading.plan import resolve_role
     from specgen.profiles import ModelSpec
 
     gguf = tiny_gguf(tmp_path / "tiny.gguf", merges=("a a",))
-    spec = ModelSpec(model=str(gguf), dtype="float32")
+    spec = ModelSpec(model=str(gguf), dtype="float32", device="cpu")
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    target = models.load_model(locate(spec, "target", torch.float32), spec, "cpu", torch.float32)
+    target = models.load_role(resolve_role("target", spec))
     lm = llamacpp.load_draft(gguf, 1, room=8)  # outgrown: llama.cpp's cache made again, bigger
     ids = torch.tensor([[5, 9, 11, 3, 7]])
     plain = target.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24)

@@ -70,7 +70,7 @@ def test_sigterm_raises_terminated_while_a_command_runs_and_only_once():
 def test_the_exit_code_says_what_ended_the_command(monkeypatch, tiny_profile, stop, code):
     from specgen import errors
 
-    def load_session(prof, peer_draft=False):
+    def load_session(prof, **options):
         raise getattr(errors, stop, KeyboardInterrupt)()
 
     monkeypatch.setattr("specgen.cli.run.load_session", load_session)

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from specgen.loading import cache, tokenizer_cache
-from specgen.loading.sources import Source, load_tokenizer
+from specgen.loading import cache, cache_listing, tokenizer_cache
+from specgen.loading.sources import ModelFiles, load_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -64,7 +64,7 @@ def test_the_second_load_is_the_fast_copy_of_the_same_tokenizer(monkeypatch):
     from transformers import AutoTokenizer, Qwen2Tokenizer, TokenizersBackend
 
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
-    source = Source("tiny", folder)
+    source = ModelFiles("tiny", folder)
     slow = load_tokenizer(source)  # as transformers loads it; the copy is kept
     assert type(slow) is Qwen2Tokenizer
     assert TokenizersBackend.from_pretrained(folder).encode(TEXTS[1]) != slow.encode(TEXTS[1])
@@ -76,7 +76,7 @@ def test_the_second_load_is_the_fast_copy_of_the_same_tokenizer(monkeypatch):
     fast = load_tokenizer(source)
     assert type(fast) is TokenizersBackend and fast.name_or_path == str(folder)
     same(slow, fast)
-    kinds = {e.kind for e in cache.entries()}
+    kinds = {e.kind for e in cache_listing.entries()}
     assert "tokenizer" in kinds
 
     (folder / "chat_template.jinja").write_text(TEMPLATE.replace("assistant", "bot"))
@@ -94,33 +94,33 @@ def test_a_class_that_adds_behaviour_keeps_the_slow_load():
     tok = Shouting.from_pretrained(folder)
     assert not tokenizer_cache.store(folder, tok)
     assert tokenizer_cache.load(folder) is None
-    refused = [e for e in cache.entries() if e.kind == "tokenizer"]
+    refused = [e for e in cache_listing.entries() if e.kind == "tokenizer"]
     assert len(refused) == 1 and "refused" in refused[0].what
-    assert type(load_tokenizer(Source("tiny", folder))) is type(AutoTokenizer.from_pretrained(folder))
+    assert type(load_tokenizer(ModelFiles("tiny", folder))) is type(AutoTokenizer.from_pretrained(folder))
 
 
 def test_a_local_folder_gets_no_copy(tmp_path):
     folder = tiny_qwen_tokenizer(tmp_path / "mine")
-    load_tokenizer(Source("mine", folder))
+    load_tokenizer(ModelFiles("mine", folder))
     assert not (cache.cache_dir() / tokenizer_cache.FOLDER).exists()
 
 
 def test_a_copy_goes_with_the_model_it_was_made_from():
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
     cache.finish(folder, kind="converted", sha256="ab" * 32, dtype="float32", source="x.gguf", model="x")
-    load_tokenizer(Source("tiny", folder))
-    copy = next(e for e in cache.entries() if e.kind == "tokenizer")
+    load_tokenizer(ModelFiles("tiny", folder))
+    copy = next(e for e in cache_listing.entries() if e.kind == "tokenizer")
     assert not copy.used_by  # no profile uses its model
-    assert {e.path for e in cache.prune()} == {folder, copy.path}
+    assert {e.path for e in cache_listing.prune()} == {folder, copy.path}
 
 
 def test_a_damaged_copy_is_made_again():
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
-    slow = load_tokenizer(Source("tiny", folder))
+    slow = load_tokenizer(ModelFiles("tiny", folder))
     copy = tokenizer_cache.entry_dir(tokenizer_cache.key(folder))
     (copy / "tokenizer.json").write_text("{}")
     assert tokenizer_cache.load(folder) is None
-    same(slow, load_tokenizer(Source("tiny", folder)))  # the slow way, and the copy made again
+    same(slow, load_tokenizer(ModelFiles("tiny", folder)))  # the slow way, and the copy made again
     assert cache.check(copy) is None
     same(slow, tokenizer_cache.load(folder))
 
@@ -139,9 +139,9 @@ def test_a_lean_load_is_a_plain_tokenizer_that_answers_as_transformers_does(monk
     from specgen.loading.plain_tokenizer import PlainTokenizer
 
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
-    slow = load_tokenizer(Source("tiny", folder))
+    slow = load_tokenizer(ModelFiles("tiny", folder))
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("slow load"))
-    plain = load_tokenizer(Source("tiny", folder), lean=True)
+    plain = load_tokenizer(ModelFiles("tiny", folder), lean=True)
     assert type(plain) is PlainTokenizer and plain.name_or_path == str(folder)
     assert (plain.eos_token, plain.bos_token, plain.unk_token, plain.pad_token, plain.eos_token_id) == (
         slow.eos_token, slow.bos_token, slow.unk_token, slow.pad_token, slow.eos_token_id)
@@ -158,7 +158,7 @@ def test_a_lean_load_is_a_plain_tokenizer_that_answers_as_transformers_does(monk
                 slow.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
     assert plain.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True) == \
         slow.apply_chat_template(CONVERSATIONS[1], add_generation_prompt=True, tokenize=True)["input_ids"]
-    assert type(load_tokenizer(Source("tiny", folder))).__name__ == "TokenizersBackend"  # not lean
+    assert type(load_tokenizer(ModelFiles("tiny", folder))).__name__ == "TokenizersBackend"  # not lean
 
 
 def test_a_plain_tokenizer_that_would_answer_otherwise_is_never_used(monkeypatch):
@@ -168,10 +168,10 @@ def test_a_plain_tokenizer_that_would_answer_otherwise_is_never_used(monkeypatch
 
     monkeypatch.setattr(PlainTokenizer, "decode", lambda self, ids, skip_special_tokens=False: "")
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
-    load_tokenizer(Source("tiny", folder))
+    load_tokenizer(ModelFiles("tiny", folder))
     manifest = cache.read_manifest(tokenizer_cache.entry_dir(tokenizer_cache.key(folder)))
     assert manifest["same"] and not manifest["plain"] and "decoding" in manifest["plain_problem"]
-    assert type(load_tokenizer(Source("tiny", folder), lean=True)).__name__ == "TokenizersBackend"
+    assert type(load_tokenizer(ModelFiles("tiny", folder), lean=True)).__name__ == "TokenizersBackend"
 
 
 def test_a_template_with_transformers_own_tags_keeps_transformers_tokenizer():
@@ -181,8 +181,8 @@ def test_a_template_with_transformers_own_tags_keeps_transformers_tokenizer():
     tok = AutoTokenizer.from_pretrained(folder)
     tok.chat_template = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
     tok.save_pretrained(folder)
-    load_tokenizer(Source("tiny", folder))
-    assert type(load_tokenizer(Source("tiny", folder), lean=True)).__name__ != "PlainTokenizer"
+    load_tokenizer(ModelFiles("tiny", folder))
+    assert type(load_tokenizer(ModelFiles("tiny", folder), lean=True)).__name__ != "PlainTokenizer"
 
 
 def test_a_copy_of_an_older_format_lists_as_older_and_is_pruned():
@@ -191,13 +191,13 @@ def test_a_copy_of_an_older_format_lists_as_older_and_is_pruned():
     tokenizer."""
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
     cache.finish(folder, kind="converted", sha256="ab" * 32, dtype="float32", source="x.gguf", model="x")
-    load_tokenizer(Source("tiny", folder))
+    load_tokenizer(ModelFiles("tiny", folder))
     current = tokenizer_cache.entry_dir(tokenizer_cache.key(folder))
     old = current.with_name("0" * 32)
     shutil.copytree(current, old)
     manifest = cache.read_manifest(old)
     del manifest["tokenizer_format"]  # as the first format wrote it
     (old / cache.MANIFEST).write_text(json.dumps(manifest))
-    kinds = {e.path: e.kind for e in cache.entries()}
+    kinds = {e.path: e.kind for e in cache_listing.entries()}
     assert kinds[old] == "older" and kinds[current] == "tokenizer"
-    assert old in {e.path for e in cache.prune(dry_run=True)}
+    assert old in {e.path for e in cache_listing.prune(dry_run=True)}

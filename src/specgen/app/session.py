@@ -76,10 +76,14 @@ class Session:
 
 
 def open_session(profile: Profile, progress: Callable[[str], None] | None = None,
-                 peer_draft: bool = False, with_head: bool = False, lean: bool = False) -> Session:
+                 lean: bool = False) -> Session:
     """The profile loaded and ready to generate (see `load`); `lean` as loading.load_pair's:
     for a session that never hands its models to transformers' own forward."""
-    pair = load_pair(profile, progress, peer_draft, with_head, lean)
+    return session_of(profile, load_pair(profile, progress, lean))
+
+
+def session_of(profile: Profile, pair: LoadedPair) -> Session:
+    """The session of a loaded pair: its drafter and generator built."""
     if pair.draft is not None:
         check_pair(pair.target, pair.draft)
     spec = profile.speculation

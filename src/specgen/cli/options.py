@@ -129,8 +129,8 @@ def profile_with_options(options: dict[str, Any]) -> Profile:
 
 
 def prefetch(prof: Profile) -> None:
-    """Start reading the profile's cached weights in the background (loading.cache.prefetch)."""
-    from specgen.loading.cache import prefetch as start
+    """Start reading the profile's cached weights in the background (loading.cache_listing.prefetch)."""
+    from specgen.loading.cache_listing import prefetch as start
 
     start(prof)
 
@@ -150,16 +150,17 @@ def resume_gc() -> None:
     gc.enable()
 
 
-def load_session(prof: Profile, peer_draft: bool = False, with_head: bool = False,
-                 lean: bool = True) -> Session:
-    """Load the profile's models behind a status line (`peer_draft`, `with_head`, `lean`: see
-    loading.load_pair; only `specgen bench` hands its models to transformers' `generate`).
+def load_session(prof: Profile, lean: bool = True, load: Callable | None = None) -> Session:
+    """Load the profile's models behind a status line: `load(profile, progress)` gives the
+    pair (loading.load_pair by default, `lean` as its: only `specgen bench` and `tune` hand
+    their models to transformers' own forward, and bench loads its pair its own way).
     The garbage collector runs again from here on, whether the load succeeds or not."""
-    from specgen.app.session import open_session  # loads torch
+    from specgen.app.session import open_session, session_of  # loads torch
     try:
         with err.status("Loading models…") as status:
-            session = open_session(prof, progress=lambda msg: status.update(msg),
-                                   peer_draft=peer_draft, with_head=with_head, lean=lean)
+            progress = status.update
+            session = (open_session(prof, progress, lean) if load is None
+                       else session_of(prof, load(prof, progress)))
     finally:
         resume_gc()
     for notice in session.notices:

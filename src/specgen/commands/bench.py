@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -138,6 +139,17 @@ def pick(request: BenchRequest, prof: Profile) -> tuple[str, dict, list[b.Contes
     return method, everyone, picked
 
 
+def _load_pair(prof: Profile, progress: Callable, heads: bool):
+    """The profile's pair as bench runs it: with its draft head whenever a contestant drafts
+    with it, and never on specgen's own tree (lean): the peer runs transformers' `generate`
+    on these very models."""
+    from specgen.loading.load import load_plan
+    from specgen.loading.plan import plan_pair, with_head
+
+    plan = plan_pair(prof, progress, lean=False)
+    return load_plan(with_head(plan, prof, progress) if heads else plan, prof, progress)
+
+
 def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     """Run the bench to the end. Interrupted (Ctrl-C, SIGTERM), it writes and prints the
     figures measured so far, then re-raises."""
@@ -176,13 +188,16 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
     from specgen.app.session import encode_messages, messages_for
     from specgen.core.drafters import default_skip, num_layers
     from specgen.decoding import llamacpp
+    from specgen.loading.load import load_peer
 
     hf_logging.set_verbosity_error()  # generate's notes on generation configs are noise here
     if request.threads is not None:
         torch.set_num_threads(request.threads)
-    # lean=False: the peer runs transformers' `generate` on these very models
-    session = load_session(prof, peer_draft=any(c.kind in ("peer", "api") for c in picked),
-                           with_head=any(c.needs_head for c in picked), lean=False)
+    session = load_session(prof, load=partial(_load_pair, heads=any(c.needs_head for c in picked)))
+    peer = None
+    if any(c.kind in ("peer", "api") for c in picked):  # a llama.cpp draft's transformers copy
+        with err.status("Loading the peer's draft…") as status:
+            peer = load_peer(prof, status.update)
     reference = None
     if any(c.kind == "reference" for c in picked):  # the target alone, unquantized, in bf16
         reference = load_session(with_overrides(
@@ -201,7 +216,7 @@ def run(request: BenchRequest, load_session: Callable, err: Console) -> None:
                      (spec.draft_vocab if request.draft_vocab is None else request.draft_vocab) or None,
                      spec.draft_confidence if request.draft_confidence is None
                      else request.draft_confidence,
-                     reference, peer_draft=session.pair.peer_draft,
+                     reference, peer_draft=peer,
                      skip=skip.skip if skip else None, head=session.pair.head,
                      window=spec.draft_window)
     room = max(len(i) for i in inputs) + request.max_new_tokens + 16  # the longest prompt's

