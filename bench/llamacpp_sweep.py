@@ -29,7 +29,8 @@ from specgen.bench.prompts import PROMPTS
 from specgen.bench.harness import geomean, interleave
 from specgen.bench.report import machine_info
 from specgen.decoding import llamacpp, llamacpp_tools as lt
-from specgen.loading.sources import find, gguf_file, load_tokenizer
+from specgen.loading.sources import find, gguf_file
+from specgen.loading.tokenizer_cache import load_tokenizer
 from specgen.profiles import load_profile
 
 

@@ -113,7 +113,9 @@ def scenarios(root: Path) -> dict[str, str]:
     }
 
 
-def trace(text: str, folder: Path, show: bool) -> tuple[int, int]:
+def trace(text: str, folder: Path, show: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(files, returns) over all of specgen's files, and over loading/'s alone (the steps
+    between two of its files, whatever ran in between)."""
     from specgen.cli.options import load_session
     from specgen.profiles import load_profile
 
@@ -131,7 +133,9 @@ def trace(text: str, folder: Path, show: bool) -> tuple[int, int]:
     sequence = reader.sequence()
     if show:
         print("  " + " > ".join(reader.sequence(functions=True)))
-    return counts(sequence)
+    loading = [f for f in sequence if f.startswith("loading/")]
+    loading = [f for i, f in enumerate(loading) if i == 0 or loading[i - 1] != f]
+    return counts(sequence), counts(loading)
 
 
 def main() -> None:
@@ -143,15 +147,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ["SPECGEN_PROFILE_DIR"] = str(root / "profiles")
-        total = [0, 0]
+        total = [0, 0, 0, 0]
         for i, (name, text) in enumerate(scenarios(root).items()):
             folder = root / f"s{i}"
             folder.mkdir()
-            files, returns = trace(text, folder, args.sequence)
-            total = [total[0] + files, total[1] + returns]
-            print(f"{name}: {files} files crossed, {returns} returns to a file left")
-        print(f"all three: {total[0]} files crossed, {total[1]} returns to a file left")
-
+            (files, returns), (lfiles, lreturns) = trace(text, folder, args.sequence)
+            total = [a + b for a, b in zip(total, (files, returns, lfiles, lreturns))]
+            print(f"{name}: {files} files crossed, {returns} returns to a file left "
+                  f"(loading/ alone: {lfiles} files, {lreturns} returns)")
+        print(f"all three: {total[0]} files crossed, {total[1]} returns to a file left "
+              f"(loading/ alone: {total[2]} files, {total[3]} returns)")
 
 if __name__ == "__main__":
     main()

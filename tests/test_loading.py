@@ -212,7 +212,7 @@ def test_estimate_follows_dtype_and_quantization(tiny_model):
 
 def test_not_enough_memory_names_the_numbers(tmp_path, pair_dirs, monkeypatch):
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1000)
-    monkeypatch.setattr(models, "free_bytes", lambda device: 1000)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1000)
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"', f'model = "{pair_dirs[1]}"')
     with pytest.raises(ResourceError) as e:
         load(path)
@@ -235,9 +235,9 @@ def test_cpu_quantization_is_refused_when_the_whole_model_cannot_load(tmp_path, 
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"\nquantization = "int8-dyn"',
                    f'model = "{pair_dirs[1]}"\nquantization = "int8-dyn"')
     whole = {"none": 1000, "int8-dyn": 300}
-    monkeypatch.setattr(models, "estimate_bytes", lambda config, dtype, q, *a: whole[q])
+    monkeypatch.setattr(memory, "estimate_bytes", lambda config, dtype, q, *a: whole[q])
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1200)
-    monkeypatch.setattr(models, "free_bytes", lambda device: 1200)  # 600 kept, 1300 at the peak
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1200)  # 600 kept, 1300 at the peak
     with pytest.raises(ResourceError, match=r"while quantizing"):
         load(path)
 
@@ -246,8 +246,8 @@ def test_memory_refusal_suggests_a_profile_that_fits(tmp_path, pair_dirs, monkey
     # 6 GB free: the bf16 demo pair (~4.4 GB) is the largest that fits (the default, its
     # files run as stored, is smaller); its fp32 variant (~7.7 GB) does not.
     monkeypatch.setattr(memory, "free_bytes", lambda device: 6e9)
-    monkeypatch.setattr(models, "free_bytes", lambda device: 6e9)
-    monkeypatch.setattr(models, "estimate_bytes", lambda *a, **k: int(30e9))
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 6e9)
+    monkeypatch.setattr(memory, "estimate_bytes", lambda *a, **k: int(30e9))
     path = profile(tmp_path, f'model = "{pair_dirs[0]}"', f'model = "{pair_dirs[1]}"')
     with pytest.raises(ResourceError, match="needs about 60.0 GB .* 6.0 GB is free. "
                                             r"Try a smaller profile: --profile qwen-coder-demo-bf16 \(or"):

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from specgen.loading import cache, cache_listing, tokenizer_cache
-from specgen.loading.sources import ModelFiles, load_tokenizer
+from specgen.loading.sources import ModelFiles
+from specgen.loading.tokenizer_cache import load_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

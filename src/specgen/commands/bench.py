@@ -147,7 +147,7 @@ def _load_pair(prof: Profile, progress: Callable, heads: bool):
     from specgen.loading.plan import plan_pair, with_head
 
     plan = plan_pair(prof, progress, lean=False)
-    return load_plan(with_head(plan, prof, progress) if heads else plan, prof, progress)
+    return load_plan(with_head(plan, prof, progress) if heads else plan, progress)
 
 
 def run(request: BenchRequest, load_session: Callable, err: Console) -> None:

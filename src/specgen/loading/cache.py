@@ -76,6 +76,16 @@ def packed_dir(weights_sha256: str, scheme: str, dtype: str, layers_format: int,
     return cache_dir() / "quantized" / f"{scheme}-{dtype}-{digest}"
 
 
+def entry_for(sha256: str, dtype: str, scheme: str | None) -> Path:
+    """The entry of a model with these source weights in this dtype: packed for a CPU
+    `scheme`, else the GGUF's converted copy."""
+    if scheme is None:
+        return converted_dir(sha256, dtype)
+    from specgen.kernels import quantize  # torch: only where a load names a packed entry
+
+    return packed_dir(sha256, scheme, dtype, quantize.FORMAT_VERSION, quantize.flavour(scheme))
+
+
 # --- hashing ----------------------------------------------------------------------------------
 
 def sampled_hash(path: Path) -> str:
@@ -163,6 +173,18 @@ def read_manifest(folder: Path) -> dict | None:
 
 def is_current(manifest: dict | None) -> bool:
     return bool(manifest) and manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict)
+
+
+def current(folder: Path) -> dict | None:
+    """The manifest of an entry this release made (its format), else None."""
+    manifest = read_manifest(folder)
+    return manifest if is_current(manifest) else None
+
+
+def intact(folder: Path) -> dict | None:
+    """The manifest of a current entry that passes its check, else None."""
+    manifest = current(folder)
+    return manifest if manifest is not None and check(folder) is None else None
 
 
 def check(folder: Path, full: bool = False) -> str | None:

@@ -14,18 +14,8 @@ import torch
 from specgen.errors import ModelError
 from specgen.loading import cache
 from specgen.loading.devices import dtype_name
-from specgen.loading.sources import ModelFiles, Progress, load_tokenizer, pretrained, say
-
-
-def entry_for(sha256: str, dtype: torch.dtype, scheme: str | None) -> Path:
-    """The cache entry of a model with these source weights: packed for a CPU `scheme`,
-    else the converted copy."""
-    if scheme is None:
-        return cache.converted_dir(sha256, dtype_name(dtype))
-    from specgen.kernels import quantize
-
-    return cache.packed_dir(sha256, scheme, dtype_name(dtype), quantize.FORMAT_VERSION,
-                            quantize.flavour(scheme))
+from specgen.loading.sources import ModelFiles, Progress, pretrained, say
+from specgen.loading.tokenizer_cache import load_tokenizer
 
 
 def rebuilding(entry: Path, progress: Progress | None) -> Callable[[str], None]:
@@ -78,7 +68,7 @@ def convert_gguf(source: ModelFiles, dtype: torch.dtype, trust_remote_code: bool
         return dict(kind="converted", sha256=source.sha256, dtype=dtype_name(dtype),
                     source=source.gguf, model=source.name)
 
-    entry = entry_for(source.sha256, dtype, None)
+    entry = cache.converted_dir(source.sha256, dtype_name(dtype))
     return cache.ensure(entry, build, rebuilding(entry, progress))
 
 
@@ -119,5 +109,5 @@ def pack(source: ModelFiles, origin: ModelFiles, scheme: str, dtype: torch.dtype
                     flavour=quantize.flavour(scheme), source=source.gguf or source.name,
                     model=source.name, layers_format=quantize.FORMAT_VERSION)
 
-    entry = entry_for(sha, dtype, scheme)
+    entry = cache.entry_for(sha, dtype_name(dtype), scheme)
     return cache.ensure(entry, build, rebuilding(entry, progress))

@@ -7,7 +7,6 @@ its role on the CPU (kernels.prepare)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,16 +18,16 @@ import torch
 
 from specgen.choices import BNB_SCHEMES
 from specgen.decoding import llamacpp
-from specgen.errors import ModelError, ResourceError
+from specgen.errors import ModelError
 from specgen.kernels import cuda_int4, prepare
 from specgen.loading import cache, mapped, stored, tokenizer_cache
 from specgen.loading.convert import convert_gguf, pack
 from specgen.loading.devices import dtype_name
-from specgen.loading.memory import (OVERHEAD, check_memory, estimate_bytes, free_bytes,
-                                    loading_peak, smaller_profiles)
-from specgen.loading.plan import PairPlan, RolePlan, bnb_config, plan_pair, resolve_role, runtime_of
-from specgen.loading.sources import (ModelFiles, Progress, fetch_weights, gguf_tokenizer,
-                                     load_config, load_tokenizer, pretrained, refused_code, say)
+from specgen.loading.memory import check_memory, check_pair, estimate_bytes
+from specgen.loading.plan import FROM_THE_FILE, HeadPlan, PairPlan, RolePlan, bnb_config, plan_pair, resolve_role, runtime_of
+from specgen.loading.sources import (ModelFiles, Progress, fetch_weights, load_config, pretrained,
+                                     refused_code, say)
+from specgen.loading.tokenizer_cache import gguf_tokenizer, load_tokenizer
 from specgen.profiles import Profile
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
@@ -81,20 +80,47 @@ def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizer
                 f"token {attr}: {d!r} vs {t!r}. Pick a draft from the target's model family.")
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
-
-
 def same_tokenizer_files(a: ModelFiles, b: ModelFiles) -> bool:
     """Whether two cache entries hold byte-identical tokenizer files (their manifests' sha256;
     the chat template aside, which only the target's tokenizer uses)."""
     if a.gguf or b.gguf:
         return False
-    ma, mb = cache.read_manifest(a.path), cache.read_manifest(b.path)
-    if not (cache.is_current(ma) and cache.is_current(mb)) or "tokenizer.json" not in ma["files"]:
+    ma, mb = cache.current(a.path), cache.current(b.path)
+    if ma is None or mb is None or "tokenizer.json" not in ma["files"]:
         return False
     return all((ma["files"].get(f) or {}).get("sha256") == (mb["files"].get(f) or {}).get("sha256")
-               for f in TOKENIZER_FILES)
+               for f in tokenizer_cache.FILES)
+
+
+def _tokenizer_files(role: RolePlan) -> ModelFiles:
+    """Where the role's tokenizer is read: a GGUF run as stored, from its saved copy (the
+    file's tokenizer, saved once as a folder's); else its files (a GGUF not converted yet,
+    from the file)."""
+    if role.runtime == "stored":
+        return ModelFiles(role.files.name, gguf_tokenizer(role.files))
+    return role.files
+
+
+def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) -> bool:
+    """The draft's tokenizer is the target's: the same files, or (a GGUF read as it is) one
+    found to match on an earlier run."""
+    if same_tokenizer_files(target.files, draft.files):
+        return True
+    return draft.runtime in FROM_THE_FILE and tokenizer_cache.matched(target_folder, draft.files.gguf_path)
+
+
+def load_tokenizers(plan: PairPlan):
+    """The target's tokenizer, the draft's checked against it (read once where they share it)."""
+    target, draft = plan.target, plan.draft
+    folder = _tokenizer_files(target)
+    tokenizer = load_tokenizer(folder, target.spec.trust_remote_code, plan.lean)
+    if draft is None or _shares_tokenizer(target, folder.path, draft):
+        return tokenizer
+    other = load_tokenizer(_tokenizer_files(draft), draft.spec.trust_remote_code, plan.lean)
+    check_tokenizers(tokenizer, other, target.files.name, draft.files.name)
+    if draft.runtime in FROM_THE_FILE:
+        tokenizer_cache.remember_match(folder.path, draft.files.gguf_path)
+    return tokenizer
 
 
 def _device_map(device: str) -> str | dict[str, str]:
@@ -108,12 +134,12 @@ def weights_folder(plan: RolePlan, progress: Progress | None = None) -> Path:
     """The folder the role's weights load from: its plan's entry, built first if need be (a
     hub model's weights downloaded first), or the model's own folder."""
     build = plan.build
-    if build is None:
-        fetch_weights(plan.files, progress)
-        return plan.files.path
-    if build.kind == "converted":
+    if build is not None and build.kind == "converted":
         return convert_gguf(build.origin, plan.dtype, plan.spec.trust_remote_code, progress)
-    fetch_weights(plan.files, progress)
+    if plan.files.repo is not None:
+        fetch_weights(plan.files, progress)
+    if build is None:
+        return plan.files.path
     return pack(plan.files, build.origin, plan.spec.quantization, plan.dtype,
                 plan.spec.trust_remote_code, progress)
 
@@ -123,15 +149,13 @@ def _from_transformers(plan: RolePlan, folder: Path, progress: Progress | None, 
     with `lean` specgen's own tree where it fits (loading/mapped.py)."""
     spec, role = plan.spec, plan.role
     what = f" in {spec.quantization}" if spec.quantization != "none" else ""
-    say(progress, f"Loading {role} {plan.name}{what} on {plan.device}")
-    files = ModelFiles(plan.name, folder)
+    say(progress, f"Loading {role} {plan.files.name}{what} on {plan.device}")
+    files = ModelFiles(plan.files.name, folder)
     if lean:
-        config = load_config(files, spec.trust_remote_code, lean)
-        if mapped.fits(config, role, plan.dtype, spec.quantization, plan.device, spec.trust_remote_code):
-            model = mapped.load(folder, config, plan.dtype)
-            if model is not None:
-                model.generation_config = mapped.generation_config(folder, config)
-                return model
+        model = mapped.load_lean(folder, load_config(files, spec.trust_remote_code, lean), role,
+                                 plan.dtype, spec.quantization, plan.device, spec.trust_remote_code)
+        if model is not None:
+            return model
     kwargs = {"dtype": plan.dtype, "trust_remote_code": spec.trust_remote_code,
               "device_map": _device_map(plan.device)}
     if spec.quantization in BNB_SCHEMES:
@@ -150,7 +174,7 @@ def _packed(plan: RolePlan, folder: Path, progress: Progress | None, lean: bool)
     """A CPU scheme's model, mapped packed from its cache entry."""
     from specgen.loading import packed
 
-    say(progress, f"Loading {plan.role} {plan.name} in {plan.spec.quantization} on cpu")
+    say(progress, f"Loading {plan.role} {plan.files.name} in {plan.spec.quantization} on cpu")
     return packed.load(folder, plan.dtype, plan.role == "target", plan.spec.trust_remote_code,
                        plan.spec.quantization if lean else None)
 
@@ -161,8 +185,8 @@ def _streamed_int4(plan: RolePlan, folder: Path, progress: Progress | None, lean
 
     gpu = torch.device("cuda:0" if plan.device == "cuda" else plan.device)
     cuda_int4.check_device(gpu, plan.dtype)
-    say(progress, f"Loading {plan.role} {plan.name} in {plan.spec.quantization} on {gpu}")
-    config = load_config(ModelFiles(plan.name, folder), plan.spec.trust_remote_code)
+    say(progress, f"Loading {plan.role} {plan.files.name} in {plan.spec.quantization} on {gpu}")
+    config = load_config(ModelFiles(plan.files.name, folder), plan.spec.trust_remote_code)
     return streamed.load_int4(folder, config, plan.dtype, gpu, plan.spec.trust_remote_code)
 
 
@@ -176,7 +200,7 @@ def load_role(plan: RolePlan, progress: Progress | None = None, lean: bool = Fal
     if plan.runtime == "llama.cpp":
         return load_llama_draft(plan, progress)
     if plan.runtime == "stored":  # the file's own blocks, mapped: nothing converted
-        say(progress, f"Mapping {plan.role} {plan.name} as stored in {plan.files.gguf}")
+        say(progress, f"Mapping {plan.role} {plan.files.name} as stored in {plan.files.gguf}")
         return stored.load_gguf(plan.files.gguf_path, plan.role)
     model = LOADERS[plan.runtime](plan, weights_folder(plan, progress), progress, lean)
     if plan.runtime == "int4-gpu":
@@ -186,7 +210,7 @@ def load_role(plan: RolePlan, progress: Progress | None = None, lean: bool = Fal
 
 def load_llama_draft(plan: RolePlan, progress: Progress | None = None) -> llamacpp.LlamaCppDraft:
     """The GGUF draft on llama.cpp's CPU kernels, with as many threads as torch uses."""
-    say(progress, f"Loading draft {plan.name} in llama.cpp on cpu")
+    say(progress, f"Loading draft {plan.files.name} in llama.cpp on cpu")
     return llamacpp.load_draft(plan.files.gguf_path, torch.get_num_threads())
 
 
@@ -200,114 +224,53 @@ def load_for_training(profile: Profile, progress: Progress | None = None
     tokenizer = load_tokenizer(plan.files, spec.trust_remote_code)
     config = load_config(plan.files, spec.trust_remote_code)
     if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") != "1":
-        check_memory([(f"target {plan.name}", plan.device,
+        check_memory([(f"target {plan.files.name}", plan.device,
                        estimate_bytes(config, plan.dtype, "none", spec.trust_remote_code))])
     folder = weights_folder(plan, progress)
-    say(progress, f"Loading target {plan.name} on {plan.device}")
-    model = _pretrained(ModelFiles(plan.name, folder), dtype=plan.dtype,
+    say(progress, f"Loading target {plan.files.name} on {plan.device}")
+    model = _pretrained(ModelFiles(plan.files.name, folder), dtype=plan.dtype,
                         trust_remote_code=spec.trust_remote_code, device_map=_device_map(plan.device))
-    return model.eval().requires_grad_(False), tokenizer, plan.name
+    return model.eval().requires_grad_(False), tokenizer, plan.files.name
 
 
-def load_head(plan: PairPlan, target: PreTrainedModel, kind: str,
+def load_head(head: HeadPlan, target: PreTrainedModel, target_name: str,
               progress: Progress | None = None) -> torch.nn.Module:
-    """The plan's draft head from its folder (checked against the target's config when
-    planned), checked again tensor by tensor against the loaded target as it is built."""
+    """The planned draft head (checked against the target's config when planned), checked
+    again tensor by tensor against the loaded target as it is built."""
     from specgen.heads.layout import KIND_NAMES, load_head as read_head
 
-    say(progress, f"Loading the {KIND_NAMES[kind]} head {plan.head_name}")
-    return read_head(plan.head, kind, target.config.get_text_config(), where=plan.head_name,
-                     target=plan.target.name)
+    say(progress, f"Loading the {KIND_NAMES[head.kind]} head {head.name}")
+    return read_head(head.folder, head.kind, target.config.get_text_config(), where=head.name,
+                     target=target_name)
 
 
-def check_pair_memory(plan: PairPlan, profile_name: str) -> None:
-    """Refuse a pair that does not fit, with a smaller profile that would (a CPU scheme's
-    first run loads the model whole before quantizing it)."""
-    needs, loads = [], []
-    for role in plan.roles:
-        if role.reads_the_file:  # mapped from the file as it is
-            n = int(role.files.gguf_path.stat().st_size * OVERHEAD)
-            needs.append((f"{role.role} {role.name}", "cpu", n))
-            loads.append((n, n))
-            continue
-        spec = role.spec
-        config = load_config(role.files, spec.trust_remote_code, plan.lean)
-        n = estimate_bytes(config, role.dtype, spec.quantization, spec.trust_remote_code)
-        needs.append((f"{role.role} {role.name}", role.device, n))
-        whole = n
-        if role.build is not None and role.build.kind == "quantized":  # quantized here first
-            whole = estimate_bytes(config, role.dtype, "none", spec.trust_remote_code)
-        loads.append((whole, n))
-    extra = int(loading_peak(loads) - sum(n for _, n in loads))
-    if extra > 0:  # quantizing on the CPU (first run only) loads a model whole first
-        needs.append(("while quantizing", "cpu", extra))
-    if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") == "1":
-        return
-    try:
-        check_memory(needs)
-    except ResourceError as e:
-        free = free_bytes(plan.target.device)
-        raise ResourceError(f"{e} {smaller_profiles(free, profile_name)}") from None
-
-
-def _tokenizer_files(role: RolePlan) -> ModelFiles:
-    """Where the role's tokenizer is read: a GGUF run as stored, from its saved copy (the
-    file's tokenizer, saved once as a folder's); else its files (a GGUF not converted yet,
-    from the file)."""
-    if role.runtime == "stored":
-        return ModelFiles(role.name, gguf_tokenizer(role.files))
-    return role.files
-
-
-def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) -> bool:
-    """The draft's tokenizer is the target's: the same files, or (a GGUF read as it is) one
-    found to match on an earlier run."""
-    if same_tokenizer_files(target.files, draft.files):
-        return True
-    return draft.reads_the_file and tokenizer_cache.matched(target_folder, draft.files.gguf_path)
-
-
-def load_tokenizers(plan: PairPlan, progress: Progress | None = None):
-    """The target's tokenizer, the draft's checked against it (read once where they share it)."""
-    target, draft = plan.target, plan.draft
-    folder = _tokenizer_files(target)
-    tokenizer = load_tokenizer(folder, target.spec.trust_remote_code, plan.lean)
-    if draft is None or _shares_tokenizer(target, folder.path, draft):
-        return tokenizer
-    other = load_tokenizer(_tokenizer_files(draft), draft.spec.trust_remote_code, plan.lean)
-    check_tokenizers(tokenizer, other, target.name, draft.name)
-    if draft.reads_the_file:
-        tokenizer_cache.remember_match(folder.path, draft.files.gguf_path)
-    return tokenizer
-
-
-def load_plan(plan: PairPlan, profile: Profile, progress: Progress | None = None) -> LoadedPair:
+def load_plan(plan: PairPlan, progress: Progress | None = None) -> LoadedPair:
     """Carry a plan out: check the memory, read the tokenizers, load the models (a llama.cpp
     draft on a thread of its own: its C calls let go of the GIL while the target maps here)
     and the draft head."""
     start = time.perf_counter()
-    check_pair_memory(plan, profile.name)
+    check_pair(plan)
     target, draft = plan.target, plan.draft
     draft_load = None
     if draft is not None and draft.runtime == "llama.cpp":
         pool = ThreadPoolExecutor(1, thread_name_prefix="specgen-llama-draft")
         draft_load = pool.submit(load_llama_draft, draft, progress)
         pool.shutdown(wait=False)
-    tokenizer = load_tokenizers(plan, progress)
-    key = hashlib.sha256(f"{target.weights_key()}|{dtype_name(target.dtype)}".encode()).hexdigest()[:32]
+    tokenizer = load_tokenizers(plan)
     model = load_role(target, progress, plan.lean)
     drafter = None
     if draft is not None:
         drafter = draft_load.result() if draft_load else load_role(draft, progress, plan.lean)
-    head = load_head(plan, model, profile.draft.kind, progress) if plan.head else None
+    head = load_head(plan.head, model, target.files.name, progress) if plan.head else None
+    head_name = plan.head.name if plan.head else None
     return LoadedPair(
-        target=model, draft=drafter, tokenizer=tokenizer, target_name=target.name,
-        draft_name=draft.name if draft else plan.head_name,  # who drafts
+        target=model, draft=drafter, tokenizer=tokenizer, target_name=target.files.name,
+        draft_name=draft.files.name if draft else head_name,  # who drafts
         device=target.device, dtype=dtype_name(target.dtype),
         quantization=target.spec.quantization,
         draft_quantization=draft.spec.quantization if draft else "none",
-        head=head, head_name=plan.head_name,
-        load_seconds=time.perf_counter() - start, target_key=key,
+        head=head, head_name=head_name,
+        load_seconds=time.perf_counter() - start, target_key=plan.target_key,
     )
 
 
@@ -316,7 +279,7 @@ def load_pair(profile: Profile, progress: Progress | None = None, lean: bool = F
     draft head, where its method drafts with one). `lean`: the models only run through
     specgen's decoders (never transformers' forward or `generate`), so they may be built on
     specgen's own tree (load_role)."""
-    return load_plan(plan_pair(profile, progress, lean), profile, progress)
+    return load_plan(plan_pair(profile, progress, lean), progress)
 
 
 def load_peer(profile: Profile, progress: Progress | None = None) -> PreTrainedModel | None:

@@ -42,6 +42,18 @@ def fits(config, role: str, dtype: torch.dtype, quantization: str, device: str,
             and linear.library() is not None)
 
 
+def load_lean(folder: Path, config, role: str, dtype: torch.dtype, quantization: str, device: str,
+              trust_remote_code: bool) -> llama.CausalLM | None:
+    """The checkpoint on the tree with its generation settings, where it `fits` and maps
+    cleanly; else None (transformers' classes load it)."""
+    if not fits(config, role, dtype, quantization, device, trust_remote_code):
+        return None
+    model = load(folder, config, dtype)
+    if model is not None:
+        model.generation_config = generation_config(folder, config)
+    return model
+
+
 def generation_config(folder: Path, config):
     """The checkpoint's generation settings, or those its config implies (as transformers
     gives a model loaded without them): as plain values for a config read as plain values."""

@@ -3,6 +3,7 @@ rough figures from names alone for listings. torch is imported only where a conf
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,9 @@ from specgen.profiles import ModelSpec, Profile, list_profiles, load_profile
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
+
+    from specgen.loading.plan import PairPlan
+
 
 OVERHEAD = 1.1  # activations, KV cache for a few thousand tokens, allocator slack
 
@@ -82,6 +86,41 @@ def check_memory(needs: list[tuple[str, str, int]], suggestion: str = "") -> Non
             raise ResourceError(
                 f"Not enough memory on {dev}: loading needs about {gb(need)} ({parts}) but "
                 f"{gb(free)} is free. {suggestion}".strip())
+
+
+def check_pair(plan: PairPlan) -> None:
+    """Refuse a pair that does not fit, with a smaller profile that would (a CPU scheme's
+    first run loads the model whole before quantizing it)."""
+    from specgen.loading.plan import FROM_THE_FILE  # torch: only where a pair loads
+    from specgen.loading.sources import load_config
+
+    needs, loads = [], []
+    for role in (plan.target, plan.draft):
+        if role is None:
+            continue
+        if role.runtime in FROM_THE_FILE:  # mapped from the file as it is
+            n = int(role.files.gguf_path.stat().st_size * OVERHEAD)
+            needs.append((f"{role.role} {role.files.name}", "cpu", n))
+            loads.append((n, n))
+            continue
+        spec = role.spec
+        config = load_config(role.files, spec.trust_remote_code, plan.lean)
+        n = estimate_bytes(config, role.dtype, spec.quantization, spec.trust_remote_code)
+        needs.append((f"{role.role} {role.files.name}", role.device, n))
+        whole = n
+        if role.build is not None and role.build.kind == "quantized":  # quantized here first
+            whole = estimate_bytes(config, role.dtype, "none", spec.trust_remote_code)
+        loads.append((whole, n))
+    extra = int(loading_peak(loads) - sum(n for _, n in loads))
+    if extra > 0:  # quantizing on the CPU (first run only) loads a model whole first
+        needs.append(("while quantizing", "cpu", extra))
+    if os.environ.get("SPECGEN_SKIP_MEMORY_CHECK") == "1":
+        return
+    try:
+        check_memory(needs)
+    except ResourceError as e:
+        free = free_bytes(plan.target.device)
+        raise ResourceError(f"{e} {smaller_profiles(free, plan.profile)}") from None
 
 
 def gb(n: float) -> str:

@@ -12,6 +12,7 @@ else: float, bitsandbytes, a GGUF's converted copy)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,24 +23,24 @@ from specgen.choices import (BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, 
                              STORED_SCHEME)
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
-from specgen.loading import cache, demo
-from specgen.loading.convert import entry_for
-from specgen.loading.devices import resolve_device, resolve_dtype
-from specgen.loading.sources import (ModelFiles, Progress, find, find_head, is_gguf,
-                                     load_config, say)
+from specgen.loading import cache
+from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
+from specgen.loading.sources import (ModelFiles, Progress, find_checked, find_head, is_gguf,
+                                     load_config)
 from specgen.profiles import ModelSpec, Profile
+
+FROM_THE_FILE = ("stored", "llama.cpp")  # runtimes that read the GGUF file itself
 
 
 @dataclass(frozen=True)
 class Build:
-    """A cache entry to make before the weights load: `kind` "converted" (a GGUF dequantised)
-    or "quantized" (packed for a CPU scheme), from `origin` (the model's files, or for a
-    packed GGUF its converted copy where one is cached). `entry` is None where the key is the
-    weights' hash and they are still to download (a hub model)."""
+    """A cache entry to make before the weights load (convert.py names and builds it):
+    `kind` "converted" (a GGUF dequantised) or "quantized" (packed for a CPU scheme), from
+    `origin` (the model's files, or for a packed GGUF its converted copy where one is
+    cached)."""
 
     kind: str
     origin: ModelFiles
-    entry: Path | None
 
 
 @dataclass(frozen=True)
@@ -52,46 +53,28 @@ class RolePlan:
     files: ModelFiles  # what is read before the weights: the model's own files, or its entry
     build: Build | None = None  # the entry to make first (then the weights are read from it)
 
-    @property
-    def name(self) -> str:
-        return self.files.name
 
-    @property
-    def reads_the_file(self) -> bool:
-        """The GGUF file itself is the model (no entry, no conversion)."""
-        return self.runtime in ("stored", "llama.cpp")
+@dataclass(frozen=True)
+class HeadPlan:
+    """A draft head on the target (heads/): its folder, checked against the target's config."""
 
-    def weights_key(self) -> str:
-        """What identifies the weights (tuned skip sets are kept by it, with the dtype): a
-        GGUF's sha256, a packed entry's content-keyed name, else the weight files' contents."""
-        files = self.files
-        if files.sha256:
-            return files.sha256
-        if self.runtime == "packed" and self.build is None:
-            return files.path.name
-        try:
-            return cache.weights_sha256(files.path)
-        except ModelError:  # a hub model whose weights are not downloaded yet
-            return files.repo or files.name
+    folder: Path
+    name: str  # as the profile gives it (draft.head)
+    kind: str  # choices.HEAD_KINDS
 
 
 @dataclass(frozen=True)
 class PairPlan:
-    roles: tuple[RolePlan, ...]  # the target first, then the draft model where one drafts
-    head: Path | None = None  # the draft head's folder, checked against the target's config
-    head_name: str | None = None
+    profile: str  # its name (a refusal for memory suggests a smaller one)
+    target: RolePlan
+    draft: RolePlan | None  # where the profile's method drafts with a draft model
+    target_key: str  # the target's weights and dtype (what tuned skip sets are kept by)
+    head: HeadPlan | None = None
     lean: bool = False  # the models only run through specgen's decoders (load.py)
-
-    @property
-    def target(self) -> RolePlan:
-        return self.roles[0]
-
-    @property
-    def draft(self) -> RolePlan | None:
-        return self.roles[1] if len(self.roles) > 1 else None
 
 
 def runtime_of(role: str, spec: ModelSpec) -> str:
+    """What will run the role's model (see the module's docstring)."""
     if role == "draft" and spec.runtime == "llama.cpp":
         return "llama.cpp"
     if spec.quantization == STORED_SCHEME:
@@ -108,7 +91,7 @@ def resolve_role(role: str, spec: ModelSpec, progress: Progress | None = None,
     """One role's plan: its runtime, device and dtype checked against each other, its files
     found (a GGUF's sha256 checked), and its intact cache entry, or the one to build."""
     runtime = runtime_of(role, spec)
-    if runtime in ("stored", "llama.cpp"):  # read from the file itself, on the CPU
+    if runtime in FROM_THE_FILE:  # on the CPU
         device = "cpu"
     else:
         device = resolve_device(spec.device, role)
@@ -124,14 +107,14 @@ def resolve_role(role: str, spec: ModelSpec, progress: Progress | None = None,
         raise ResourceError(
             f"{spec.quantization} uses CPU kernels, but {role}.device is {device}. Load it "
             "on the CPU (--device cpu), or use the bitsandbytes schemes (nf4, fp4, int8) on CUDA.")
-    plan = RolePlan(role, spec, runtime, device, dtype, ModelFiles(spec.model, Path()))
-    if runtime in ("stored", "llama.cpp"):
-        return dataclasses.replace(plan, files=check_sha256(find(spec, role, progress, base), progress))
-    files, build = _locate(spec, role, dtype, progress, base)
-    return dataclasses.replace(plan, files=files, build=build)
+    if runtime in FROM_THE_FILE:
+        files, build = find_checked(spec, role, progress, base), None
+    else:
+        files, build = _locate(spec, role, dtype_name(dtype), progress, base)
+    return RolePlan(role, spec, runtime, device, dtype, files, build)
 
 
-def _locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress | None,
+def _locate(spec: ModelSpec, role: str, dtype: str, progress: Progress | None,
             base: Path | None) -> tuple[ModelFiles, Build | None]:
     """A model entry's files: its intact cache entry (a packed model for a CPU scheme, else a
     GGUF's converted copy; found by the declared sha256, so neither hub nor demo packages
@@ -141,16 +124,14 @@ def _locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress |
     scheme = spec.quantization if spec.quantization in CPU_SCHEMES else None
     damaged = None
     if is_gguf(spec) and spec.sha256:
-        entry = entry_for(spec.sha256, dtype, scheme)
+        entry = cache.entry_for(spec.sha256, dtype, scheme)
         problem = cache.problem_of(entry)
         if problem is None:
             return ModelFiles(spec.model, entry, sha256=spec.sha256, verified=True), None
         if problem != cache.ABSENT:
             damaged = (entry, problem)
     try:
-        found = find(spec, role, progress, base)
-        if found.gguf:
-            found = check_sha256(found, progress)
+        found = find_checked(spec, role, progress, base)
     except ModelError as e:
         if damaged is None:
             raise
@@ -159,38 +140,21 @@ def _locate(spec: ModelSpec, role: str, dtype: torch.dtype, progress: Progress |
             f"be found to rebuild it ({e}) Delete that folder and make the source available "
             "again.") from None
     if found.gguf:
-        entry = entry_for(found.sha256, dtype, scheme)
+        entry = cache.entry_for(found.sha256, dtype, scheme)
         if cache.problem_of(entry) is None:
             return ModelFiles(found.name, entry, sha256=found.sha256, verified=True), None
         origin = found
-        converted = entry_for(found.sha256, dtype, None)
+        converted = cache.entry_for(found.sha256, dtype, None)
         if scheme and cache.problem_of(converted) is None:  # packed from the float copy
             origin = ModelFiles(found.name, converted, sha256=found.sha256, verified=True)
-        return found, Build("quantized" if scheme else "converted", origin, entry)
+        return found, Build("quantized" if scheme else "converted", origin)
     if scheme is None:
         return found, None
-    if found.repo is not None:  # keyed by weights not downloaded yet
-        return found, Build("quantized", found, None)
-    entry = entry_for(cache.weights_sha256(found.path), dtype, scheme)
-    if cache.problem_of(entry) is None:
-        return ModelFiles(found.name, entry), None
-    return found, Build("quantized", found, entry)
-
-
-def check_sha256(files: ModelFiles, progress: Progress | None = None) -> ModelFiles:
-    """A GGUF's files with its sha256 checked against the profile's, when given: it is about
-    to be trusted."""
-    if files.verified:
-        return files
-    declared, file = files.sha256, files.gguf_path
-    say(progress, f"Checking the sha256 of {files.gguf}")
-    actual = demo.sha256_file(file)
-    if declared and actual != declared:
-        raise ModelError(
-            f"Refusing {file}: its sha256 is {actual}, the profile expects {declared}. The "
-            "file is damaged or not the one the profile names: delete it and download it "
-            "again (or, if the upstream file really changed, update sha256 in the profile).")
-    return dataclasses.replace(files, sha256=actual, verified=True)
+    if found.repo is None:  # a local folder: its weights are here to hash (a hub's: later)
+        entry = cache.entry_for(cache.weights_sha256(found.path), dtype, scheme)
+        if cache.problem_of(entry) is None:
+            return ModelFiles(found.name, entry), None
+    return found, Build("quantized", found)
 
 
 def plan_pair(profile: Profile, progress: Progress | None = None, lean: bool = False) -> PairPlan:
@@ -204,11 +168,27 @@ def plan_pair(profile: Profile, progress: Progress | None = None, lean: bool = F
         specs.append(("draft", profile.draft))
     for role, spec in specs:
         _check_available(role, spec)
-    plan = PairPlan(tuple(resolve_role(role, spec, progress, base) for role, spec in specs),
-                    lean=lean)
+    roles = [resolve_role(role, spec, progress, base) for role, spec in specs]
+    plan = PairPlan(profile.name, roles[0], roles[1] if len(roles) > 1 else None,
+                    weights_key(roles[0]), lean=lean)
     if profile.speculation.method in HEAD_KINDS and profile.draft is not None and profile.draft.head:
         plan = with_head(plan, profile, progress)
     return plan
+
+
+def weights_key(plan: RolePlan) -> str:
+    """What identifies a role's weights and dtype: a GGUF's sha256, a packed entry's
+    content-keyed name, else the weight files' contents."""
+    files = plan.files
+    ident = files.sha256
+    if ident is None and plan.runtime == "packed" and plan.build is None:
+        ident = files.path.name
+    if ident is None:
+        try:
+            ident = cache.weights_sha256(files.path)
+        except ModelError:  # a hub model whose weights are not downloaded yet
+            ident = files.repo or files.name
+    return hashlib.sha256(f"{ident}|{dtype_name(plan.dtype)}".encode()).hexdigest()[:32]
 
 
 def _check_available(role: str, spec: ModelSpec) -> None:
@@ -236,8 +216,8 @@ def with_head(plan: PairPlan, profile: Profile, progress: Progress | None = None
     target = plan.target
     config = load_config(target.files, target.spec.trust_remote_code, plan.lean)
     folder = find_head(spec, profile.name, progress, profile.path.parent if profile.path else None)
-    check_head(folder, spec.kind, config.get_text_config(), where=spec.head, target=target.name)
-    return dataclasses.replace(plan, head=folder, head_name=spec.head)
+    check_head(folder, spec.kind, config.get_text_config(), where=spec.head, target=target.files.name)
+    return dataclasses.replace(plan, head=HeadPlan(folder, spec.head, spec.kind))
 
 
 def bnb_config(quantization: str, dtype: torch.dtype):

@@ -1,9 +1,10 @@
 """Finding a model's files: a local directory, a .gguf file, the offline demo packages, or
 the Hugging Face hub (config and tokenizer first; the weights only after the memory check).
-Reading a found model's config and tokenizer."""
+Reading a found model's config (its tokenizer: tokenizer.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,14 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specgen.errors import ModelError
-from specgen.loading import cache, demo, tokenizer_cache
-from specgen.loading.plain_tokenizer import PlainTokenizer
+from specgen.loading import cache, demo
 from specgen.models import config as config_values
 from specgen.paths import cache_dir, heads_dir
 from specgen.profiles import ModelSpec
 
-if TYPE_CHECKING:  # imported where a config or tokenizer needs transformers (not `lean`)
-    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # imported where a config needs transformers (not `lean`)
+    from transformers import PretrainedConfig
 
 Progress = Callable[[str], None]
 # Files a hub model needs besides its weights (no .bin/.pth/.gguf: only safetensors load).
@@ -89,6 +89,29 @@ def find(spec: ModelSpec, role: str, progress: Progress | None, base: Path | Non
     if _looks_like_path(spec.model):
         raise ModelError(f"{role}.model: {path} does not exist.")
     return _hub_source(spec, role, progress)
+
+
+def find_checked(spec: ModelSpec, role: str, progress: Progress | None,
+                 base: Path | None) -> ModelFiles:
+    """`find`, a GGUF's sha256 checked."""
+    found = find(spec, role, progress, base)
+    return check_sha256(found, progress) if found.gguf else found
+
+
+def check_sha256(files: ModelFiles, progress: Progress | None = None) -> ModelFiles:
+    """A GGUF's files with its sha256 checked against the profile's, when given: it is about
+    to be trusted."""
+    if files.verified:
+        return files
+    declared, file = files.sha256, files.gguf_path
+    say(progress, f"Checking the sha256 of {files.gguf}")
+    actual = demo.sha256_file(file)
+    if declared and actual != declared:
+        raise ModelError(
+            f"Refusing {file}: its sha256 is {actual}, the profile expects {declared}. The "
+            "file is damaged or not the one the profile names: delete it and download it "
+            "again (or, if the upstream file really changed, update sha256 in the profile).")
+    return dataclasses.replace(files, sha256=actual, verified=True)
 
 
 def _hub_source(spec: ModelSpec, role: str, progress: Progress | None) -> ModelFiles:
@@ -207,43 +230,7 @@ def load_config(source: ModelFiles, trust_remote_code: bool = False, lean: bool 
             return plain
     from transformers import AutoConfig
 
-    return _from_pretrained(AutoConfig, source, trust_remote_code, "read the configuration")
-
-
-def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bool = False
-                   ) -> PreTrainedTokenizerBase | PlainTokenizer:
-    """The model's tokenizer: from its fast copy when one was kept (tokenizer_cache.py: the
-    same tokenizer, loaded in a fraction of the time), else as transformers loads it, keeping
-    a fast copy for the next run. A GGUF's, or one with the model's own code, loads as it is.
-    `lean`: a PlainTokenizer (no transformers import) where the copy was found to answer the
-    same."""
-    copies = not source.gguf and not trust_remote_code and tokenizer_cache.eligible(source.path)
-    if copies:
-        tok = tokenizer_cache.load(source.path, plain=lean)
-        if tok is not None:
-            return tok
-    from transformers import AutoTokenizer
-
-    tok = _from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
-    if copies:
-        tokenizer_cache.store(source.path, tok)
-    return tok
-
-
-def gguf_tokenizer(source: ModelFiles) -> Path:
-    """A folder holding the tokenizer of the GGUF file `source` (sha256 known), as transformers
-    reads it from the file's metadata: seconds for a 150k-token vocabulary, so the first load
-    saves it under the cache (tokenizers/gguf-<sha256>), and the folder then loads as any
-    model folder's tokenizer does (tokenizer_cache: a fast copy, checked to answer the same).
-    No weight is read or written."""
-    def build(tmp: Path) -> dict:
-        from transformers import AutoTokenizer
-
-        _from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
-        return dict(kind="tokenizer", tokenizer_format=tokenizer_cache.FORMAT, same=True,
-                    source=str(source.gguf_path))
-
-    return cache.ensure(cache_dir() / tokenizer_cache.FOLDER / f"gguf-{source.sha256[:32]}", build)
+    return from_pretrained(AutoConfig, source, trust_remote_code, "read the configuration")
 
 
 def pretrained(path, **kwargs):
@@ -260,7 +247,7 @@ def pretrained(path, **kwargs):
     return AutoModelForCausalLM.from_pretrained(path, use_kernels=False, **kwargs)
 
 
-def _from_pretrained(auto, source: ModelFiles, trust_remote_code: bool, what: str):
+def from_pretrained(auto, source: ModelFiles, trust_remote_code: bool, what: str):
     """`auto.from_pretrained` on the source (its GGUF file, if any), or one ModelError line:
     "Cannot {what} of {name}", or the profile key to change for remote code."""
     kwargs = {"gguf_file": source.gguf} if source.gguf else {}

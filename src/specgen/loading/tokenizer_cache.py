@@ -1,4 +1,5 @@
-"""A model's tokenizer, loaded the fast way on every run after the first.
+"""A model's tokenizer (`load_tokenizer`), loaded the fast way on every run after the first;
+a GGUF's tokenizer saved once as a folder's (`gguf_tokenizer`).
 
 transformers loads a tokenizer whose class has its own `__init__` (Qwen2's, Llama's, ...)
 by parsing the whole tokenizer.json in Python and rebuilding the backend from its vocab and
@@ -22,10 +23,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specgen.loading import cache
 from specgen.loading.plain_tokenizer import SETTINGS, PlainTokenizer, settings_of
+from specgen.loading.sources import ModelFiles, from_pretrained
 from specgen.paths import cache_dir
+
+if TYPE_CHECKING:  # imported where a tokenizer needs transformers (not `lean`)
+    from transformers import PreTrainedTokenizerBase
 
 FORMAT = cache.TOKENIZER_FORMAT
 FOLDER = "tokenizers"
@@ -49,6 +55,42 @@ PROBES = ["write quicksort in python", "  two  spaces\tand\ttabs\n\nnew lines\r\
           "def f(x):\n    return x ** 2  # comment", "<|endoftext|> <|im_start|>user<|im_end|> <s></s>"]
 TURNS = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
          {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
+
+
+def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bool = False
+                   ) -> PreTrainedTokenizerBase | PlainTokenizer:
+    """The model's tokenizer: from its fast copy when one was kept (the same
+    tokenizer, loaded in a fraction of the time), else as transformers loads it, keeping
+    a fast copy for the next run. A GGUF's, or one with the model's own code, loads as it is.
+    `lean`: a PlainTokenizer (no transformers import) where the copy was found to answer the
+    same."""
+    copies = not source.gguf and not trust_remote_code and eligible(source.path)
+    if copies:
+        tok = load(source.path, plain=lean)
+        if tok is not None:
+            return tok
+    from transformers import AutoTokenizer
+
+    tok = from_pretrained(AutoTokenizer, source, trust_remote_code, "load the tokenizer")
+    if copies:
+        store(source.path, tok)
+    return tok
+
+
+def gguf_tokenizer(source: ModelFiles) -> Path:
+    """A folder holding the tokenizer of the GGUF file `source` (sha256 known), as transformers
+    reads it from the file's metadata: seconds for a 150k-token vocabulary, so the first load
+    saves it under the cache (tokenizers/gguf-<sha256>), and the folder then loads as any
+    model folder's tokenizer does (a fast copy, checked to answer the same).
+    No weight is read or written."""
+    def build(tmp: Path) -> dict:
+        from transformers import AutoTokenizer
+
+        from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
+        return dict(kind="tokenizer", tokenizer_format=FORMAT, same=True,
+                    source=str(source.gguf_path))
+
+    return cache.ensure(cache_dir() / FOLDER / f"gguf-{source.sha256[:32]}", build)
 
 
 def eligible(path: Path) -> bool:
@@ -134,9 +176,9 @@ def entry_dir(name: str) -> Path:
 
 
 def kept(manifest: dict | None) -> bool:
-    """Whether a manifest is that of a copy this release makes (its entries' format and its
-    copies')."""
-    return cache.is_current(manifest) and manifest.get("tokenizer_format") == FORMAT
+    """Whether an intact entry's manifest (cache.intact) is that of a copy this release
+    makes."""
+    return manifest is not None and manifest.get("tokenizer_format") == FORMAT
 
 
 def load(folder: Path, plain: bool = False):
@@ -146,8 +188,8 @@ def load(folder: Path, plain: bool = False):
     if name is None:
         return None
     entry = entry_dir(name)
-    manifest = cache.read_manifest(entry)
-    if not kept(manifest) or not manifest.get("same") or cache.check(entry) is not None:
+    manifest = cache.intact(entry)
+    if not kept(manifest) or not manifest.get("same"):
         return None  # a damaged or older copy is made again by the slow load's `store`
     try:
         if plain and manifest.get("plain"):
@@ -165,7 +207,7 @@ def store(folder: Path, tok) -> bool:
     same, else a refusal; returns whether the copy was kept. Never raises: without a copy
     the tokenizer loads the slow way."""
     name = key(folder)
-    if name is None or (kept(cache.read_manifest(entry_dir(name))) and cache.check(entry_dir(name)) is None):
+    if name is None or kept(cache.intact(entry_dir(name))):
         return False
     try:
         with cache.building(entry_dir(name)) as tmp:
