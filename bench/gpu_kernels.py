@@ -52,7 +52,7 @@ def rows() -> list[dict]:
         chain = offline.launches(all_shapes[name], WIDTH, int4)
         tree = offline.launches(all_shapes[name], WIDTH, int4, tree=True)
         ops = [(t, False) for t in chain] + [(t, True) for t in tree
-                                             if t.op in ("rope", "attention")]
+                                             if t.op in ("qkv", "attention")]
         for launch, tree_pass in ops:  # a tree pass differs from a chain's in these two
             int4 = launch.kernel == "_linear_int4"
             got = offline.measure(launch, with_sass=int4)
@@ -123,13 +123,19 @@ def render(table: list[dict]) -> str:
         "every row is computed alike (`reference.linear_int4` is this sum). fp16 uses "
         "2^10 the same way; fp32 (the interpreter's tests) one value a register at 2^23: the "
         "same values q - 8 on every path, so the interpreter runs the code that compiles.",
-        "- **Instructions per weight: the aim of 2.5 is not reached.** One row tile's trip "
-        "through the int4 loop issues about 3.5 instructions a weight a thread: 1.4 for the "
+        "- **Instructions per weight: the aim of 2.5 is not reached.** An int4 program is "
+        "256 outputs on 8 warps (128 weights of a group a thread). One row tile's trip "
+        "through the loop issues 3.35 instructions a weight a thread (o, down): 1.4 for the "
         "unpacking (3 shifts, 4 LOP3, 4 HADD2 a word), 0.5 for the two products (M = 16 rows "
         "per HMMA), and the rest moving the unpacked tile through shared memory into the "
-        "MMA operand layout (STS, LDS, LDSM) and materializing LOP3's second constant (IMAD): "
-        "layouts Triton chooses. Getting under 2.5 needs Marlin's pre-permuted operand "
-        "fragments and hand-placed constants (inline PTX or Gluon), not done here.",
+        "MMA operand layout (STS, LDS, LDSM) and materializing LOP3's second constant (IMAD, "
+        "rematerialized under 230+ registers): layouts Triton chooses. q/k/v and gate/up "
+        "normalise their inputs in the loop (the RMSNorm folded in): 3.98 to 3.99 (4.5 on "
+        "the earlier 128 outputs on 4 warps, whose input tile is shared by half the weights). "
+        "Measured and dropped: the zero's product as a row sum of the inputs times the zero "
+        "(3.70 against 3.35: the sum's reduction across threads costs more than the HMMAs). "
+        "Getting under 2.5 needs Marlin's pre-permuted operand fragments and hand-placed "
+        "constants (inline PTX or Gluon), not done here.",
         "- **SiLU in the down projection's loads (bf16).** `linear(gate_up, down, gated=True)` "
         "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
         "(the tests compare the bits). Every output tile recomputes it, "
@@ -147,17 +153,25 @@ def render(table: list[dict]) -> str:
         "tile)'s programs to arrive (an atomic count, as split-K's) merges every row of the "
         "tile over its chunks in slot order, 16 chunks a step, and resets the count: the "
         "merge's order is fixed by the slots whichever program runs it.",
-        "- **RMSNorm in the dense q/k/v and gate/up linears' loads (bf16).** `norm_linear` "
+        "- **RMSNorm in the q/k/v and gate/up linears' loads (bf16 and int4).** `norm_linear` "
         "adds the residual and normalises as it loads its inputs, rounded as the norm kernel "
         "rounds; each program first sums each of its rows' squares over the whole of K, "
         "128 inputs a block, the blocks in order (`reference.norm_linear`), so every part "
         "of a split K scales a row alike, and the first output tile's programs store "
         "x + residual for the stream. The price: every program reads its rows' inputs and "
         "residual over all of K (through L2), a traffic that grows with the rows (not "
-        "measured on a GPU); an int4 linear keeps the norm kernel (more instructions in its "
-        "loop a weight). Six kernels a layer in bf16, eight in int4, chain and "
-        "tree passes alike (`tests/test_gpu_kernels.py` counts them in the decoder's launch "
-        "list).",
+        "measured on a GPU), and in int4 the normalising adds about 0.65 instructions a "
+        "weight to the loop (above).",
+        "- **RoPE and the cache write in the q/k/v linear's epilogue.** `norm_linear(..., "
+        "qkv, rope=Rope(...))`: a tile of BLOCK_N loads the rows of the first halves of "
+        "BLOCK_N / 2 (head, input) pairs and the rows of their second halves (interleaved at "
+        "load, the weight as stored), and its epilogue (or split-K's last program, after "
+        "adding the parts in order) rounds them as the linear does, rotates q and k at each "
+        "row's position (a tree's row at its depth's) with `_rope_write`'s rounding, and "
+        "stores q and writes k and v to the cache at the row's slot (the tests compare q and "
+        "the cache bit for bit with the two kernels). Five kernels a layer in bf16 and in "
+        "int4 (q/k/v, attention, o, gate/up, down), chain and tree passes alike "
+        "(`tests/test_gpu_kernels.py` counts them in the decoder's launch list).",
         "",
         "## The table",
         "",
