@@ -61,8 +61,10 @@ def test_linear_int4_against_the_dequantized_weight():
     q, sz = quantize_int4(w, gpu.GROUP)
     weight = gpu.Weight.int4(q, sz, randn(40, seed=3))
     assert torch.equal(gpu.unpack_int4(weight.data), q)
+    # the kernel's sums carry q + 128 before the offset cancels (tiles._int4_tile): fp32's
+    # rounding of sums that much larger
     torch.testing.assert_close(gpu.linear(x, weight), reference.linear_int4(x, q, sz, weight.bias),
-                               atol=1e-4, rtol=1e-5)
+                               atol=2e-3, rtol=1e-4)
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
@@ -87,7 +89,7 @@ def test_linear_rows_alone_across_row_tiles_and_k_parts(int4):
         ref = reference.linear_int4(x, q, sz, weight.bias)
     else:
         ref = reference.linear(x, w, weight.bias)
-    torch.testing.assert_close(full, ref, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(full, ref, atol=2e-3 if int4 else 1e-4, rtol=1e-5)
 
 
 def test_int4_unpacks_exactly_in_half_precision():
@@ -169,7 +171,7 @@ def test_the_norm_in_the_linears_loads(with_residual, int4):
         q, sz = quantize_int4(w, 128)
         ref_out = reference.linear_int4(ref_h, q, sz, b)
     assert torch.equal(summed, ref_summed)
-    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, ref_out, atol=2e-3 if int4 else 1e-4, rtol=1e-4)
     h, _ = gpu.add_rms_norm(x, residual, nw, 1e-6)  # the two kernels it replaces
     torch.testing.assert_close(out, gpu.linear(h, weight), atol=1e-4, rtol=1e-4)
     for m in (1, 16, 17, 33, 48, 49):
@@ -474,8 +476,8 @@ def test_every_linear_gives_every_sm_two_programs(offline):
 
 def test_int4_dequantization_instructions_per_weight(offline):
     """The int4 linear's main loop, read from its cubin: instructions a thread issues per
-    weight it streams. Measured 3.35 for a pass of one row tile of the o and down
-    projections, 3.98 to 3.99 for q/k/v and gate/up, which normalise their inputs in the
+    weight it streams. Measured 2.59 for a pass of one row tile of the o and down
+    projections, 3.06 to 3.09 for q/k/v and gate/up, which normalise their inputs in the
     loop (the issue's aim of 2.5 is not reached: see docs/gpu-kernels.md); these bounds keep
     them from growing."""
     rows = [r for r in offline["rows"] if r["kernel"] == "_linear_int4"]
@@ -483,8 +485,8 @@ def test_int4_dequantization_instructions_per_weight(offline):
     for r in rows:
         one_tile, all_tiles = r["per_weight"]
         normed = r["op"].startswith(("qkv", "gate_up"))
-        assert one_tile <= (4.05 if normed else 3.4), (r["op"], one_tile)
-        assert all_tiles <= (6.45 if normed else 5.05), (r["op"], all_tiles)
+        assert one_tile <= (3.15 if normed else 2.65), (r["op"], one_tile)
+        assert all_tiles <= (5.45 if normed else 4.05), (r["op"], all_tiles)
 
 
 def test_the_kernel_table_is_the_scripts_output(offline):

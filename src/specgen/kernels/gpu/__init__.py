@@ -89,9 +89,10 @@ def unpack_int4(packed: Tensor) -> Tensor:
 
 
 def reserve(device: torch.device | str) -> None:
-    """What the kernels keep per device (split-K's arrival counts), made now: before a CUDA
-    graph is captured (FusedDecoder calls it)."""
+    """What the kernels keep per device (split-K's arrival counts, the int4 kernel's exponent
+    bits), made now: before a CUDA graph is captured (FusedDecoder calls it)."""
     _tiles().counters(torch.device(device), 1 << 14)
+    _tiles().exponents(torch.device(device))
 
 
 @dataclass

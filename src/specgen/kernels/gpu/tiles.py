@@ -83,6 +83,19 @@ def counters(device: torch.device, size: int) -> Tensor:
     return have
 
 
+_exponents: dict[torch.device, Tensor] = {}
+
+
+def exponents(device: torch.device) -> Tensor:
+    """The bits of the powers of two the int4 kernel ORs its nibbles into (`_nibbles`): a
+    bf16 pair 2^7, an fp16 pair 2^10, an fp32 2^23. Made once per device (FusedDecoder asks
+    before a graph is captured: `gpu.reserve`)."""
+    if device not in _exponents:
+        _exponents[device] = torch.tensor([0x43004300, 0x64006400, 0x4B000000],
+                                          dtype=torch.int32, device=device)
+    return _exponents[device]
+
+
 @triton.jit
 def _weight_rows(N, BLOCK_N: tl.constexpr, SILU: tl.constexpr, ROPE: tl.constexpr,
                  HALF: tl.constexpr):
@@ -369,65 +382,89 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_pt
 
 
 @triton.jit
-def _nibbles(words, k: tl.constexpr, dtype: tl.constexpr):
+def _nibbles(words, k: tl.constexpr, bits, dtype: tl.constexpr):
     """Inputs 2k and 2k + 1 of each packed word (nibbles k and k + 4: pack_int4's order) as
-    floats q - 8, exactly, by the exponent trick instead of an integer-to-float conversion:
-    the nibble ORed into the low mantissa bits of a power of two 2^e whose last mantissa bit
-    weighs 1 is the float 2^e + q; minus 2^e + 8. bf16 (2^7) and fp16 (2^10) do a pair per
-    32-bit register (one shift, one LOP3, one packed subtract for two weights); fp32 (2^23,
-    the interpreter's tests) one at a time. The same values in every case: q - 8."""
+    floats q + `_offset(dtype)`, exactly, by the exponent trick instead of an integer-to-float
+    conversion: the nibble ORed into the low mantissa bits of a power of two 2^e whose last
+    mantissa bit weighs 1 is the float 2^e + q. `bits` holds 2^e's bits (`exponents`). bf16
+    (2^7, the production path) does a pair per 32-bit register with one shift and one LOP3
+    and no arithmetic: q + 128, the offset taken off after the product (`_int4_tile`). fp32
+    (2^23, the interpreter's tests) one at a time, then minus 2^23 - 128: q + 128 exactly,
+    the same values and sums as bf16's. fp16 (2^10) a pair per register, minus 1032 (one
+    packed subtract): q - 8, centred (q + 1024 would cost fp16's sums too many bits)."""
     if dtype == tl.float32:
-        lo = (((words >> (4 * k)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
-        hi = (((words >> (4 * k + 16)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
-        return lo - 8388616.0, hi - 8388616.0
+        lo = (((words >> (4 * k)) & 0xF) | bits).to(tl.float32, bitcast=True)
+        hi = (((words >> (4 * k + 16)) & 0xF) | bits).to(tl.float32, bitcast=True)
+        return lo - 8388480.0, hi - 8388480.0
     else:
-        if dtype == tl.bfloat16:
-            pair = ((words >> (4 * k)) & 0x000F000F) | 0x43004300
-            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 136.0
-            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 136.0
+        pair = ((words >> (4 * k)) & 0x000F000F) | bits
+        lo = pair.to(tl.int16).to(dtype, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True)
+        if dtype == tl.float16:
+            return (lo - 1032.0).to(dtype), (hi - 1032.0).to(dtype)
         else:
-            pair = ((words >> (4 * k)) & 0x000F000F) | 0x64006400
-            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 1032.0
-            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 1032.0
-        return lo.to(dtype), hi.to(dtype)
+            return lo, hi
 
 
 @triton.jit
-def _unpacked(words, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
-    """A group of a weight tile, [BLOCK_N, GROUP] words' values q - 8 in input order."""
-    l0, h0 = _nibbles(words, 0, dtype)
-    l1, h1 = _nibbles(words, 1, dtype)
-    l2, h2 = _nibbles(words, 2, dtype)
-    l3, h3 = _nibbles(words, 3, dtype)
+def _offset(dtype: tl.constexpr):
+    """What `_nibbles` adds to each int4 value q: -8 in fp16, 2^7 otherwise."""
+    if dtype == tl.float16:
+        return -8.0
+    else:
+        return 128.0
+
+
+@triton.jit
+def _exponent_at(dtype: tl.constexpr):
+    """Where `exponents` keeps a dtype's bits."""
+    if dtype == tl.bfloat16:
+        return 0
+    elif dtype == tl.float16:
+        return 1
+    else:
+        return 2
+
+
+@triton.jit
+def _unpacked(words, bits, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
+    """A group of a weight tile, [BLOCK_N, GROUP] words' values q + `_offset` in input order."""
+    l0, h0 = _nibbles(words, 0, bits, dtype)
+    l1, h1 = _nibbles(words, 1, bits, dtype)
+    l2, h2 = _nibbles(words, 2, bits, dtype)
+    l3, h3 = _nibbles(words, 3, bits, dtype)
     lo = tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), (BLOCK_N, GROUP // 8, 4))
     hi = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_N, GROUP // 8, 4))
     return tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))
 
 
 @triton.jit
-def _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, w, zt, scale, acc,
-               GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, w, ones, scale,
+               shift, acc, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """A row tile's group: scale * (x . (q + c)) + shift * (x . 1), shift = zero - (c + 8) *
+    scale: x . ((q - 8) * scale + zero) without rounding a dequantized weight."""
     x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, GATED, NORM,
                  HAS_RESIDUAL)
     part = tl.dot(x, tl.trans(w), input_precision="ieee")
-    return tl.dot(x, tl.trans(zt), acc + part * scale[None, :], input_precision="ieee")
+    total = tl.dot(x, ones, input_precision="ieee")  # each row's sum, in every column
+    return acc + part * scale[None, :] + total * shift[None, :]
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_ptr,
-                 cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, KW, STEPS, eps, C,
+def _linear_int4(x_ptr, q_ptr, sz_ptr, ex_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr,
+                 s_ptr, cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, KW, STEPS, eps, C,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr,
                  ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  TREE: tl.constexpr, TW: tl.constexpr):
     """q_ptr: int32 [N, KW = K / 8] (pack_int4's order); sz_ptr: [N, K / GROUP, 2] scale
-    and zero (output-major, so that a slice of outputs is a view). A step is one group: its
-    words read once, unpacked to q - 8 exactly (`_nibbles`), multiplied into each row tile,
-    then a row's group sum is scale * (x . (q - 8)) + x . zero (the zero as a tile of its
-    own, exact in the dtype): y = sum over groups of x . ((q - 8) * scale + zero), with no
-    per-weight rounding of the dequantized value. Programs, NORM, SILU and ROPE as
-    `_linear`'s."""
+    and zero (output-major, so that a slice of outputs is a view); ex_ptr: `exponents`. A
+    step is one group: its words read once, unpacked to q + c exactly (`_nibbles`, c =
+    `_offset`), multiplied into each row tile, and a row's group sum is scale * (x . (q + c))
+    + (zero - (c + 8) * scale) * (x . 1) (`_int4_tile`): y = sum over groups of
+    x . ((q - 8) * scale + zero), with no per-weight rounding of the dequantized value.
+    Programs, NORM, SILU and ROPE as `_linear`'s."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
@@ -439,26 +476,31 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr,
     ks = tl.arange(0, GROUP)
     js = tl.arange(0, GROUP // 8)
     dtype = x_ptr.dtype.element_ty
+    ones = tl.full((GROUP, BLOCK_N), 1.0, dtype)
+    # The exponent's bits read from memory, not written as a literal: under this kernel's
+    # registers ptxas rematerializes a literal before each LOP3 that ORs it in (an IMAD a
+    # use, docs/gpu-kernels.md); a loaded value it keeps in one register.
+    bits = tl.load(ex_ptr + _exponent_at(dtype))
+    offset8 = _offset(dtype) + 8.0
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
         words = tl.load(q_ptr + wrows[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
                         mask=wok[:, None], other=0)
-        w = _unpacked(words, BLOCK_N, GROUP, dtype)
+        w = _unpacked(words, bits, BLOCK_N, GROUP, dtype)
         at = sz_ptr + wrows * (K // GROUP) * 2 + step * 2
         scale = tl.load(at, mask=wok, other=0.0).to(tl.float32)
-        zero = tl.load(at + 1, mask=wok, other=0.0).to(dtype)
-        zt = tl.zeros((BLOCK_N, GROUP), dtype) + zero[:, None]
+        shift = tl.load(at + 1, mask=wok, other=0.0).to(tl.float32) - offset8 * scale
         kk = step * GROUP + ks
-        acc0 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, w, zt,
-                          scale, acc0, GATED, NORM, HAS_RESIDUAL)
+        acc0 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, w, ones,
+                          scale, shift, acc0, GATED, NORM, HAS_RESIDUAL)
         if r0 + BLOCK_M < M:
             acc1 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + BLOCK_M, kk, M, K, scale1,
-                              write, w, zt, scale, acc1, GATED, NORM, HAS_RESIDUAL)
+                              write, w, ones, scale, shift, acc1, GATED, NORM, HAS_RESIDUAL)
         if r0 + 2 * BLOCK_M < M:
             acc2 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + 2 * BLOCK_M, kk, M, K, scale2,
-                              write, w, zt, scale, acc2, GATED, NORM, HAS_RESIDUAL)
+                              write, w, ones, scale, shift, acc2, GATED, NORM, HAS_RESIDUAL)
     _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
             SPLIT, BLOCK_M, BLOCK_N, SILU, ROPE, rope)
 
@@ -505,7 +547,8 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     r = x if residual is None else residual.contiguous()
     epilogue = _rope_args(rope, out)
     if int4:
-        _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, r, norm_w, summed,
+        _linear_int4[grid](x, w, scales_and_zeros, exponents(x.device), b, out, part, count, r,
+                           norm_w, summed,
                            *epilogue[:5], m, n, k, k // 8, steps, eps, epilogue[5],
                            bias is not None, BLOCK_M, bn, GROUP, split, gated,
                            norm is not None, residual is not None, silu, *epilogue[6:],
