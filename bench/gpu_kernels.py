@@ -154,7 +154,8 @@ def render(table: list[dict]) -> str:
         "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
         "(the tests compare the bits). Every output tile recomputes it, "
         "so an int4 down projection does not take it: folded in, its loop "
-        "measured 10.6 instructions a weight against 3.5, more than an H100 can issue while "
+        "measured 10.6 instructions a weight against 3.5 (the loop of then), more than an "
+        "H100 can issue while "
         "streaming int4 weights (about 5 a weight at 3.35 TB/s and 1.76 GHz).",
         "- **SiLU in the int4 gate/up projection's epilogue.** `linear(h, gate_up, "
         "silu=True)`: a tile of BLOCK_N loads the gate rows of BLOCK_N / 2 outputs and the "
@@ -174,7 +175,7 @@ def render(table: list[dict]) -> str:
         "of a split K scales a row alike, and the first output tile's programs store "
         "x + residual for the stream. The price: every program reads its rows' inputs and "
         "residual over all of K (through L2), a traffic that grows with the rows (not "
-        "measured on a GPU), and in int4 the normalising adds about 0.65 instructions a "
+        "measured on a GPU), and in int4 the normalising adds about 0.5 instructions a "
         "weight to the loop (above).",
         "- **RoPE and the cache write in the q/k/v linear's epilogue.** `norm_linear(..., "
         "qkv, rope=Rope(...))`: a tile of BLOCK_N loads the rows of the first halves of "
