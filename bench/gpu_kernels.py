@@ -52,7 +52,7 @@ def rows() -> list[dict]:
         chain = offline.launches(all_shapes[name], WIDTH, int4)
         tree = offline.launches(all_shapes[name], WIDTH, int4, tree=True)
         ops = [(t, False) for t in chain] + [(t, True) for t in tree
-                                             if t.op in ("rope", "attention")]
+                                             if t.op in ("qkv", "attention")]
         for launch, tree_pass in ops:  # a tree pass differs from a chain's in these two
             int4 = launch.kernel == "_linear_int4"
             got = offline.measure(launch, with_sass=int4)
@@ -116,25 +116,46 @@ def render(table: list[dict]) -> str:
         "interpreter a CPU counts 2 SMs, so the tests' small shapes split too.",
         "- **int4 by the exponent trick.** Eight int4 values a word, input 2k in nibble k and "
         "2k + 1 in nibble k + 4 (`gpu.NIBBLE_INPUTS`): one shift and one LOP3 put both in the "
-        "mantissas of a bf16 pair 0x4300 | q (the float 128 + q), one packed subtract of 136 "
-        "makes them q - 8 exactly; no integer-to-float conversion, each word read once. The "
-        "group's scale multiplies the fp32 product x . (q - 8) and its zero enters as a "
-        "product x . zero of its own (exact in bf16), so no dequantized weight is rounded and "
-        "every row is computed alike (`reference.linear_int4` is this sum). fp16 uses "
-        "2^10 the same way; fp32 (the interpreter's tests) one value a register at 2^23: the "
-        "same values q - 8 on every path, so the interpreter runs the code that compiles.",
-        "- **Instructions per weight: the aim of 2.5 is not reached.** One row tile's trip "
-        "through the int4 loop issues about 3.5 instructions a weight a thread: 1.4 for the "
-        "unpacking (3 shifts, 4 LOP3, 4 HADD2 a word), 0.5 for the two products (M = 16 rows "
-        "per HMMA), and the rest moving the unpacked tile through shared memory into the "
-        "MMA operand layout (STS, LDS, LDSM) and materializing LOP3's second constant (IMAD): "
-        "layouts Triton chooses. Getting under 2.5 needs Marlin's pre-permuted operand "
-        "fragments and hand-placed constants (inline PTX or Gluon), not done here.",
+        "mantissas of a bf16 pair 0x4300 | q (the float 128 + q), and nothing more is done to "
+        "a weight: no integer-to-float conversion, no subtraction, each word read once. A "
+        "row's group sum is scale * (x . (q + 128)) + (zero - 136 scale) * (x . 1), the "
+        "products in fp32 (x . 1 a product with a tile of ones: the same for every output, "
+        "so the compiler keeps one HMMA of four), which is x . ((q - 8) * scale + zero) with "
+        "no dequantized weight rounded, and every row computed alike. The price of leaving "
+        "the 128 in: the fp32 sums carry values about 17 times larger than q - 8 before the "
+        "offset cancels, so their rounding error is as much larger (in an fp32 emulation on "
+        "a CPU, 8192 inputs: a mean 0.0025 of a bf16 unit in the last place, 0.15% of the "
+        "outputs rounded one unit off from the exactly rounded value, against none with q - "
+        "8; a dequantizing kernel that rounds each weight to bf16 errs far more). fp32 (the "
+        "interpreter's tests) one value a register at 2^23, then minus 2^23 - 128: the same "
+        "values q + 128 and the same sums as bf16, so the interpreter runs the code that "
+        "compiles; fp16 at 2^10 with a packed subtract (q - 8: fp16's sums have fewer bits "
+        "to spare). The exponent's bits are read from memory once a program, not written as "
+        "a literal: ptxas otherwise rematerializes the literal in a register before each "
+        "LOP3 under the kernel's 230 registers (about 40 IMADs a trip).",
+        "- **Instructions per weight: the aim of 2.5 is not reached.** An int4 program is "
+        "256 outputs on 8 warps, 3 stages (128 weights of a group a thread). One row tile's "
+        "trip through the loop issues 2.59 instructions a weight a thread in o and down "
+        "(331 for 128 weights): 0.88 for the unpacking (3 shifts and 4 LOP3 a word of 8), "
+        "0.31 for the products (32 HMMA for the weights, 8 for the row sums), 0.26 for "
+        "scaling and adding a group (FFMA), 0.31 moving the unpacked tile through shared "
+        "memory into the MMA operand layout (STS, LDSM: layouts Triton chooses), the rest "
+        "the loop's addresses, predicates, barriers and the next group's asynchronous copy. "
+        "With 2 stages instead of 3 the same loop measured 2.40 (fewer registers and "
+        "addresses), not taken: it halves the weight bytes a program has in flight, which "
+        "no GPU here could weigh against. q/k/v and gate/up normalise their inputs in the "
+        "loop (the RMSNorm folded in): 3.06 to 3.09. The way under 2.5 for those too: the "
+        "unpacked weights straight into the MMA's operand registers (Marlin's pre-permuted "
+        "fragments; Triton keeps its shared-memory round trip) and the inputs normalised "
+        "once a program instead of once a group. Measured and dropped: the zero's product "
+        "as a row sum of the inputs across threads (more instructions than the HMMAs it "
+        "saves); 256 outputs on 4 warps (spills).",
         "- **SiLU in the down projection's loads (bf16).** `linear(gate_up, down, gated=True)` "
         "computes silu(gate) * up as it loads its inputs, rounded as the SiLU kernel rounds "
         "(the tests compare the bits). Every output tile recomputes it, "
         "so an int4 down projection does not take it: folded in, its loop "
-        "measured 10.6 instructions a weight against 3.5, more than an H100 can issue while "
+        "measured 10.6 instructions a weight against 3.5 (the loop of then), more than an "
+        "H100 can issue while "
         "streaming int4 weights (about 5 a weight at 3.35 TB/s and 1.76 GHz).",
         "- **SiLU in the int4 gate/up projection's epilogue.** `linear(h, gate_up, "
         "silu=True)`: a tile of BLOCK_N loads the gate rows of BLOCK_N / 2 outputs and the "
@@ -147,17 +168,25 @@ def render(table: list[dict]) -> str:
         "tile)'s programs to arrive (an atomic count, as split-K's) merges every row of the "
         "tile over its chunks in slot order, 16 chunks a step, and resets the count: the "
         "merge's order is fixed by the slots whichever program runs it.",
-        "- **RMSNorm in the dense q/k/v and gate/up linears' loads (bf16).** `norm_linear` "
+        "- **RMSNorm in the q/k/v and gate/up linears' loads (bf16 and int4).** `norm_linear` "
         "adds the residual and normalises as it loads its inputs, rounded as the norm kernel "
         "rounds; each program first sums each of its rows' squares over the whole of K, "
         "128 inputs a block, the blocks in order (`reference.norm_linear`), so every part "
         "of a split K scales a row alike, and the first output tile's programs store "
         "x + residual for the stream. The price: every program reads its rows' inputs and "
         "residual over all of K (through L2), a traffic that grows with the rows (not "
-        "measured on a GPU); an int4 linear keeps the norm kernel (more instructions in its "
-        "loop a weight). Six kernels a layer in bf16, eight in int4, chain and "
-        "tree passes alike (`tests/test_gpu_kernels.py` counts them in the decoder's launch "
-        "list).",
+        "measured on a GPU), and in int4 the normalising adds about 0.5 instructions a "
+        "weight to the loop (above).",
+        "- **RoPE and the cache write in the q/k/v linear's epilogue.** `norm_linear(..., "
+        "qkv, rope=Rope(...))`: a tile of BLOCK_N loads the rows of the first halves of "
+        "BLOCK_N / 2 (head, input) pairs and the rows of their second halves (interleaved at "
+        "load, the weight as stored), and its epilogue (or split-K's last program, after "
+        "adding the parts in order) rounds them as the linear does, rotates q and k at each "
+        "row's position (a tree's row at its depth's) with `_rope_write`'s rounding, and "
+        "stores q and writes k and v to the cache at the row's slot (the tests compare q and "
+        "the cache bit for bit with the two kernels). Five kernels a layer in bf16 and in "
+        "int4 (q/k/v, attention, o, gate/up, down), chain and tree passes alike "
+        "(`tests/test_gpu_kernels.py` counts them in the decoder's launch list).",
         "",
         "## The table",
         "",

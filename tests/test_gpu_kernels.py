@@ -61,8 +61,10 @@ def test_linear_int4_against_the_dequantized_weight():
     q, sz = quantize_int4(w, gpu.GROUP)
     weight = gpu.Weight.int4(q, sz, randn(40, seed=3))
     assert torch.equal(gpu.unpack_int4(weight.data), q)
+    # the kernel's sums carry q + 128 before the offset cancels (tiles._int4_tile): fp32's
+    # rounding of sums that much larger
     torch.testing.assert_close(gpu.linear(x, weight), reference.linear_int4(x, q, sz, weight.bias),
-                               atol=1e-4, rtol=1e-5)
+                               atol=2e-3, rtol=1e-4)
     assert_rows_alone(lambda rows: gpu.linear(rows, weight), x)
 
 
@@ -87,7 +89,7 @@ def test_linear_rows_alone_across_row_tiles_and_k_parts(int4):
         ref = reference.linear_int4(x, q, sz, weight.bias)
     else:
         ref = reference.linear(x, w, weight.bias)
-    torch.testing.assert_close(full, ref, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(full, ref, atol=2e-3 if int4 else 1e-4, rtol=1e-5)
 
 
 def test_int4_unpacks_exactly_in_half_precision():
@@ -148,22 +150,28 @@ def test_add_rms_norm(dtype):
                 rows, None if residual is None else rows * 0.5, w, 1e-6), 1), x)
 
 
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_the_norm_in_the_linears_loads(with_residual):
-    """norm_linear: RMSNorm(x + residual) * weight in a dense linear's loads, every part of
-    the split K normalising a row by the same scale: the sum x + residual bit for bit, the
-    output as reference.norm_linear, each row's bits the same in a pass of any width."""
+@pytest.mark.parametrize("with_residual, int4", [(True, False), (False, False), (True, True)])
+def test_the_norm_in_the_linears_loads(with_residual, int4):
+    """norm_linear: RMSNorm(x + residual) * weight in a dense or int4 linear's loads, every
+    part of the split K normalising a row by the same scale: the sum x + residual bit for
+    bit, the output as reference.norm_linear, each row's bits the same in a pass of any
+    width."""
     from specgen.kernels.gpu import tiles
 
     x, r = randn(50, 384), randn(50, 384, seed=1)
     nw, w, b = randn(384, seed=2), randn(40, 384, seed=3), randn(40, seed=4)
-    assert tiles.splits(40, 384, tiles.block_n(40, x.device), 128, tiles.sm_count(x.device)) > 1
+    assert tiles.splits(40, 384, tiles.block_n(40, x.device, int4), 128,
+                        tiles.sm_count(x.device)) > 1
     residual = r if with_residual else None
-    weight = gpu.Weight.dense(w, b)
+    weight = gpu.Weight.quantize(w, b) if int4 else gpu.Weight.dense(w, b)
     out, summed = gpu.norm_linear(x, residual, nw, 1e-6, weight)
+    ref_h = reference.norm_linear(x, residual, nw, 1e-6, torch.eye(384, device=DEVICE))[0]
     ref_out, ref_summed = reference.norm_linear(x, residual, nw, 1e-6, w, b)
+    if int4:
+        q, sz = quantize_int4(w, 128)
+        ref_out = reference.linear_int4(ref_h, q, sz, b)
     assert torch.equal(summed, ref_summed)
-    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, ref_out, atol=2e-3 if int4 else 1e-4, rtol=1e-4)
     h, _ = gpu.add_rms_norm(x, residual, nw, 1e-6)  # the two kernels it replaces
     torch.testing.assert_close(out, gpu.linear(h, weight), atol=1e-4, rtol=1e-4)
     for m in (1, 16, 17, 33, 48, 49):
@@ -221,6 +229,50 @@ def test_rope_write_rotates_and_writes_the_cache():
     for r in (0, 6, 16):
         q_r, kv_r = one_pass(qkv[r:r + 1], 9 + r)
         assert torch.equal(q_r[0], full_q[r]) and torch.equal(kv_r[:, :, 0], full_kv[:, :, r])
+
+
+@pytest.mark.parametrize("int4, tree", [(False, False), (True, False), (False, True)])
+def test_the_qkv_projection_rotates_and_writes_the_cache_in_its_epilogue(int4, tree):
+    """norm_linear(..., qkv, rope=Rope(...)): each tile loads the rows of both halves of the
+    same heads' inputs and its epilogue (split-K's last program) does rope_write's work:
+    the bits of norm_linear then rope_write (q, and every slot of the cache), and each row's
+    the same in a pass of any width, written at its slot, rotated at its position (a tree's
+    row: at its depth's)."""
+    from specgen.kernels.gpu import tiles
+
+    hq, hkv, d, capacity, k = 2, 1, 32, 64, 256
+    n = (hq + 2 * hkv) * d
+    cos, sin = rope_tables(capacity, d)
+    rows = len(TREE) if tree else 33
+    x, r, nw = randn(rows, k, seed=1), randn(rows, k, seed=2), randn(k, seed=3)
+    w, b = randn(n, k, seed=4) / 8, randn(n, seed=5)
+    weight = gpu.Weight.quantize(w, b) if int4 else gpu.Weight.dense(w, b)
+    assert tiles.splits(n, k, tiles.block_n(n, x.device, int4), 128,
+                        tiles.sm_count(x.device)) > 1
+    table = gpu.tree_table(TREE, 16).to(DEVICE) if tree else None
+    depths = [len(branch(TREE, i)) - 1 for i in range(rows)] if tree else list(range(rows))
+
+    def fused(m: int, start: int, first: int = 0, shape=table):
+        cache = randn(2, hkv, capacity, d, seed=6)
+        rope = gpu.Rope(cos, sin, cache, at(start), hq, hkv, shape)
+        q, _ = gpu.norm_linear(x[first:first + m], r[first:first + m], nw, 1e-6, weight,
+                               rope=rope)
+        return q, cache
+
+    q, cache = fused(rows, 9)
+    qkv, _ = gpu.norm_linear(x, r, nw, 1e-6, weight)  # the two kernels it replaces
+    ref_cache = randn(2, hkv, capacity, d, seed=6)
+    assert torch.equal(q, gpu.rope_write(qkv, cos, sin, ref_cache, at(9), hq, hkv, table))
+    assert torch.equal(cache, ref_cache)
+    for m in (1, 3, 16, 17, 32):  # a wider pass (a tree's: more of its nodes) changes no row
+        if m <= rows:
+            got, got_cache = fused(m, 9)
+            assert torch.equal(got, q[:m]), m
+            assert torch.equal(got_cache[:, :, 9:9 + m], cache[:, :, 9:9 + m]), m
+    for i in (0, 5, rows - 1):  # a one-row pass at the row's position: its bits
+        one, one_cache = fused(1, 9 + depths[i], i, None)
+        assert torch.equal(one[0], q[i]), i
+        assert torch.equal(one_cache[:, :, 9 + depths[i]], cache[:, :, 9 + i]), i
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -402,9 +454,8 @@ def test_every_kernel_fits_hopper_at_its_launch_configuration(offline):
     rows = offline["rows"]
     assert {r["model"] for r in rows} == {"0.5B", "1.5B", "1B", "8B", "70B int4"}
     assert {r["kernel"] for r in rows} == {"_add_rms_norm", "_linear", "_linear_int4",
-                                           "_rope_write", "_attend_chunk"}
-    assert {r["model"] for r in rows if r["kernel"] == "_add_rms_norm"
-            and r["op"] != "final norm"} == {"70B int4"}
+                                           "_attend_chunk"}
+    assert {r["op"] for r in rows if r["kernel"] == "_add_rms_norm"} == {"final norm"}
     for r in rows:
         where = f"{r['model']} {r['op']} ({r['kernel']})"
         assert r["spills"] == 0 and r["stack"] == 0, where
@@ -417,7 +468,7 @@ def test_every_linear_gives_every_sm_two_programs(offline):
     at least two programs per SM of an H100 or H200 (132), so that a one-token pass streams
     its weights from every SM; the parts come from N, K and the SM count alone."""
     linears = [r for r in offline["rows"] if r["kernel"].startswith("_linear")]
-    assert {r["op"] for r in linears} == {"qkv", "o", "gate_up", "down", "head"}
+    assert {r["op"] for r in linears} == {"qkv", "o", "gate_up", "down", "head", "qkv (tree)"}
     for r in linears:
         assert r["ctas"] >= 2 * 132, (r["model"], r["op"], r["ctas"])
         assert r["grid"][2] == 1  # a 33-row pass: one group of row tiles, looped in a program
@@ -425,14 +476,17 @@ def test_every_linear_gives_every_sm_two_programs(offline):
 
 def test_int4_dequantization_instructions_per_weight(offline):
     """The int4 linear's main loop, read from its cubin: instructions a thread issues per
-    weight it streams. Measured 3.52 to 3.56 for a pass of one row tile (the issue's aim of
-    2.5 is not reached: see docs/gpu-kernels.md); this bound keeps it from growing."""
+    weight it streams. Measured 2.59 for a pass of one row tile of the o and down
+    projections, 3.06 to 3.09 for q/k/v and gate/up, which normalise their inputs in the
+    loop (the issue's aim of 2.5 is not reached: see docs/gpu-kernels.md); these bounds keep
+    them from growing."""
     rows = [r for r in offline["rows"] if r["kernel"] == "_linear_int4"]
-    assert len(rows) == 4
+    assert len(rows) == 5  # q/k/v in a chain's pass and a tree's, o, gate/up, down
     for r in rows:
         one_tile, all_tiles = r["per_weight"]
-        assert one_tile <= 3.6, (r["op"], one_tile)
-        assert all_tiles <= 5.4, (r["op"], all_tiles)
+        normed = r["op"].startswith(("qkv", "gate_up"))
+        assert one_tile <= (3.15 if normed else 2.65), (r["op"], one_tile)
+        assert all_tiles <= (5.45 if normed else 4.05), (r["op"], all_tiles)
 
 
 def test_the_kernel_table_is_the_scripts_output(offline):
@@ -452,22 +506,22 @@ def test_one_binary_per_kernel_for_every_width(offline):
         assert len(hashes) == 1, (key, hashes)
 
 
-KERNELS_PER_LAYER = {"False/False": 6, "False/True": 6,  # bf16: chain, tree
-                     "True/False": 8, "True/True": 8}  # int4 (the norms apart): chain, tree
+KERNELS_PER_LAYER = {"False/False": 5, "False/True": 5,  # bf16: chain, tree
+                     "True/False": 5, "True/True": 5}  # int4: chain, tree
 
 
 def test_kernels_per_layer_from_the_decoders_launch_list(offline):
     """One layer of the 8B's shape, as `layer_pass` launches it for a pass of every width
-    1..33: six kernels in bf16 and eight in int4, chain and tree passes alike (the attention
-    merge runs in the attention kernel's last program; a dense q/k/v or gate/up linear
-    computes the RMSNorm before it in its loads; an int4 gate/up linear, the SiLU after it
-    in its epilogue)."""
+    1..33: five kernels in bf16 and in int4, chain and tree passes alike (the attention
+    merge runs in the attention kernel's last program; a q/k/v or gate/up linear computes
+    the RMSNorm before it in its loads; the q/k/v linear the rotation and the cache write
+    after it in its epilogue; an int4 gate/up linear, the SiLU in its epilogue)."""
     assert offline["per_layer"] == {k: [v] for k, v in KERNELS_PER_LAYER.items()}
 
 
 def test_the_pass_model_counts_the_decoders_launches(tmp_path):
     """bench/gpu_model.py: a one-token pass predicted from bytes, kernels (the decoder's own
-    launch list: six a layer in bf16, then the final norm and the head) and bandwidth; the H200's
+    launch list: five a layer in bf16, then the final norm and the head) and bandwidth; the H200's
     floor below the H100's by their bandwidths' ratio."""
     import importlib.util
     import json
@@ -483,7 +537,7 @@ def test_the_pass_model_counts_the_decoders_launches(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {r["model"]: r for r in json.loads(out.read_text())}
-    assert rows["8B"]["kernels"] == 32 * 6 + 2 and rows["8B"]["kernels_per_layer"] == 6
+    assert rows["8B"]["kernels"] == 32 * 5 + 2 and rows["8B"]["kernels_per_layer"] == 5
     assert 15e9 < rows["8B"]["weights"] < 16.2e9  # 8.03B parameters in bf16, less the embedding
     for r in rows.values():
         assert r["H200_floor_ms"] == pytest.approx(r["H100_floor_ms"] * 3.35 / 4.8)

@@ -1,23 +1,23 @@
 """The CUDA decoder with specgen's own kernels (kernels/gpu): a pass of up to GRAPH_WIDTH
-tokens runs each decoder layer as six Triton kernels (eight for int4) instead of PyTorch's dozens, and every row
-of such a pass gets the bits of a one-token pass at its position.
+tokens runs each decoder layer as five Triton kernels instead of PyTorch's dozens, and every
+row of such a pass gets the bits of a one-token pass at its position.
 
 A layer, over the residual stream kept as (residual, pending): the stream is residual +
 pending, and each block's first kernel adds them as it norms (so no add runs on its own):
 
-    norm_linear(pending, residual, qkv) -> qkv, residual  input_layernorm in the GEMM's loads
-                                                        (q, k and v in one GEMM)
-    rope_write(qkv, cos, sin, cache, pos) -> q          k and v written at pos..pos+m-1
+    norm_linear(pending, residual, qkv, rope=) -> q, residual  input_layernorm in the GEMM's
+                                                        loads (q, k and v in one GEMM), the
+                                                        rotation in its epilogue, k and v
+                                                        written there at pos..pos+m-1
     attention(q, cache, pos)                            chunks, merged by the last to finish
     linear(., o) -> pending
     norm_linear(pending, residual, gate_up)             post_attention_layernorm in the
                                                         loads of gate and up's one GEMM
     linear(silu(gate) * up, down) -> pending            the SiLU computed in the GEMM's loads
 
-(int4 linears keep add_rms_norm as a kernel of its own, the norm in their loads would add to
-the int4 loop's instructions per weight; their SiLU runs in the gate/up linear's epilogue,
-linear(h, gate_up, silu=True), not in the down projection's loads, where every output tile
-would recompute it: docs/gpu-kernels.md)
+(an int4 gate/up linear computes the SiLU in its epilogue instead, norm_linear(..., gate_up,
+silu=True), not in the down projection's loads, where every output tile would recompute it:
+docs/gpu-kernels.md)
 
 then one add_rms_norm for the final norm and one linear for the output head, so that logits
 too are row for row. Every kernel computes a row with the same tile shape and reduction order
@@ -150,17 +150,6 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     return _fused[model]
 
 
-def _normed(weight: gpu.Weight, pending: Tensor, residual: Tensor | None, norm: Tensor,
-            eps: float) -> tuple[Tensor, Tensor]:
-    """(linear(RMSNorm(pending + residual) * norm, weight), pending + residual): one kernel
-    for a dense weight (the norm in the linear's loads); an int4 one keeps add_rms_norm's
-    kernel (normalising in the loads would add to the int4 loop's instructions a weight)."""
-    if weight.is_int4:
-        h, residual = gpu.add_rms_norm(pending, residual, norm, eps)
-        return gpu.linear(h, weight), residual
-    return gpu.norm_linear(pending, residual, norm, eps, weight)
-
-
 def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tensor, cos: Tensor,
                sin: Tensor, pos: Tensor, q_heads: int, kv_heads: int, tree: Tensor | None = None,
                attention: bool = True, mlp: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -169,15 +158,17 @@ def layer_pass(w: FusedLayer, pending: Tensor, residual: Tensor | None, kv: Tens
     kv: this layer's cache [2, kv_heads, capacity, head_dim]."""
     m = pending.shape[0]
     if attention:
-        qkv, residual = _normed(w.qkv, pending, residual, w.norm_1, w.eps_1)
-        q = gpu.rope_write(qkv, cos, sin, kv, pos, q_heads, kv_heads, tree)
+        rope = gpu.Rope(cos, sin, kv, pos, q_heads, kv_heads, tree)
+        q, residual = gpu.norm_linear(pending, residual, w.norm_1, w.eps_1, w.qkv, rope=rope)
         pending = gpu.linear(gpu.attention(q, kv, pos, w.scale, tree).view(m, -1), w.o)
     if mlp:
         if w.gate_up.is_int4:  # the SiLU in the gate/up linear's epilogue, once an output
-            h, residual = gpu.add_rms_norm(pending, residual, w.norm_2, w.eps_2)
-            pending = gpu.linear(gpu.linear(h, w.gate_up, silu=True), w.down)
+            h, residual = gpu.norm_linear(pending, residual, w.norm_2, w.eps_2, w.gate_up,
+                                          silu=True)
+            pending = gpu.linear(h, w.down)
         else:
-            gate_up, residual = _normed(w.gate_up, pending, residual, w.norm_2, w.eps_2)
+            gate_up, residual = gpu.norm_linear(pending, residual, w.norm_2, w.eps_2,
+                                                w.gate_up)
             if w.down.is_int4:  # its loop has no instructions to spare for a SiLU per input
                 pending = gpu.linear(gpu.silu_mul(gate_up), w.down)
             else:  # the SiLU in the down projection's loads: one launch fewer, the same bits

@@ -135,9 +135,7 @@ def launches(shape: tuple, m: int, int4: bool = False, tree: bool = False,
     head = gpu.Weight(torch.empty(vocab, hidden, **meta), vocab, hidden)
     out: list[Launch] = []
     op = ["layer"]
-    names = iter(["input norm", "qkv", "rope", "attention", "o", "post norm", "gate_up",
-                  "down"] if int4 else  # the norms in the dense linears' loads
-                 ["qkv", "rope", "attention", "o", "gate_up", "down"])
+    names = iter(["qkv", "attention", "o", "gate_up", "down"])  # the norms in the loads
 
     class Named(list):  # name each launch as it is appended
         def append(self, launch):

@@ -13,8 +13,11 @@ The ops, each beside its PyTorch definition in reference.py:
     linear(x, w)                      x [M, K] @ w.T (+ bias): a `Weight`, dense or int4
     linear(gate_up, w, gated=True)    silu_mul(gate_up) @ w.T, the SiLU in the linear's loads
     linear(x, gate_up, silu=True)     silu_mul(x @ gate_up.T), the SiLU in the epilogue
+    linear(x, qkv, rope=Rope(...))    rope_write(x @ qkv.T, ...), the rotation and the cache
+                                      write in the epilogue
     add_rms_norm(x, residual, w, eps) (RMSNorm(x + residual) * w, x + residual)
-    norm_linear(x, residual, nw, eps, w)  (linear(RMSNorm(x + residual) * nw, w), x + residual)
+    norm_linear(x, residual, nw, eps, w)  (linear(RMSNorm(x + residual) * nw, w), x + residual),
+                                      silu= and rope= as linear's
     rope_write(qkv, cos, sin, kv, pos, hq, hkv)  rotated q; rotated k and v into the cache
     silu_mul(gate_up)                 silu(gate) * up
     attention(q, kv, pos, scale)      causal grouped-query attention over the cache (1 kernel)
@@ -86,9 +89,10 @@ def unpack_int4(packed: Tensor) -> Tensor:
 
 
 def reserve(device: torch.device | str) -> None:
-    """What the kernels keep per device (split-K's arrival counts), made now: before a CUDA
-    graph is captured (FusedDecoder calls it)."""
+    """What the kernels keep per device (split-K's arrival counts, the int4 kernel's exponent
+    bits), made now: before a CUDA graph is captured (FusedDecoder calls it)."""
     _tiles().counters(torch.device(device), 1 << 14)
+    _tiles().exponents(torch.device(device))
 
 
 @dataclass
@@ -190,28 +194,48 @@ def takes(module: nn.Module) -> bool:
             and tuple(module.weight.shape) == (module.out_features, module.in_features))
 
 
+@dataclass
+class Rope:
+    """Where a q/k/v linear's epilogue sends its outputs, as rope_write does: cos, sin
+    [capacity, D] tables, the cache kv [2, kv_heads, capacity, D] (rows written at slots
+    pos..pos+M-1), pos an int64 tensor [1], and a token tree's table (`tree_table`) or None."""
+
+    cos: Tensor
+    sin: Tensor
+    kv: Tensor
+    pos: Tensor
+    q_heads: int
+    kv_heads: int
+    tree: Tensor | None = None
+
+
 # --- the ops (M <= any width; one tile shape for every M) -------------------------------------
 
-def linear(x: Tensor, w: Weight, gated: bool = False, silu: bool = False) -> Tensor:
+def linear(x: Tensor, w: Weight, gated: bool = False, silu: bool = False,
+           rope: Rope | None = None) -> Tensor:
     """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype; fp32 accumulation, one K order.
     gated: x is [gate | up] [M, 2K] and the inputs are silu_mul(x), computed in the linear's
     loads with silu_mul's rounding (the same bits as the two kernels, one launch fewer).
     silu: w is [gate | up] (N = 2I) and the output silu_mul(x @ w.T) [M, I], computed in the
     epilogue (a tile loads the gate and up rows of the same outputs) with the rounding of
-    linear then silu_mul: the same bits, one launch fewer."""
+    linear then silu_mul: the same bits, one launch fewer.
+    rope: w is q/k/v (rope.q_heads, then kv_heads twice, heads of D) and the output is
+    rope_write(x @ w.T, ...)'s q [M, q_heads, D], k and v written to rope.kv, computed in the
+    epilogue (a tile loads the rows of both halves of the same heads' inputs) with the
+    rounding of linear then rope_write: the same bits, one launch fewer."""
     return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros, gated,
-                           silu=silu)
+                           silu=silu, rope=rope)
 
 
 def norm_linear(x: Tensor, residual: Tensor | None, norm: Tensor, eps: float,
-                w: Weight) -> tuple[Tensor, Tensor]:
-    """(linear(add_rms_norm(x, residual, norm, eps)[0], w), x + residual) in one kernel, w
-    dense: the RMSNorm in the linear's loads, each program taking a row's sum of squares over
-    all of K in one fixed order (blocks of 128 inputs, added in order:
-    reference.norm_linear), so every part of a split K normalises a row alike."""
-    if w.is_int4:
-        raise ValueError("the RMSNorm prologue is the dense linear's")
-    return _tiles().linear(x, w.data, w.bias, w.n, False, None, norm=(residual, norm, eps))
+                w: Weight, silu: bool = False,
+                rope: Rope | None = None) -> tuple[Tensor, Tensor]:
+    """(linear(add_rms_norm(x, residual, norm, eps)[0], w, silu=, rope=), x + residual) in
+    one kernel, w dense or int4: the RMSNorm in the linear's loads, each program taking a
+    row's sum of squares over all of K in one fixed order (blocks of 128 inputs, added in
+    order: reference.norm_linear), so every part of a split K normalises a row alike."""
+    return _tiles().linear(x, w.data, w.bias, w.n, w.is_int4, w.scales_and_zeros,
+                           norm=(residual, norm, eps), silu=silu, rope=rope)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor | None, weight: Tensor,

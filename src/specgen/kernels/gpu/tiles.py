@@ -31,19 +31,21 @@ BLOCK_C = 16  # chunks merged per step
 
 
 ROW_TILES = 3  # row tiles a linear's program loops over: 48 rows, every graph width (<= 33)
+INT4_WARPS = 8  # an int4 program's warps: 128 weights of a group a thread (block_n)
 HOPPER_SMS = 132  # H100 and H200 (SXM): the SM count the offline sm_90 measurement assumes
 INTERPRETER_SMS = 2  # what a CPU under Triton's interpreter counts: tiny tests still split K
 
 
 def block_n(n: int, device: torch.device, int4: bool = False) -> int:
     """Outputs per linear program, fixed by N alone (never by M). On a GPU an int4 tile is
-    128 outputs (its dequantization's fixed costs spread over more weights a thread:
-    docs/gpu-kernels.md), a dense one 16 to 64; K is split to give enough programs (`splits`).
-    On a CPU (Triton's interpreter runs programs one by one) 64, for few programs."""
+    256 outputs over INT4_WARPS warps (the costs of its inputs' tile, the RMSNorm's among
+    them, spread over more weights a thread: docs/gpu-kernels.md), a dense one 16 to 64;
+    K is split to give enough programs (`splits`). On a CPU (Triton's interpreter runs
+    programs one by one) 64, for few programs."""
     if device.type == "cpu":
         return 64
     if int4:
-        return 128
+        return 256
     return 16 if n <= 8192 else 32 if n <= 32768 else 64
 
 
@@ -81,31 +83,90 @@ def counters(device: torch.device, size: int) -> Tensor:
     return have
 
 
+_exponents: dict[torch.device, Tensor] = {}
+
+
+def exponents(device: torch.device) -> Tensor:
+    """The bits of the powers of two the int4 kernel ORs its nibbles into (`_nibbles`): a
+    bf16 pair 2^7, an fp16 pair 2^10, an fp32 2^23. Made once per device (FusedDecoder asks
+    before a graph is captured: `gpu.reserve`)."""
+    if device not in _exponents:
+        _exponents[device] = torch.tensor([0x43004300, 0x64006400, 0x4B000000],
+                                          dtype=torch.int32, device=device)
+    return _exponents[device]
+
+
 @triton.jit
-def _weight_rows(N, BLOCK_N: tl.constexpr, SILU: tl.constexpr):
+def _weight_rows(N, BLOCK_N: tl.constexpr, SILU: tl.constexpr, ROPE: tl.constexpr,
+                 HALF: tl.constexpr):
     """The weight rows (outputs) a program's tile computes, and which of them exist: outputs
     pid * BLOCK_N on; or (SILU: the weight is [gate | up], N = 2I) the gate rows of outputs
-    pid * BLOCK_N / 2 on, then the up rows of the same outputs, interleaved at load so that
-    the epilogue holds each output's gate and up (`_out`)."""
+    pid * BLOCK_N / 2 on, then the up rows of the same outputs; or (ROPE: the weight is
+    q/k/v, heads of 2 HALF) the first halves' rows of pairs pid * BLOCK_N / 2 on (pair p:
+    input p % HALF of head p // HALF), then the second halves' rows of the same pairs. Both
+    interleaved at load, so that the epilogue holds what it combines (`_out`)."""
     j = tl.arange(0, BLOCK_N)
-    if SILU:
+    if SILU or ROPE:
         at = tl.program_id(0) * (BLOCK_N // 2) + j % (BLOCK_N // 2)
-        return at + (j // (BLOCK_N // 2)) * (N // 2), at < N // 2
+        second = j // (BLOCK_N // 2)
+        if SILU:
+            return at + second * (N // 2), at < N // 2
+        else:
+            return (at // HALF) * 2 * HALF + at % HALF + second * HALF, at < N // 2
     else:
         cols = tl.program_id(0) * BLOCK_N + j
         return cols, cols < N
 
 
 @triton.jit
+def _rope_out(lo, hi, rows, out_ptr, rope, M, N, BLOCK_N: tl.constexpr):
+    """A row tile's q/k/v pairs (`_weight_rows`, ROPE) rounded to the dtype, then as
+    `_rope_write` takes them: q and k heads rotated at the row's position, q to out
+    [M, HQ, D], k and v to the cache at the row's slot pos + row (`rope`: `_linear`'s)."""
+    cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, C, HQ, HKV, D, TREE, TW = rope
+    dtype = out_ptr.dtype.element_ty
+    p = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    head, i = p // (D // 2), p % (D // 2)
+    pos = tl.load(pos_ptr)
+    slot = pos + rows
+    at = slot
+    if TREE:
+        at = pos + tl.load(tree_ptr + rows * TW, mask=rows < M, other=0)
+    inside = (rows[:, None] < M) & (p[None, :] < N // 2)
+    angle = at[:, None] * D + i[None, :]
+    c1 = tl.load(cos_ptr + angle, mask=inside, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + angle + D // 2, mask=inside, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + angle, mask=inside, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + angle + D // 2, mask=inside, other=0.0).to(tl.float32)
+    x1, x2 = lo.to(dtype), hi.to(dtype)
+    r1, r2 = _rotated(x1.to(tl.float32), x2.to(tl.float32), c1, c2, s1, s2, dtype)
+    turn = (head < HQ + HKV)[None, :]  # q and k turn, v is written as it is
+    y1, y2 = tl.where(turn, r1, x1), tl.where(turn, r2, x2)
+    is_q = (head < HQ)[None, :]
+    q_at = out_ptr + rows[:, None] * HQ * D + (head * D + i)[None, :]
+    tl.store(q_at, y1, mask=inside & is_q)
+    tl.store(q_at + D // 2, y2, mask=inside & is_q)
+    # kv [2, HKV, C, D]: head HQ + h is k's head h, HQ + HKV + h v's head h
+    kv_at = kv_ptr + ((head - HQ)[None, :] * C + slot[:, None]) * D + i[None, :]
+    tl.store(kv_at, y1, mask=inside & ~is_q)
+    tl.store(kv_at + D // 2, y2, mask=inside & ~is_q)
+
+
+@triton.jit
 def _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS: tl.constexpr,
-         SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+         SILU: tl.constexpr, ROPE: tl.constexpr, rope, BLOCK_M: tl.constexpr,
+         BLOCK_N: tl.constexpr):
     """A row tile's sums (plus bias) to out; SILU: silu(gate) * up of its outputs, each of
     gate and up rounded to the dtype first, then the SiLU, then the product (`_silu_mul`'s
-    rounding: the bits of the gate/up linear and the SiLU kernel)."""
+    rounding: the bits of the gate/up linear and the SiLU kernel); ROPE: q rotated to out,
+    k rotated and v to the cache (`_rope_out`: the bits of the linear and `_rope_write`)."""
     if HAS_BIAS:
         total += tl.load(b_ptr + wrows, mask=wok, other=0.0).to(tl.float32)[None, :]
     dtype = out_ptr.dtype.element_ty
-    if SILU:
+    if ROPE:
+        lo, hi = tl.split(tl.permute(tl.reshape(total, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _rope_out(lo, hi, rows, out_ptr, rope, M, N, BLOCK_N)
+    elif SILU:
         g, u = tl.split(tl.permute(tl.reshape(total, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         gate = g.to(dtype).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -121,11 +182,12 @@ def _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS: tl.constexpr,
 @triton.jit
 def _store_rows(acc, rows, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N, PN,
                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SILU: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                ROPE: tl.constexpr, rope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """A row tile's sums: to out (`_out`) when K is whole; else this part's partial sums
     (`_finish` adds the parts), PN a row, at the tile's positions."""
     if SPLIT == 1:
-        _out(acc, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, BLOCK_M, BLOCK_N)
+        _out(acc, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, ROPE, rope, BLOCK_M,
+             BLOCK_N)
     else:
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         keep = (rows[:, None] < M) & (cols[None, :] < PN)
@@ -134,21 +196,22 @@ def _store_rows(acc, rows, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N, PN
 
 @triton.jit
 def _reduce_rows(rows, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS: tl.constexpr,
-                 SPLIT: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
+                 SPLIT: tl.constexpr, SILU: tl.constexpr, ROPE: tl.constexpr, rope,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = (rows[:, None] < M) & (cols[None, :] < PN)
     total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for s in range(SPLIT):  # in order: the same sum for a row whatever the pass's width
         total += tl.load(part_ptr + (s * M + rows[:, None]) * PN + cols[None, :], mask=keep,
                          other=0.0, cache_modifier=".cg")
-    _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, BLOCK_M, BLOCK_N)
+    _out(total, rows, wrows, wok, out_ptr, b_ptr, M, N, HAS_BIAS, SILU, ROPE, rope, BLOCK_M,
+         BLOCK_N)
 
 
 @triton.jit
 def _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
             HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, SILU: tl.constexpr):
+            BLOCK_N: tl.constexpr, SILU: tl.constexpr, ROPE: tl.constexpr, rope):
     """Store a program's three row tiles; with K split, the last of an output tile's SPLIT
     programs to arrive (an atomic count, acquire-release at GPU scope, after a barrier: every
     thread's partial stored first; the partials read back through L2, `.cg`) adds the parts
@@ -156,30 +219,30 @@ def _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N,
     next launch. One kernel a linear, and a row's sum the same in a pass of any width."""
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU, ROPE, rope[8] // 2)
     PN = N
-    if SILU:
-        PN = tl.num_programs(0) * BLOCK_N  # the partials of whole tiles, [gate | up] each
+    if SILU or ROPE:
+        PN = tl.num_programs(0) * BLOCK_N  # the partials of whole tiles, two halves each
     _store_rows(acc0, rows, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS,
-                SPLIT, SILU, BLOCK_M, BLOCK_N)
+                SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
     if r0 + BLOCK_M < M:
         _store_rows(acc1, rows + BLOCK_M, wrows, wok, split, out_ptr, b_ptr, part_ptr, M, N,
-                    PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
+                    PN, HAS_BIAS, SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
     if r0 + 2 * BLOCK_M < M:
         _store_rows(acc2, rows + 2 * BLOCK_M, wrows, wok, split, out_ptr, b_ptr, part_ptr, M,
-                    N, PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
+                    N, PN, HAS_BIAS, SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
     if SPLIT > 1:
         tl.debug_barrier()
         at = cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
         if tl.atomic_add(at, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
             _reduce_rows(rows, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN, HAS_BIAS,
-                         SPLIT, SILU, BLOCK_M, BLOCK_N)
+                         SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
             if r0 + BLOCK_M < M:
                 _reduce_rows(rows + BLOCK_M, wrows, wok, out_ptr, b_ptr, part_ptr, M, N, PN,
-                             HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
+                             HAS_BIAS, SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
             if r0 + 2 * BLOCK_M < M:
                 _reduce_rows(rows + 2 * BLOCK_M, wrows, wok, out_ptr, b_ptr, part_ptr, M, N,
-                             PN, HAS_BIAS, SPLIT, SILU, BLOCK_M, BLOCK_N)
+                             PN, HAS_BIAS, SPLIT, SILU, ROPE, rope, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(at, 0, sem="relaxed", scope="gpu")
 
 
@@ -226,6 +289,25 @@ def _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL: tl.constexpr,
 
 
 @triton.jit
+def _row_scales(x_ptr, r_ptr, r0, M, K, eps, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """NORM: `_row_scale` of a program's three row tiles (those the pass has); else unused."""
+    scale0 = tl.zeros((BLOCK_M,), tl.float32)
+    scale1 = tl.zeros((BLOCK_M,), tl.float32)
+    scale2 = tl.zeros((BLOCK_M,), tl.float32)
+    rows = r0 + tl.arange(0, BLOCK_M)
+    if NORM:
+        scale0 = _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+        if r0 + BLOCK_M < M:
+            scale1 = _row_scale(x_ptr, r_ptr, rows + BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
+        if r0 + 2 * BLOCK_M < M:
+            scale2 = _row_scale(x_ptr, r_ptr, rows + 2 * BLOCK_M, M, K, eps, HAS_RESIDUAL,
+                                BLOCK_M, BLOCK_K)
+    return scale0, scale1, scale2
+
+
+@triton.jit
 def _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write,
                HAS_RESIDUAL: tl.constexpr):
     """A row tile's inputs kk of RMSNorm(x + residual) * weight, rounded as `_add_rms_norm`
@@ -251,34 +333,32 @@ def _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write, GATED: t
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_ptr, M, N, K,
-            STEPS, eps, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_ptr, cos_ptr,
+            sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, STEPS, eps, C,
+            HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
-            NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr):
+            NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr,
+            ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+            TREE: tl.constexpr, TW: tl.constexpr):
     """Program (output tile, part of K, group of 3 row tiles): each weight tile is loaded once
     and multiplied into every row tile the pass has (a pass of <= 48 rows: one group).
     NORM: the inputs are RMSNorm(x + residual) * weight (`_add_rms_norm`'s, folded into the
     loads): each program first takes the sum of squares of each of its rows over the whole
     of K (`_row_scale`, one order fixed by K), so every part of K normalises a row by the
     same scale; the first output tile's programs also store x + residual (`s_ptr`).
-    SILU: the outputs are silu(gate) * up of the [gate | up] weight's (`_weight_rows`)."""
+    SILU: the outputs are silu(gate) * up of the [gate | up] weight's (`_weight_rows`).
+    ROPE: the weight is q/k/v of HQ, HKV, HKV heads of D, and the epilogue is `_rope_write`'s
+    (`_rope_out`): q rotated to out, k rotated and v to the cache kv [2, HKV, C, D] at slots
+    pos + row, rows rotated at pos + row or, a token tree's (TREE), at pos + their depth."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
+    rope = (cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, C, HQ, HKV, D, TREE, TW)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU, ROPE, D // 2)
     ks = tl.arange(0, BLOCK_K)
     write = K - K * tl.minimum(tl.program_id(0), 1)  # K in the first output tile, else 0
-    scale0 = tl.zeros((BLOCK_M,), tl.float32)
-    scale1 = tl.zeros((BLOCK_M,), tl.float32)
-    scale2 = tl.zeros((BLOCK_M,), tl.float32)
-    if NORM:
-        scale0 = _row_scale(x_ptr, r_ptr, rows, M, K, eps, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
-        if r0 + BLOCK_M < M:
-            scale1 = _row_scale(x_ptr, r_ptr, rows + BLOCK_M, M, K, eps, HAS_RESIDUAL,
-                                BLOCK_M, BLOCK_K)
-        if r0 + 2 * BLOCK_M < M:
-            scale2 = _row_scale(x_ptr, r_ptr, rows + 2 * BLOCK_M, M, K, eps, HAS_RESIDUAL,
-                                BLOCK_M, BLOCK_K)
+    scale0, scale1, scale2 = _row_scales(x_ptr, r_ptr, r0, M, K, eps, NORM, HAS_RESIDUAL,
+                                         BLOCK_M, BLOCK_K)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -298,142 +378,214 @@ def _linear(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, s_pt
                          write, GATED, NORM, HAS_RESIDUAL)
             acc2 = tl.dot(x.to(w.dtype), tl.trans(w), acc2, input_precision="ieee")
     _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
-            SPLIT, BLOCK_M, BLOCK_N, SILU)
+            SPLIT, BLOCK_M, BLOCK_N, SILU, ROPE, rope)
 
 
 @triton.jit
-def _nibbles(words, k: tl.constexpr, dtype: tl.constexpr):
+def _nibbles(words, k: tl.constexpr, bits, dtype: tl.constexpr):
     """Inputs 2k and 2k + 1 of each packed word (nibbles k and k + 4: pack_int4's order) as
-    floats q - 8, exactly, by the exponent trick instead of an integer-to-float conversion:
-    the nibble ORed into the low mantissa bits of a power of two 2^e whose last mantissa bit
-    weighs 1 is the float 2^e + q; minus 2^e + 8. bf16 (2^7) and fp16 (2^10) do a pair per
-    32-bit register (one shift, one LOP3, one packed subtract for two weights); fp32 (2^23,
-    the interpreter's tests) one at a time. The same values in every case: q - 8."""
+    floats q + `_offset(dtype)`, exactly, by the exponent trick instead of an integer-to-float
+    conversion: the nibble ORed into the low mantissa bits of a power of two 2^e whose last
+    mantissa bit weighs 1 is the float 2^e + q. `bits` holds 2^e's bits (`exponents`). bf16
+    (2^7, the production path) does a pair per 32-bit register with one shift and one LOP3
+    and no arithmetic: q + 128, the offset taken off after the product (`_int4_tile`). fp32
+    (2^23, the interpreter's tests) one at a time, then minus 2^23 - 128: q + 128 exactly,
+    the same values and sums as bf16's. fp16 (2^10) a pair per register, minus 1032 (one
+    packed subtract): q - 8, centred (q + 1024 would cost fp16's sums too many bits)."""
     if dtype == tl.float32:
-        lo = (((words >> (4 * k)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
-        hi = (((words >> (4 * k + 16)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
-        return lo - 8388616.0, hi - 8388616.0
+        lo = (((words >> (4 * k)) & 0xF) | bits).to(tl.float32, bitcast=True)
+        hi = (((words >> (4 * k + 16)) & 0xF) | bits).to(tl.float32, bitcast=True)
+        return lo - 8388480.0, hi - 8388480.0
     else:
-        if dtype == tl.bfloat16:
-            pair = ((words >> (4 * k)) & 0x000F000F) | 0x43004300
-            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 136.0
-            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 136.0
+        pair = ((words >> (4 * k)) & 0x000F000F) | bits
+        lo = pair.to(tl.int16).to(dtype, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True)
+        if dtype == tl.float16:
+            return (lo - 1032.0).to(dtype), (hi - 1032.0).to(dtype)
         else:
-            pair = ((words >> (4 * k)) & 0x000F000F) | 0x64006400
-            lo = pair.to(tl.int16).to(dtype, bitcast=True) - 1032.0
-            hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True) - 1032.0
-        return lo.to(dtype), hi.to(dtype)
+            return lo, hi
 
 
 @triton.jit
-def _unpacked(words, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
-    """A group of a weight tile, [BLOCK_N, GROUP] words' values q - 8 in input order."""
-    l0, h0 = _nibbles(words, 0, dtype)
-    l1, h1 = _nibbles(words, 1, dtype)
-    l2, h2 = _nibbles(words, 2, dtype)
-    l3, h3 = _nibbles(words, 3, dtype)
+def _offset(dtype: tl.constexpr):
+    """What `_nibbles` adds to each int4 value q: -8 in fp16, 2^7 otherwise."""
+    if dtype == tl.float16:
+        return -8.0
+    else:
+        return 128.0
+
+
+@triton.jit
+def _exponent_at(dtype: tl.constexpr):
+    """Where `exponents` keeps a dtype's bits."""
+    if dtype == tl.bfloat16:
+        return 0
+    elif dtype == tl.float16:
+        return 1
+    else:
+        return 2
+
+
+@triton.jit
+def _unpacked(words, bits, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
+    """A group of a weight tile, [BLOCK_N, GROUP] words' values q + `_offset` in input order."""
+    l0, h0 = _nibbles(words, 0, bits, dtype)
+    l1, h1 = _nibbles(words, 1, bits, dtype)
+    l2, h2 = _nibbles(words, 2, bits, dtype)
+    l3, h3 = _nibbles(words, 3, bits, dtype)
     lo = tl.reshape(tl.join(tl.join(l0, l2), tl.join(l1, l3)), (BLOCK_N, GROUP // 8, 4))
     hi = tl.reshape(tl.join(tl.join(h0, h2), tl.join(h1, h3)), (BLOCK_N, GROUP // 8, 4))
     return tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))
 
 
 @triton.jit
-def _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc, GATED: tl.constexpr):
-    x = _rows_in(x_ptr, rows, kk, M, K, GATED)
+def _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, w, ones, scale,
+               shift, acc, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """A row tile's group: scale * (x . (q + c)) + shift * (x . 1), shift = zero - (c + 8) *
+    scale: x . ((q - 8) * scale + zero) without rounding a dequantized weight."""
+    x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, GATED, NORM,
+                 HAS_RESIDUAL)
     part = tl.dot(x, tl.trans(w), input_precision="ieee")
-    return tl.dot(x, tl.trans(zt), acc + part * scale[None, :], input_precision="ieee")
+    total = tl.dot(x, ones, input_precision="ieee")  # each row's sum, in every column
+    return acc + part * scale[None, :] + total * shift[None, :]
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
-def _linear_int4(x_ptr, q_ptr, sz_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, KW, STEPS,
+def _linear_int4(x_ptr, q_ptr, sz_ptr, ex_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr,
+                 s_ptr, cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, KW, STEPS, eps, C,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
-                 SILU: tl.constexpr):
+                 NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr,
+                 ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                 TREE: tl.constexpr, TW: tl.constexpr):
     """q_ptr: int32 [N, KW = K / 8] (pack_int4's order); sz_ptr: [N, K / GROUP, 2] scale
-    and zero (output-major, so that a slice of outputs is a view). A step is one group: its
-    words read once, unpacked to q - 8 exactly (`_nibbles`), multiplied into each row tile,
-    then a row's group sum is scale * (x . (q - 8)) + x . zero (the zero as a tile of its
-    own, exact in the dtype): y = sum over groups of x . ((q - 8) * scale + zero), with no
-    per-weight rounding of the dequantized value. Programs as `_linear`'s."""
+    and zero (output-major, so that a slice of outputs is a view); ex_ptr: `exponents`. A
+    step is one group: its words read once, unpacked to q + c exactly (`_nibbles`, c =
+    `_offset`), multiplied into each row tile, and a row's group sum is scale * (x . (q + c))
+    + (zero - (c + 8) * scale) * (x . 1) (`_int4_tile`): y = sum over groups of
+    x . ((q - 8) * scale + zero), with no per-weight rounding of the dequantized value.
+    Programs, NORM, SILU and ROPE as `_linear`'s."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
-    wrows, wok = _weight_rows(N, BLOCK_N, SILU)
+    rope = (cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, C, HQ, HKV, D, TREE, TW)
+    wrows, wok = _weight_rows(N, BLOCK_N, SILU, ROPE, D // 2)
+    write = K - K * tl.minimum(tl.program_id(0), 1)  # K in the first output tile, else 0
+    scale0, scale1, scale2 = _row_scales(x_ptr, r_ptr, r0, M, K, eps, NORM, HAS_RESIDUAL,
+                                         BLOCK_M, GROUP)
     ks = tl.arange(0, GROUP)
     js = tl.arange(0, GROUP // 8)
     dtype = x_ptr.dtype.element_ty
+    ones = tl.full((GROUP, BLOCK_N), 1.0, dtype)
+    # The exponent's bits read from memory, not written as a literal: under this kernel's
+    # registers ptxas rematerializes a literal before each LOP3 that ORs it in (an IMAD a
+    # use, docs/gpu-kernels.md); a loaded value it keeps in one register.
+    bits = tl.load(ex_ptr + _exponent_at(dtype))
+    offset8 = _offset(dtype) + 8.0
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
         words = tl.load(q_ptr + wrows[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
                         mask=wok[:, None], other=0)
-        w = _unpacked(words, BLOCK_N, GROUP, dtype)
+        w = _unpacked(words, bits, BLOCK_N, GROUP, dtype)
         at = sz_ptr + wrows * (K // GROUP) * 2 + step * 2
         scale = tl.load(at, mask=wok, other=0.0).to(tl.float32)
-        zero = tl.load(at + 1, mask=wok, other=0.0).to(dtype)
-        zt = tl.zeros((BLOCK_N, GROUP), dtype) + zero[:, None]
+        shift = tl.load(at + 1, mask=wok, other=0.0).to(tl.float32) - offset8 * scale
         kk = step * GROUP + ks
-        acc0 = _int4_tile(x_ptr, rows, kk, M, K, w, zt, scale, acc0, GATED)
+        acc0 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, w, ones,
+                          scale, shift, acc0, GATED, NORM, HAS_RESIDUAL)
         if r0 + BLOCK_M < M:
-            acc1 = _int4_tile(x_ptr, rows + BLOCK_M, kk, M, K, w, zt, scale, acc1, GATED)
+            acc1 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + BLOCK_M, kk, M, K, scale1,
+                              write, w, ones, scale, shift, acc1, GATED, NORM, HAS_RESIDUAL)
         if r0 + 2 * BLOCK_M < M:
-            acc2 = _int4_tile(x_ptr, rows + 2 * BLOCK_M, kk, M, K, w, zt, scale, acc2, GATED)
+            acc2 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + 2 * BLOCK_M, kk, M, K, scale2,
+                              write, w, ones, scale, shift, acc2, GATED, NORM, HAS_RESIDUAL)
     _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
-            SPLIT, BLOCK_M, BLOCK_N, SILU)
+            SPLIT, BLOCK_M, BLOCK_N, SILU, ROPE, rope)
 
 
 def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
            scales_and_zeros: Tensor | None, gated: bool = False,
            norm: tuple[Tensor | None, Tensor, float] | None = None,
-           silu: bool = False) -> Tensor:
-    """norm = (residual, weight, eps): dense only, the inputs RMSNorm(x + residual) * weight;
-    then (out, x + residual) (x itself where residual is None). silu: the weight is
-    [gate | up] (n = 2I) and the output silu(gate) * up [M, I], in the epilogue."""
+           silu: bool = False, rope=None):
+    """norm = (residual, weight, eps): the inputs RMSNorm(x + residual) * weight; then
+    (out, x + residual) (x itself where residual is None). silu: the weight is [gate | up]
+    (n = 2I) and the output silu(gate) * up [M, I], in the epilogue. rope (a gpu.Rope): the
+    weight is q/k/v and the output rotated q [M, HQ, D], k and v written to rope.kv, in the
+    epilogue."""
     m, k = x.shape
-    if norm is not None:
-        residual, norm_w, eps = norm
-        if int4 or gated:
-            raise ValueError("the RMSNorm prologue is the dense, ungated linear's")
-        summed = x.contiguous() if residual is None else torch.empty_like(x)
-        if m > CHUNK_ROWS:
-            done = [linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, None, False,
-                           (None if residual is None else residual[i:i + CHUNK_ROWS], norm_w,
-                            eps)) for i in range(0, m, CHUNK_ROWS)]
-            return torch.cat([o for o, _ in done]), torch.cat([s for _, s in done])
-    k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
+    if gated and (norm is not None or silu or rope is not None):
+        raise ValueError("the SiLU in the loads takes a plain linear")
+    if (silu or rope is not None) and n % 2 or silu and rope is not None:
+        raise ValueError("the SiLU and rotary epilogues take one even [gate | up] or q/k/v")
     x = x.contiguous()
     if m > CHUNK_ROWS:
-        return torch.cat([linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated,
-                                 silu=silu) for i in range(0, m, CHUNK_ROWS)])
-    if silu and (gated or norm is not None or n % 2):
-        raise ValueError("the SiLU epilogue takes a plain [gate | up] linear")
-    out = torch.empty(m, n // 2 if silu else n, dtype=x.dtype, device=x.device)
+        if rope is not None:
+            raise ValueError(f"the rotary epilogue takes passes of up to {CHUNK_ROWS} rows")
+        return _chunked(x, w, bias, n, int4, scales_and_zeros, gated, norm, silu)
+    k = k // 2 if gated else k  # gated: x is [gate | up], the inputs silu(gate) * up
+    paired = silu or rope is not None
+    if rope is None:
+        out = torch.empty(m, n // 2 if silu else n, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(m, rope.q_heads, rope.kv.shape[-1], dtype=x.dtype, device=x.device)
     bn = block_n(n, x.device, int4)
     bk = GROUP if int4 else BLOCK_K
     split = splits(n, k, bn, bk, sm_count(x.device))
-    tiles = triton.cdiv(n // 2, bn // 2) if silu else triton.cdiv(n, bn)
+    tiles = triton.cdiv(n // 2, bn // 2) if paired else triton.cdiv(n, bn)
     grid = (tiles, split, triton.cdiv(m, ROW_TILES * BLOCK_M))
     b = bias if bias is not None else out  # any pointer: not read without a bias
-    width = tiles * bn if silu else n  # a partial row: whole tiles under silu
+    width = tiles * bn if paired else n  # a partial row: whole tiles when paired
     part = torch.empty(split if split > 1 else 1, m if split > 1 else 1,
                        width if split > 1 else 1,
                        dtype=torch.float32, device=x.device)  # partial sums (K split)
     count = counters(x.device, grid[0] * grid[2])
     steps = triton.cdiv(k, bk)
+    residual, norm_w, eps = norm if norm is not None else (None, x, 0.0)
+    summed = x if residual is None else torch.empty_like(x)
+    r = x if residual is None else residual.contiguous()
+    epilogue = _rope_args(rope, out)
     if int4:
-        _linear_int4[grid](x, w, scales_and_zeros, b, out, part, count, m, n, k, k // 8, steps,
-                           bias is not None, BLOCK_M, bn, GROUP, split, gated, silu)
-    elif norm is not None:
-        r = x if residual is None else residual.contiguous()
-        _linear[grid](x, w, b, out, part, count, r, norm_w, summed, m, n, k, steps, eps,
-                      bias is not None, BLOCK_M, bn, BLOCK_K, split, False, True,
-                      residual is not None, False)
-        return out, summed
+        _linear_int4[grid](x, w, scales_and_zeros, exponents(x.device), b, out, part, count, r,
+                           norm_w, summed,
+                           *epilogue[:5], m, n, k, k // 8, steps, eps, epilogue[5],
+                           bias is not None, BLOCK_M, bn, GROUP, split, gated,
+                           norm is not None, residual is not None, silu, *epilogue[6:],
+                           num_warps=INT4_WARPS)
     else:
-        _linear[grid](x, w, b, out, part, count, x, x, x, m, n, k, steps, 0.0,
-                      bias is not None, BLOCK_M, bn, BLOCK_K, split, gated, False, False, silu)
-    return out
+        _linear[grid](x, w, b, out, part, count, r, norm_w, summed, *epilogue[:5], m, n, k,
+                      steps, eps, epilogue[5], bias is not None, BLOCK_M, bn, BLOCK_K, split,
+                      gated, norm is not None, residual is not None, silu, *epilogue[6:])
+    return out if norm is None else (out, summed)
+
+
+def _rope_args(rope, out: Tensor) -> tuple:
+    """The rotary epilogue's arguments as the linears take them: 5 pointers (cos, sin, kv,
+    pos, tree), the capacity, then ROPE, HQ, HKV, D, TREE, TW; placeholders without it."""
+    if rope is None:
+        return (out, out, out, out, out, 1, False, 1, 1, 2, False, 1)
+    tree = rope.tree
+    return (rope.cos, rope.sin, rope.kv, rope.pos, rope.pos if tree is None else tree,
+            rope.kv.shape[2], True, rope.q_heads, rope.kv_heads, rope.kv.shape[-1],
+            tree is not None, 1 if tree is None else tree.shape[1])
+
+
+def _chunked(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
+             scales_and_zeros: Tensor | None, gated: bool,
+             norm: tuple[Tensor | None, Tensor, float] | None, silu: bool):
+    """A wide call as calls of CHUNK_ROWS rows (a row's bits do not depend on the chunking)."""
+    done = []
+    for i in range(0, x.shape[0], CHUNK_ROWS):
+        part = None
+        if norm is not None:
+            residual, norm_w, eps = norm
+            part = (None if residual is None else residual[i:i + CHUNK_ROWS], norm_w, eps)
+        done.append(linear(x[i:i + CHUNK_ROWS], w, bias, n, int4, scales_and_zeros, gated,
+                           part, silu))
+    if norm is None:
+        return torch.cat(done)
+    return torch.cat([o for o, _ in done]), torch.cat([s for _, s in done])
 
 
 @triton.jit
