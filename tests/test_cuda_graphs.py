@@ -13,7 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from specgen.core.engine import SpeculativeGenerator
-from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys, retried
+from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys
+from specgen.decoding.graphs import retried
 from specgen.errors import SpecgenWarning
 
 

@@ -554,12 +554,13 @@ class HybridDrafter(Drafter):
 
     ends_own_drafts = True  # when the model drafts: a direct `propose` may reach it
 
+    # The model drafter's own: its device, its decoder's graphs, its passes.
+    device = property(lambda self: self.model_drafter.device)
+    graphs_off = property(lambda self: self.model_drafter.graphs_off)
+    forward_passes = property(lambda self: self.model_drafter.forward_passes)
+
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
         self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
-
-    @property
-    def device(self) -> torch.device:
-        return self.model_drafter.device
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
         self.model_drafter.bind_target(decoder, model)
@@ -570,14 +571,6 @@ class HybridDrafter(Drafter):
 
     def reserve(self, positions: int, widest: int = 1) -> None:
         self.model_drafter.reserve(positions, widest)
-
-    @property
-    def graphs_off(self) -> str | None:
-        return self.model_drafter.graphs_off
-
-    @property
-    def forward_passes(self) -> int:
-        return self.model_drafter.forward_passes
 
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         return {**self.lookup_drafter.guessers(tokens), **self.model_drafter.guessers(tokens)}

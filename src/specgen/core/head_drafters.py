@@ -28,15 +28,13 @@ says so once (as the CUDA decoder does)."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
 from specgen.core.base import Drafter
 from specgen.core.sampling import SamplingParams, probs_from_logits, sample
-from specgen.decoding.cuda import CAPTURE_TRIES, graphs_off_line, retried
-from specgen.errors import SpecgenWarning
+from specgen.decoding import graphs
+from specgen.decoding.graphs import graphs_off_line
 from specgen.heads.modules import Eagle3Head, EagleHead, Head, HeadCache, MedusaHeads
 
 
@@ -144,28 +142,18 @@ class HeadDrafter(Drafter):
     @property
     def graphs_off(self) -> str | None:
         """The one line that says this head gave up on graphs, and why (None: it did not)."""
-        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+        return graphs_off_line(self.graph_error)
 
     def _captured_or_off(self, capture, drop) -> None:
         """capture(), tried twice with drop() between; a second failure leaves the head's
-        passes eager and says so once."""
-        reason = retried(capture, drop, CAPTURE_TRIES)
+        passes eager and says so once (decoding/graphs.py)."""
+        reason = graphs.captured_or_reason(capture, drop, stacklevel=3)
         if reason is not None:
             self.graphs, self.graph_error = False, reason
-            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=3)
 
     def _capture_graph(self, body, inputs: tuple[Tensor, ...]) -> tuple:
         """body(*inputs) as a CUDA graph: (the graph, its static outputs)."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                body(*inputs)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = body(*inputs)
-        return graph, outputs
+        return graphs.capture(body, inputs, self.device)
 
     # --- the feature store -------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ a choice: once every graph captured into a pool is released, PyTorch's allocator
 pool's id with no users until its blocks are freed, and a capture into that id fails its
 assert `use_count > 0`. A capture that fails is retried once from an empty pool; a second
 failure turns graphs off for the decoder, which then runs eagerly and says so in one line
-(`graphs_off`, also a SpecgenWarning).
+(`graphs_off`, also a SpecgenWarning): decoding/graphs.py, which the heads share.
 
 Without graphs (on a CPU, or where capture fails) the same code runs eagerly and attends over
 exactly the cached positions as transformers does, which tests/test_cuda_decoder.py checks bit
@@ -52,9 +52,8 @@ positions.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -62,9 +61,10 @@ from torch import Tensor
 
 from specgen.choices import MAX_K, MAX_TREE_ROWS
 from specgen.decoding.base import Decoder
+from specgen.decoding import graphs
 from specgen.decoding.capture import Capture, States, keep_branch_states
+from specgen.decoding.graphs import graphs_off_line
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
-from specgen.errors import SpecgenWarning
 from specgen.kernels.gpu import tree_table
 from specgen.models.llama import apply_rotary_pos_emb
 
@@ -73,7 +73,6 @@ if TYPE_CHECKING:
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this
-CAPTURE_TRIES = 2  # a failed capture is retried once, from an empty pool
 # The passes a decoder serves, as (rows out, head, skip, tree): rows 0 is every row (a target's
 # verify and one-token passes), 1 the last row only (a draft catching up); tree: a token
 # tree's verify pass (widths up to MAX_TREE_ROWS; reserved by a generator that may build one).
@@ -167,7 +166,7 @@ class CudaDecoder(Decoder):
     @property
     def graphs_off(self) -> str | None:
         """The one line that says this decoder gave up on graphs, and why (None: it did not)."""
-        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+        return graphs_off_line(self.graph_error)
 
     def reserve(self, positions: int, widest: int = 1, trees: bool = False) -> None:
         """Room for `positions` cached positions, and a graph captured for every pass of up
@@ -336,11 +335,10 @@ class CudaDecoder(Decoder):
                 if key not in self._captured:
                     self._captured[key] = self._capture_graph(key)
 
-        reason = retried(attempt, self._drop_graphs, CAPTURE_TRIES)
+        reason = graphs.captured_or_reason(attempt, self._drop_graphs, stacklevel=2)
         if reason is not None:
             self.graphs = self.static = False
             self.graph_error = reason
-            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
 
     def _drop_graphs(self) -> None:
         """Release every graph and, with them, their pool: one whose graphs are all gone
@@ -355,23 +353,19 @@ class CudaDecoder(Decoder):
         """One pass captured as a graph into this cache's pool, with its static output and
         (for a drafting head) its static states."""
         m, n, head, skip, tree = key
-        ids = self._ids[:m]
-        # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
-        # pass is idempotent: it rewrites the same cache entries from the same inputs, past
-        # the cached length (reserve keeps room there for the widest captured pass).
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(ids, n, head, skip, None, tree)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        # A pass is idempotent: the capture's warm-ups rewrite the same cache entries from
+        # the same inputs, past the cached length (reserve keeps room there for the widest
+        # captured pass).
+        graph, out = self._capture(lambda ids: self._forward(ids, n, head, skip, None, tree),
+                                   (self._ids[:m],))
+        return graph, out, self._states if self.capture_layers is not None else None
+
+    def _capture(self, body: Callable[..., Any], inputs: tuple[Tensor, ...]
+                 ) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """body(*inputs) captured into this cache's pool (graphs.capture)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA work (a server's) does not spoil the capture.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self._forward(ids, n, head, skip, None, tree)
-        return graph, out, self._states if self.capture_layers is not None else None
+        return graphs.capture(body, inputs, self.device, self._pool)
 
 
 def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
@@ -386,33 +380,6 @@ def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
             if key not in seen:
                 seen.add(key)
                 yield key
-
-
-def retried(attempt: Callable[[], None], reset: Callable[[], None], tries: int) -> str | None:
-    """Run `attempt` up to `tries` times, calling `reset` after each failure: None once it
-    succeeds, else the last failure as one line (a failed reset ends the tries)."""
-    reason = None
-    for _ in range(tries):
-        try:
-            attempt()
-            return None
-        except Exception as e:  # a layer that syncs with the host; an allocator assert
-            reason = one_line(e)
-        try:
-            reset()
-        except Exception as e:
-            return one_line(e)
-    return reason
-
-
-def one_line(e: BaseException) -> str:
-    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
-
-
-def graphs_off_line(reason: str) -> str:
-    """What a run says, once, when a decoder runs without graphs: how much slower is not
-    measured here, only known to be several times on a GPU (the host's cost per pass)."""
-    return f"graphs off: {reason}; decoding several times slower"
 
 
 def _frozen(skip: Skip) -> Skip:
