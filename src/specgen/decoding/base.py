@@ -28,6 +28,9 @@ class Decoder:
     # the passes' kept states (capture.py).
     capture_layers: tuple[int, ...] | None = None
     captured: list[Capture]
+    # It runs a draft's one-token passes, each over the token the pass before drew, as one
+    # CUDA graph: `chain(first, steps, pick, noise, key)` (cuda.py).
+    draws_chains: bool = False
 
     length: int
 

@@ -52,7 +52,7 @@ positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -132,6 +132,9 @@ class CudaDecoder(Decoder):
         # drafting head) its static states, alive together
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor, States | None]] = {}
         self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
+        # (steps, head, skip, key, sampled) -> a draft chain's graph, its static outputs
+        # (tokens, q) and inputs (first token, noise), alive together (`chain`)
+        self._chains: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[Tensor, Tensor], tuple]] = {}
         self._variants: set[tuple] = set(DEFAULT_VARIANTS)
         self.widest = 1  # every kind of pass has its graphs for widths 1..widest
         self._wide: set[tuple] = set()  # keys of passes wider than that, met in use
@@ -335,7 +338,12 @@ class CudaDecoder(Decoder):
                 if key not in self._captured:
                     self._captured[key] = self._capture_graph(key)
 
-        reason = graphs.captured_or_reason(attempt, self._drop_graphs, stacklevel=2)
+        self._captured_or_off(attempt)
+
+    def _captured_or_off(self, attempt: Callable[[], None]) -> None:
+        """attempt() tried twice, from an empty pool the second time; a second failure turns
+        graphs off (decoding/graphs.py)."""
+        reason = graphs.captured_or_reason(attempt, self._drop_graphs, stacklevel=3)
         if reason is not None:
             self.graphs = self.static = False
             self.graph_error = reason
@@ -344,9 +352,10 @@ class CudaDecoder(Decoder):
         """Release every graph and, with them, their pool: one whose graphs are all gone
         takes no new capture (see the module's docstring); the next capture takes a fresh
         one. Nothing of theirs may still be running when they go."""
-        if self._captured and self.device.type == "cuda":
+        if (self._captured or self._chains) and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._captured.clear()
+        self._chains.clear()
         self._pool = None
 
     def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor, States | None]:
@@ -366,6 +375,84 @@ class CudaDecoder(Decoder):
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return graphs.capture(body, inputs, self.device, self._pool)
+
+
+    # --- a draft's chain of one-token passes as one graph ---------------------------------
+
+    @property
+    def draws_chains(self) -> bool:
+        """`chain` replays one graph: graphs on, and no states kept for a head (a chain's
+        passes keep none)."""
+        return self.graphs and self.capture_layers is None
+
+    @torch.inference_mode()
+    def chain(self, first: Tensor, steps: int, pick: Pick, noise: Tensor | None,
+              key: Hashable, skip: Skip = NO_SKIP, head: bool = True) -> tuple[Tensor, Tensor]:
+        """A draft's `steps` one-token passes, the first over `first` [1] at the length, each
+        next one over the token the pass before drew: `pick(out, noise_row)` (out: the pass's
+        logits [V], or its hidden state with `head` False; noise_row: `noise`'s row for the
+        step, the exponential noise a sampled draw divides by, None for greedy) gives the
+        token and the q it was drawn from. Returns the tokens [steps] and q [steps, V]; the
+        cache then holds `first` and every token but the last. One graph per (steps, head,
+        skip, key): `key` names what `pick` computes (its caller's sampling settings).
+        Nothing waits for the device: the host reads the drafts afterwards, once."""
+        if not self.draws_chains:
+            return self._chain_eagerly(first, steps, pick, noise, skip, head)
+        if self.length + steps > self.capacity:  # room for the chain's (and a capture's) writes
+            self.reserve(self.length + steps)
+        graph_key = (steps, head, _frozen(skip), key, noise is not None)
+        if graph_key not in self._chains:
+            self._captured_or_off(lambda: self._capture_chain(graph_key, pick, noise))
+            if not self.graphs:
+                return self._chain_eagerly(first, steps, pick, noise, skip, head)
+        graph, outputs, (s_first, s_noise) = self._chains[graph_key]
+        s_first.copy_(first, non_blocking=True)
+        if noise is not None:
+            s_noise.copy_(noise, non_blocking=True)
+        graph.replay()
+        self.length += steps
+        self.pos.fill_(self.length)
+        return outputs[0].clone(), outputs[1].clone()
+
+    def _chain_body(self, steps: int, pick: Pick, head: bool, skip: Skip
+                    ) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]:
+        """The chain's passes as a graph replays them: each at `pos`, which they advance on
+        the device and give back (a replay leaves `pos` as it found it)."""
+        def body(first: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+            token, ids, qs = first, [], []
+            for i in range(steps):
+                out = self._forward(token, 1, head, skip, None)[0]
+                self.pos.add_(1)
+                drawn, q = pick(out, None if noise is None else noise[i])
+                ids.append(drawn)
+                qs.append(q)
+                token = drawn.view(1)
+            self.pos.sub_(steps)
+            return torch.stack(ids), torch.stack(qs)
+        return body
+
+    def _capture_chain(self, graph_key: tuple, pick: Pick, noise: Tensor | None) -> None:
+        steps, head, skip, _, _ = graph_key
+        inputs = (torch.zeros(1, dtype=torch.long, device=self.device),
+                  None if noise is None else torch.zeros_like(noise))
+        graph, outputs = self._capture(self._chain_body(steps, pick, head, skip), inputs)
+        self._chains[graph_key] = (graph, outputs, inputs)
+
+    def _chain_eagerly(self, first: Tensor, steps: int, pick: Pick, noise: Tensor | None,
+                       skip: Skip, head: bool) -> tuple[Tensor, Tensor]:
+        """`chain`'s passes one at a time (graphs off)."""
+        token, ids, qs = first, [], []
+        for i in range(steps):
+            out = self._pass(token, 1, head, _frozen(skip))[0]
+            drawn, q = pick(out, None if noise is None else noise[i])
+            ids.append(drawn)
+            qs.append(q)
+            token = drawn.view(1)
+        return torch.stack(ids), torch.stack(qs)
+
+
+# A chain's draw: (a pass's output, its noise row or None) -> (token, q)
+Pick = Callable[[Tensor, "Tensor | None"], tuple[Tensor, Tensor]]
 
 
 def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
