@@ -49,7 +49,8 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   output equals specgen plain (one-token greedy on the same target and scheme) and transformers'
   eager `generate`, whether each of its CUDA decoders ran with graphs (the one line of one
   that gave up), and for specgen's its host syncs per speculative step (CUDA's sync debug
-  mode, on the first prompt; none on a CPU, where tests/test_syncs.py counts the reads);
+  mode, on the first prompt, SYNC_TOKENS new tokens; none on a CPU, where
+  tests/test_syncs.py counts the reads);
 - fp32 on the first pair: greedy speculation against `generate`, token for token;
 - peak GPU memory.
 The JSON is rewritten after every stage, so a run cut short keeps what it measured; a stage that
@@ -85,6 +86,7 @@ HEAD_AGREEMENT = 0.7  # the EAGLE head's agreement with its target, set the same
 RANK = 64  # of the shared bigram map
 WIDTHS = tuple(range(1, 10))  # verify-cost curve: passes of 1..9 tokens
 CONTEXT = 256  # tokens cached before a curve's passes
+SYNC_TOKENS = 32  # new tokens of the runs that count syncs per step (after the timed runs)
 
 # name: (family, hidden, intermediate, layers, heads, kv heads, head_dim or None, vocab)
 SHAPES = {
@@ -592,7 +594,8 @@ def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torc
     for name, entry in entries.items():
         if entry.gen is not None:
             out[name]["graphs"] = graph_status(entry.gen)
-            out[name]["syncs_per_step"] = syncs_per_step(entry.run, entry.gen, prompts[0], n)
+            out[name]["syncs_per_step"] = syncs_per_step(entry.run, entry.gen, prompts[0],
+                                                         min(n, SYNC_TOKENS))
     return out
 
 
