@@ -47,8 +47,10 @@ are skipped and named; the three fit in one call of at most 8 minutes on an H200
   pass's milliseconds and their share of a one-token target pass, the steps that verified a
   token tree and those that kept a branch, whether its
   output equals specgen plain (one-token greedy on the same target and scheme) and transformers'
-  eager `generate`, and whether each of its CUDA decoders ran with graphs (the one line of one
-  that gave up);
+  eager `generate`, whether each of its CUDA decoders ran with graphs (the one line of one
+  that gave up), and for specgen's its host syncs per speculative step (CUDA's sync debug
+  mode, on the first prompt, SYNC_TOKENS new tokens; none on a CPU, where
+  tests/test_syncs.py counts the reads);
 - fp32 on the first pair: greedy speculation against `generate`, token for token;
 - peak GPU memory.
 The JSON is rewritten after every stage, so a run cut short keeps what it measured; a stage that
@@ -66,6 +68,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +86,7 @@ HEAD_AGREEMENT = 0.7  # the EAGLE head's agreement with its target, set the same
 RANK = 64  # of the shared bigram map
 WIDTHS = tuple(range(1, 10))  # verify-cost curve: passes of 1..9 tokens
 CONTEXT = 256  # tokens cached before a curve's passes
+SYNC_TOKENS = 32  # new tokens of the runs that count syncs per step (after the timed runs)
 
 # name: (family, hidden, intermediate, layers, heads, kv heads, head_dim or None, vocab)
 SHAPES = {
@@ -600,7 +604,31 @@ def interleaved(run_obj: Run, entries: dict[str, Contestant], prompts: list[torc
     for name, entry in entries.items():
         if entry.gen is not None:
             out[name]["graphs"] = graph_status(entry.gen)
+            out[name]["syncs_per_step"] = syncs_per_step(entry.run, entry.gen, prompts[0],
+                                                         min(n, SYNC_TOKENS))
     return out
+
+
+def syncs_per_step(run, gen, ids: torch.Tensor, n: int) -> float | None:
+    """The host's waits for the device per speculative step, as CUDA's sync debug mode
+    counts them (one warning a wait): a run of n new tokens less a run of one (the prompt's
+    pass and the first token), per step between them. None on a CPU, which never waits
+    (tests/test_syncs.py counts the reads there)."""
+    if gen.device.type != "cuda":
+        return None
+    counted = []
+    for tokens in (1, n):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(ids, tokens)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        counted.append((syncs, gen.stats.target_passes))
+    (syncs_1, passes_1), (syncs_n, passes_n) = counted
+    return (syncs_n - syncs_1) / max(1, passes_n - passes_1)
 
 
 def references(name: str) -> tuple[str, str]:
@@ -965,16 +993,19 @@ def empty_cache(device: torch.device) -> None:
 
 def summary(report: dict) -> str:
     lines = ["", "| pair | contestant | tok/s | tokens/pass | vs plain | vs assisted | = generate "
-             "| = plain | tree steps, branch kept | graphs |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| = plain | tree steps, branch kept | syncs/step | graphs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, pair in report["pairs"].items():
         for label, row in pair.get("contestants", {}).items():
             graphs = "; ".join(f"{role} {state}" for role, state in row.get("graphs", {}).items())
             trees = f"{row['tree_steps']}, {row['branch_kept']}" if "tree_steps" in row else "-"
+            syncs = row.get("syncs_per_step")
+            syncs = "-" if syncs is None else f"{syncs:.2f}"
             lines.append(
                 f"| {name} | {label} | {row['tokens_per_second']:.1f} | "
                 f"{row['tokens_per_target_pass']:.2f} | {row.get('vs_plain', float('nan')):.2f} | "
                 f"{row.get('vs_assisted', float('nan')):.2f} | {row.get('equal_to_generate', '')} | "
-                f"{row.get('equal_to_plain', '')} | {trees} | {graphs or '-'} |")
+                f"{row.get('equal_to_plain', '')} | {trees} | {syncs} | {graphs or '-'} |")
     lines += ["", "| pair | scheme | " + " | ".join(f"w{w} ms" for w in WIDTHS)
               + " | w5/w1 | graphs | decoder | rows alone |", "|---|---|" + "---|" * (len(WIDTHS) + 4)]
     for name, pair in report["pairs"].items():

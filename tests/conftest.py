@@ -23,7 +23,8 @@ import pytest  # noqa: E402
 # The helpers live in a package of their own that test modules never import: they reach the
 # tests through the fixtures below (tests/test_layout.py checks it).
 from support import (distribution as _distribution, graphs as _graphs,  # noqa: E402
-                     heads as _heads, llamacpp_tools as _llamacpp_tools, tiny as _tiny)
+                     heads as _heads, llamacpp_tools as _llamacpp_tools, syncs as _syncs,
+                     tiny as _tiny)
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +88,13 @@ chat_greedy = _hand_out(_tiny.chat_greedy, "chat_greedy")
 # CUDA graph capture stood in for on a CPU (the decoder's capture seam), failing on request.
 fake_graphs = _hand_out(_graphs.fake_graphs, "fake_graphs")
 fake_head_graphs = _hand_out(_graphs.fake_head_graphs, "fake_head_graphs")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Every host read of a tensor's value counted, step by step, for the rest of the test
+    (support.syncs: `.per_step()`)."""
+    return _syncs.count_host_reads(monkeypatch)
 
 # The distribution tests' helpers, as one namespace: distribution.VOCAB, .PROMPT, .SAMPLES,
 # .ALPHA, .tiny_pair (cached: do not modify), .target_joint, .chi_square_pvalue, .draw, .StopAt.

@@ -12,8 +12,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from specgen.core.draws import draw_noise, pick_with
 from specgen.core.engine import SpeculativeGenerator
-from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys, retried
+from specgen.core.sampling import SamplingParams
+from specgen.decoding.cuda import DEFAULT_VARIANTS, CudaDecoder, graph_keys
+from specgen.decoding.graphs import retried
+from specgen.decoding.lean import NO_SKIP
 from specgen.errors import SpecgenWarning
 
 
@@ -201,3 +205,57 @@ def test_a_head_drafts_from_the_states_of_replayed_graphs(kind, fitted_head, fak
     assert keys and gen._decoder._captured  # graphs captured, and kept, with the head bound
     assert replayed.token_ids == eager.token_ids
     assert replayed.sources == eager.sources and replayed.stats.accepted > 0
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@torch.inference_mode()
+def test_a_drafts_chain_of_passes_replays_one_graph(sampled, tiny_model, fake_graphs):
+    """A draft's k - 1 passes after its first (`chain`, its capture stood in for) draw what
+    k - 1 one-token passes replayed one at a time draw, token for token and q to the bit,
+    and leave the same cache; one capture per chain length, one replay per chain."""
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(6))
+    params = SamplingParams(1.0 if sampled else 0.0, top_k=20 if sampled else 0)
+    chained, single = CudaDecoder(model), CudaDecoder(model)
+    keys = fake_graphs(chained)
+    fake_graphs(single)
+    pick = lambda out, noise: pick_with(out, params, noise)  # noqa: E731
+    for decoder in (chained, single):
+        decoder.reserve(64, 5)
+        decoder.logits(ids, 1)
+    for turn in range(3):
+        first = ids[turn : turn + 1]
+        gen = torch.Generator().manual_seed(turn)
+        noise = draw_noise(4, torch.zeros(64), gen) if sampled else None
+        tokens, qs = chained.chain(first, 4, pick, noise, params)
+        token, want = first, []
+        for i in range(4):
+            want.append(pick(single.logits(token, 1)[0], None if noise is None else noise[i]))
+            token = want[-1][0].view(1)
+        assert tokens.tolist() == [t.item() for t, _ in want]
+        assert torch.equal(qs, torch.stack([q for _, q in want]))
+        assert chained.length == single.length
+        assert torch.equal(chained.logits(tokens[-1:], 1), single.logits(token, 1))
+    assert keys.count(("chain", 4)) == 1
+    assert chained._chains[(4, True, NO_SKIP, params, sampled)][0].replays == 3
+
+
+@torch.inference_mode()
+def test_a_chain_whose_capture_fails_twice_runs_eagerly_with_graphs_off(tiny_model, fake_graphs):
+    model = tiny_model("llama", vocab=64, hidden=64, layers=2)
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(7))
+    decoder, eager = CudaDecoder(model), CudaDecoder(model)
+    fake_graphs(decoder)
+    decoder.reserve(64, 5)
+    for d in (decoder, eager):
+        d.logits(ids, 1)
+    fake_graphs(decoder, failures=2)  # the passes' graphs are captured: the chain's two tries fail
+    pick = lambda out, noise: pick_with(out, SamplingParams(), noise)  # noqa: E731
+    with pytest.warns(SpecgenWarning) as caught:
+        tokens, _ = decoder.chain(ids[-1:], 3, pick, None, SamplingParams())
+    assert [str(w.message) for w in caught] == [decoder.graphs_off] and not decoder.graphs
+    want, token = [], ids[-1:]
+    for _ in range(3):
+        token = eager.logits(token, 1)[0].argmax(-1).view(1)
+        want.append(token.item())
+    assert tokens.tolist() == want

@@ -52,6 +52,7 @@ def test_the_gpu_bench_runs_end_to_end_on_tiny_shapes(tmp_path):
             if label.endswith(("plain", "k4", "adaptive", "chain")) and not label.startswith("head"):
                 # specgen's: whether its decoders replay graphs (a CPU has none)
                 assert row["graphs"] == {"target": "eager", "draft": "eager"}
+                assert row["syncs_per_step"] is None  # counted on a GPU only
         assert rows["k4"]["tokens_per_target_pass"] > 1  # the draft agrees part of the time
         assert "tree_steps" not in rows["chain"]  # adaptive without token trees
         assert "ideal_vs_plain" in rows["k4"]

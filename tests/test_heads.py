@@ -13,7 +13,7 @@ from specgen.core.engine import SpeculativeGenerator
 from specgen.core.head_drafters import EagleDrafter, MedusaDrafter
 from specgen.core.sampling import SamplingParams
 from specgen.decoding import HFDecoder, LeanDecoder
-from specgen.errors import ConfigError
+from specgen.errors import ConfigError, SpecgenWarning
 
 N = 40
 KINDS = [("eagle", None), ("eagle3", 48), ("medusa", None)]
@@ -320,3 +320,24 @@ def test_a_medusa_heads_logits_replay_one_graph(fitted_head, fake_head_graphs):
     replays, drafter = runs["graphs"][2], runs["graphs"][3]
     assert replays == ["_heads_body"] * len(runs["graphs"][1])  # one replay a proposal
     assert drafter.graphs_off is None
+
+
+@pytest.mark.parametrize("kind, draft_vocab", [("eagle", None), ("medusa", None)])
+def test_a_heads_capture_that_fails_twice_leaves_it_eager_and_says_so_once(kind, draft_vocab,
+                                                                           fitted_head):
+    """The shared capture (decoding/graphs.py) asked for graphs on a CPU: it fails, is
+    retried once, and the head drafts eagerly with one line that reaches the run's stats."""
+    target, head = fitted_head(kind, draft_vocab=draft_vocab)
+    ids = prompt(3)
+    make = MedusaDrafter if kind == "medusa" else EagleDrafter
+    drafter = make(head, target.config.vocab_size, graphs=True)
+    tries = []
+    capture = drafter._capture_graph
+    drafter._capture_graph = lambda *a: tries.append(1) or capture(*a)
+    gen = SpeculativeGenerator(target, drafter, 4, adaptive=False, prepare=False)
+    with pytest.warns(SpecgenWarning) as caught:
+        result = gen.generate(ids, max_new_tokens=N)
+    assert len(tries) == 2 and drafter.graphs is False
+    assert [str(w.message) for w in caught] == [drafter.graphs_off]
+    assert drafter.graphs_off.startswith("graphs off: ") and result.stats.graphs_off == drafter.graphs_off
+    assert result.token_ids == reference(target, ids)

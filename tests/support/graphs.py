@@ -1,6 +1,7 @@
-"""CUDA graph capture stood in for on a CPU: the CUDA decoder's own capture seam
-(`_capture_graph`) replaced by one that records each capture, can fail the first ones, and
-returns a "graph" whose replay runs the captured form eagerly into the static output."""
+"""CUDA graph capture stood in for on a CPU: the CUDA decoder's own capture seams
+(`_capture_graph` for a pass, `_capture` for a draft chain) replaced by ones that record each
+capture, can fail the first ones, and return a "graph" whose replay runs the captured form
+eagerly into the static output."""
 
 from __future__ import annotations
 
@@ -40,9 +41,30 @@ def fake_graphs(decoder, failures: int = 0, error: Exception | None = None) -> l
         states = decoder._states if decoder.capture_layers is not None else None
         return EagerGraph(decoder, key, out, states), out, states
 
+    def capture_body(body, inputs):
+        """A draft chain's graph (the decoder's `_capture`): its key is ("chain", steps)."""
+        keys.append(("chain", len(body(*inputs)[0])))
+        if len(keys) <= failures:
+            raise error
+        outputs = tuple(t.clone() for t in body(*inputs))
+        return BodyGraph(body, inputs, outputs), outputs
+
     decoder.graphs = decoder.static = True
     decoder._capture_graph = capture
+    decoder._capture = capture_body
     return keys
+
+
+class BodyGraph:
+    """A graph of `body(*inputs)` replayed eagerly into its static outputs; `replays` counts."""
+
+    def __init__(self, body, inputs, outputs) -> None:
+        self.body, self.inputs, self.outputs, self.replays = body, inputs, outputs, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for static, new in zip(self.outputs, self.body(*self.inputs)):
+            static.copy_(new)
 
 
 def fake_head_graphs(drafter) -> list[str]:

@@ -40,6 +40,9 @@ class Drafter:
     graphs_off: str | None = None
     # Where its generator draws (None: the target's device).
     device: torch.device | None = None
+    # The last propose's branch scores (tree.branch_scores, on the host), where it read them
+    # with its drafts in its one wait for the device; None: the engine scores q itself.
+    read_branches: tuple[Tensor, Tensor] | None = None
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
         """Take the target's decoder and model; the generator calls it once, when it is made.

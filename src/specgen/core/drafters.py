@@ -37,18 +37,21 @@ whether it is a `Drafter`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from specgen.choices import CATCH_UP_TOKENS, HEAD_KINDS, METHODS, listing
 from specgen.core.base import Drafter
-from specgen.core.sampling import SamplingParams, probs_from_logits, sample
+from specgen.core.draws import draw_noise, pick, pick_with, read_once
+from specgen.core.sampling import SamplingParams
 from specgen.decoding import Decoder, lean_supported, make_decoder
 from specgen.decoding.base import DraftModel
-from specgen.decoding.lean import LEAN_FAMILIES, Skip
+from specgen.decoding.cuda import Pick
+from specgen.decoding.lean import LEAN_FAMILIES, NO_SKIP, Skip
 from specgen.errors import ConfigError, ModelError
 from specgen.kernels.gguf import GGUFLinear, GGUFWeight
 from specgen.kernels.quantize import QuantLinear
@@ -137,7 +140,38 @@ def trimmed_output(model: PreTrainedModel, head_rows: int | None) -> OutputRows 
     return OutputRows(out, head_rows) if isinstance(out, (torch.nn.Linear, GGUFLinear)) else None
 
 
-class TorchDraft(DraftModel):
+class DecoderLM(DraftModel):
+    """A language model drafted with over one of specgen's decoders (TorchDraft, SkippedTarget):
+    its length, crop and draft chains. `output`: its output layer cut to its first rows (None:
+    the decoder's own); `skip`: the sub-layers its passes leave out."""
+
+    decoder: Decoder
+    output: OutputRows | None
+    skip: Skip = NO_SKIP
+
+    @property
+    def length(self) -> int:
+        return self.decoder.length
+
+    def crop(self, length: int) -> None:
+        self.decoder.crop(length)
+
+    @property
+    def draws_chains(self) -> bool:
+        return self.decoder.draws_chains
+
+    def chain(self, first: Tensor, steps: int, pick: Pick, noise: Tensor | None,
+              key: Hashable) -> tuple[Tensor, Tensor]:
+        """The decoder's draft chain (cuda.py: `chain`), `pick` given logits: the decoder's
+        own, or its hidden state through `output`."""
+        if self.output is None:
+            return self.decoder.chain(first, steps, pick, noise, key, self.skip)
+        output = self.output
+        return self.decoder.chain(first, steps, lambda out, row: pick(output(out), row), noise,
+                                  key, self.skip, head=False)
+
+
+class TorchDraft(DecoderLM):
     """A transformers causal LM as a draft model: its decoder (the lean one where it can) and
     its output layer, answering `logits(ids)`, `crop(length)`, `reset()` and `length`, as
     llamacpp.LlamaCppDraft does for a GGUF file run by llama.cpp.
@@ -156,18 +190,11 @@ class TorchDraft(DraftModel):
         self.decoder = make_decoder(model)  # made once: it may prepare joined weights
         self.size = layer_params(model.config)  # what reading a token costs, in multiply-adds
 
-    @property
-    def length(self) -> int:
-        return self.decoder.length
-
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] into the cache."""
         if self.output is None:
             return self.decoder.logits(ids)[0]
         return self.output(self.decoder.hidden(ids)[0])
-
-    def crop(self, length: int) -> None:
-        self.decoder.crop(length)
 
     def reset(self) -> None:
         self.decoder.reset()
@@ -224,6 +251,11 @@ class ModelDrafter(Drafter):
             raise ConfigError(f"The draft window's first part must be from 0 to the window less "
                               f"one ({window - 1}) tokens, got {first!r}.")
         self.confidence = confidence
+        # The GPU's way (core/draws.py): the stop rule on the device, the drafts read once,
+        # with their branch scores where the target verifies trees (bind_target). None: on
+        # a CUDA device, decided when its language model is known.
+        self.stop_on_device: bool | None = None
+        self.scores_branches = False
         self.window, self.first = window, first
         # The draft's cache holds the context's first `skip_at` tokens, then (after `skipped`
         # tokens it never read) the rest; skipped > 0 only while it holds all of the first.
@@ -239,12 +271,17 @@ class ModelDrafter(Drafter):
     def _use(self, lm: DraftModel, vocab_size: int) -> None:
         """Draft with the language model `lm`."""
         self.lm, self.size = lm, lm.size
+        if self.stop_on_device is None:
+            self.stop_on_device = lm.device.type == "cuda"
         # Draft tokens must be ids the target knows; the draft may have extra rows.
         self.vocab_size = min(vocab_size, lm.vocab_size)
 
     @property
     def device(self) -> torch.device:
         return self.lm.device if self.lm is not None else torch.device("cpu")
+
+    def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
+        self.scores_branches = decoder.verifies_trees
 
     def reset(self) -> None:
         self.lm.reset()
@@ -279,12 +316,8 @@ class ModelDrafter(Drafter):
             missing = tokens[self.skipped + self.lm.length:]
         # Ids past the draft's embedding rows (a target with a larger vocabulary) are
         # clamped: that only worsens the guess, never the output's exactness.
-        return missing.to(self.device).clamp_max(self.lm.input_vocab - 1)
-
-    def _clock(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        # From the host's context: copied without waiting for the device.
+        return missing.to(self.device, non_blocking=True).clamp_max(self.lm.input_vocab - 1)
 
     def _logits(self, ids: Tensor) -> Tensor:
         return self.lm.logits(ids)[: self.vocab_size]
@@ -297,34 +330,87 @@ class ModelDrafter(Drafter):
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
         stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
-        pending = self._missing(tokens)
-        reading = pending.numel() >= CATCH_UP_TOKENS and k > 0
+        self.read_branches = None
         self.catch_up = (0, 0.0)
-        start = self._clock() if reading else 0.0
+        if k < 1:
+            return tokens.new_empty(0), None
+        pending = self._missing(tokens)
+        reading = pending.numel() >= CATCH_UP_TOKENS
+        start = self._mark() if reading else None
+        logits = self._logits(pending)
+        self._passes += 1
+        end = self._mark() if reading else None
+        if self.stop_on_device:
+            drafts, qs = self._draw(logits, k, params, generator)
+            n, self.read_branches = read_once(drafts, qs, self.confidence, stop_below,
+                                              self.scores_branches)
+            self.lm.crop(self.lm.length - (k - n))  # as if the draft had stopped there
+            drafts, qs = drafts[:n], qs[:n]
+        else:
+            drafts, qs = self._draw_and_stop(logits, k, params, generator, stop_below)
+        if reading:  # the marks have passed: the read above (or the stop rule's) waited
+            self.catch_up = (pending.numel(), self._seconds(start, end))
+        return drafts, qs
+
+    def _draw(self, logits: Tensor, k: int, params: SamplingParams,
+              generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """k drafts [k] and their q [k, V] drawn on the device from the first one's `logits`
+        without a read: k - 1 more passes, each reading the draft before."""
+        token, q = pick(logits, params, generator)
+        if k > 1 and self.lm.draws_chains:  # the k - 1 passes as one graph
+            noise = None if params.greedy else draw_noise(k - 1, q, generator)
+            ids, qs = self.lm.chain(token.view(1), k - 1, self._chain_pick(params), noise, params)
+            self._passes += k - 1
+            return torch.cat([token.view(1), ids]), torch.cat([q[None], qs])
+        ids, qs = [token], [q]
+        for _ in range(k - 1):
+            token, q = pick(self._logits(token[None]), params, generator)
+            self._passes += 1
+            ids.append(token)
+            qs.append(q)
+        return torch.stack(ids), torch.stack(qs)
+
+    def _chain_pick(self, params: SamplingParams) -> Pick:
+        """`pick` as a chain's graph draws: from the logits cut to the drafts' vocabulary, with
+        the noise drawn before the replay (`draw_noise`)."""
+        return lambda logits, noise: pick_with(logits[: self.vocab_size], params, noise)
+
+    def _draw_and_stop(self, logits: Tensor, k: int, params: SamplingParams,
+                       generator: torch.Generator | None, stop_below: float
+                       ) -> tuple[Tensor, Tensor]:
+        """Drafts drawn one at a time from the first one's `logits`, each token's
+        probability read as it is drawn (only where a draft may stop), stopping at once."""
         ids, qs = [], []
         sure = 1.0  # the draft's probability of its whole draft so far
-        for _ in range(k):
-            logits = self._logits(pending)
-            self._passes += 1
-            if reading:
-                self.catch_up, reading = (pending.numel(), self._clock() - start), False
-            if params.greedy:
-                token = logits.argmax(-1)
-                q = torch.softmax(logits.float(), -1)
-            else:
-                q = probs_from_logits(logits, params)
-                token = sample(q, generator)
+        for i in range(k):
+            if i:
+                logits = self._logits(ids[-1][None])
+                self._passes += 1
+            token, q = pick(logits, params, generator)
             qs.append(q)
             ids.append(token)
-            pending = token[None]
             if self.confidence or stop_below:  # a host read: only where a draft may stop
                 p = float(q[token])
                 sure *= p
                 if p < self.confidence or sure < stop_below:
                     break
-        if not ids:
-            return tokens.new_empty(0), None
-        return torch.stack(ids), (torch.stack(qs) if qs else None)
+        return torch.stack(ids), torch.stack(qs)
+
+    def _mark(self) -> float | torch.cuda.Event:
+        """Now, without waiting for the device: an event in its stream on a GPU."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _seconds(self, start, end) -> float:
+        """Between two marks, once the device has passed both."""
+        if self.device.type != "cuda":
+            return end - start
+        if not end.query():  # passed already where the draft read its drafts
+            end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     def rollback(self, n_valid: int) -> None:
         if self.skipped and n_valid < self.skip_at + self.skipped:
@@ -386,7 +472,7 @@ def check_self_target(model: PreTrainedModel, decoder: Decoder) -> None:
             "method = \"prompt-lookup\" or a draft model.")
 
 
-class SkippedTarget(DraftModel):
+class SkippedTarget(DecoderLM):
     """The target run through its own decoder with a set of sub-layers skipped, as the
     language model ModelDrafter drafts with (`logits`, `length`).
 
@@ -404,18 +490,11 @@ class SkippedTarget(DraftModel):
         self.vocab_size = vocab_size(model)
         self.output = trimmed_output(model, head_rows)
 
-    @property
-    def length(self) -> int:
-        return self.decoder.length
-
     def logits(self, ids: Tensor) -> Tensor:
         """The next token's logits [V] after reading `ids` [T] with the skipped layers."""
         if self.output is None:
             return self.decoder.logits(ids, 1, skip=self.skip)[0]
         return self.output(self.decoder.hidden(ids, 1, skip=self.skip)[0])
-
-    def crop(self, length: int) -> None:
-        self.decoder.crop(length)
 
     def reset(self) -> None:
         self.decoder.reset()
@@ -447,6 +526,7 @@ class SelfDrafter(ModelDrafter):
         self.skip, self.head_rows = skip, head_rows
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
+        super().bind_target(decoder, model)
         check_self_target(model, decoder)
         skip = self.skip if self.skip is not None else default_skip(num_layers(model))
         check_skip(skip, num_layers(model))
@@ -487,16 +567,17 @@ def ngram_match(tokens: Tensor, max_ngram: int, min_ngram: int = 1) -> tuple[int
     or (0, 0) when there is none. One vectorised pass over the context, whatever max_ngram:
     row j compares the token j places before each candidate end with the one j places
     before the context's end, and a cumulative product turns the rows into match lengths."""
-    n_ends = tokens.shape[0] - 1  # candidate occurrence ends 0..T-2 (T-1 is the tail itself)
+    # The engine's context is the host's: matching it waits for no device.
+    t = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
+    n_ends = t.shape[0] - 1  # candidate occurrence ends 0..T-2 (T-1 is the tail itself)
     if n_ends < min_ngram:
         return 0, 0
-    equal = torch.zeros(max_ngram, n_ends, dtype=torch.long, device=tokens.device)
+    equal = np.zeros((max_ngram, n_ends), dtype=np.int64)
     for j in range(min(max_ngram, n_ends)):
-        equal[j, j:] = tokens[: n_ends - j] == tokens[n_ends - j]
+        equal[j, j:] = t[: n_ends - j] == t[n_ends - j]
     length = equal.cumprod(0).sum(0)  # [T-1] match length ending at each position
-    # Longest first, then most recent: rank by length, break ties by position (one sync).
-    ends = torch.arange(n_ends, device=tokens.device)
-    n, end = divmod(int((length * n_ends + ends).max()), n_ends)
+    # Longest first, then most recent: rank by length, break ties by position.
+    n, end = divmod(int((length * n_ends + np.arange(n_ends)).max()), n_ends)
     return (n, end + 1) if n >= min_ngram else (0, 0)
 
 
@@ -559,12 +640,13 @@ class HybridDrafter(Drafter):
 
     ends_own_drafts = True  # when the model drafts: a direct `propose` may reach it
 
+    # The model drafter's own: its device, its decoder's graphs, its passes.
+    device = property(lambda self: self.model_drafter.device)
+    graphs_off = property(lambda self: self.model_drafter.graphs_off)
+    forward_passes = property(lambda self: self.model_drafter.forward_passes)
+
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: PromptLookupDrafter) -> None:
         self.model_drafter, self.lookup_drafter = model_drafter, lookup_drafter
-
-    @property
-    def device(self) -> torch.device:
-        return self.model_drafter.device
 
     def bind_target(self, decoder: Decoder, model: PreTrainedModel) -> None:
         self.model_drafter.bind_target(decoder, model)
@@ -575,14 +657,6 @@ class HybridDrafter(Drafter):
 
     def reserve(self, positions: int, widest: int = 1) -> None:
         self.model_drafter.reserve(positions, widest)
-
-    @property
-    def graphs_off(self) -> str | None:
-        return self.model_drafter.graphs_off
-
-    @property
-    def forward_passes(self) -> int:
-        return self.model_drafter.forward_passes
 
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         return {**self.lookup_drafter.guessers(tokens), **self.model_drafter.guessers(tokens)}

@@ -1,11 +1,15 @@
 """The speculative decoding loop: draft K, verify in one target pass, accept, roll back.
 
-State between steps: `tokens` (prompt + output so far). The target's KV cache always holds
-every token but the last one, the "pending" token, so each step is one target forward over
-[pending, d1..dK] that yields the K+1 distributions verification needs. The prompt's own
-pass gives the first token, as in plain decoding. Who drafts and how much is the planner's
-(adaptive.Planner), beside the loop; the engine yields tokens as they are decided and knows
-nothing of terminals, files or tokenizer display.
+State between steps: `tokens` (prompt + output so far), on the host, which learns each step's
+ids in its one read anyway: prompt lookup matches it without waiting for the device, and a
+drafter copies the few ids it reads to its device without a wait. The target's KV cache
+always holds every token but the last one, the "pending" token (also kept on the device), so
+each step is one target forward over [pending, d1..dK] that yields the K+1 distributions
+verification needs. A step waits for the device at most twice: a drafter that draws on the
+device reads its drafts once (with their branch scores), and the verdict is read once. The
+prompt's own pass gives the first token, as in plain decoding. Who drafts and how much is
+the planner's (adaptive.Planner), beside the loop; the engine yields tokens as they are
+decided and knows nothing of terminals, files or tokenizer display.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class SpeculativeGenerator:
         first token's distribution, as in plain decoding. The drafter is rolled back to that
         prefix; a draft model reads the rest when first asked to draft, so an answer that
         never drafts never pays for it."""
-        prev = self._tokens.to(tokens.device)
+        prev = self._tokens
         n = min(len(prev), len(tokens)) - 1  # the cache holds all of prev but its last token
         same = int((prev[:n] == tokens[:n]).cumprod(0).sum()) if n > 0 else 0
         self._decoder.crop(same)
@@ -146,7 +150,7 @@ class SpeculativeGenerator:
         self.drafter.reserve(room, self.k_max + 1)
         self.drafter.rollback(same)
         self._reused = same
-        return self._decoder.logits(tokens[same:], 1)
+        return self._decoder.logits(tokens[same:].to(self.device, non_blocking=True), 1)
 
     def generate(self, input_ids: Tensor | Sequence[int], **kwargs) -> GenerationResult:
         """Run `stream` to the end and collect its tokens and statistics."""
@@ -187,12 +191,12 @@ class SpeculativeGenerator:
             draft_passes_before = self.drafter.forward_passes
 
             # 0. The prompt's pass already gives the first token: a plain step.
-            step = self._settle(self._chain(logits, tokens.new_empty(0), None, params, gen_t),
-                                PLAIN, 0)
+            no_drafts = torch.zeros(0, dtype=torch.long, device=self.device)
+            step = self._settle(self._chain(logits, no_drafts, None, params, gen_t), PLAIN, 0)
             stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
             planner.prefilled(stats.prefill_tokens, stats.prefill_seconds)
             planner.sure(step.sure)
-            tokens = self._tokens = torch.cat([tokens, step.tokens])
+            tokens = self._tokens = _extended(tokens, step)
             stats.target_passes = 1
             if (yield from self._emit(step, stop, stats)):
                 return
@@ -208,7 +212,7 @@ class SpeculativeGenerator:
                 # 2. Verify: one target pass over [pending, d1..dK] (or a token tree's rows)
                 #    gives the distributions; acceptance runs on the device, and the host
                 #    learns its outcome, the step, in one read.
-                verdict = self._verify(planner, plan, tokens, drafts, q, params, gen_t)
+                verdict = self._verify(planner, plan, step.tokens[-1:], drafts, q, params, gen_t)
                 t2 = self._clock.mark()
                 step = self._settle(verdict, plan, drafts.shape[0], (t0, t1, t2))
 
@@ -240,17 +244,17 @@ class SpeculativeGenerator:
         if plan.drafter is None:
             return tokens.new_empty(0), None
         drafts, q = plan.drafter.propose(tokens, plan.k, params, generator, plan.stop_below)
-        return drafts.to(self.device), q
+        return drafts.to(self.device, non_blocking=True), q
 
-    def _verify(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
+    def _verify(self, planner: Planner, plan: Plan, pending: Tensor, drafts: Tensor,
                 q: Tensor | None, params: SamplingParams, generator: torch.Generator
                 ) -> _Verdict:
-        """The step's verify pass and its verdict, on the device. Its one fork: a chain, or,
-        where the planner finds the draft's next guesses worth their rows, a token tree
-        (core/tree.py) whose kept branch the decoder then keeps."""
-        tree = self._grow(planner, plan, tokens, drafts, q)
+        """The step's verify pass over [pending, drafts] (on the device) and its verdict. Its
+        one fork: a chain, or, where the planner finds the draft's next guesses worth their
+        rows, a token tree (core/tree.py) whose kept branch the decoder then keeps."""
+        tree = self._grow(planner, plan, pending, drafts, q)
         if tree is None:
-            logits = self._decoder.logits(torch.cat([tokens[-1:], drafts]), drafts.shape[0] + 1)
+            logits = self._decoder.logits(torch.cat([pending, drafts]), drafts.shape[0] + 1)
             return self._chain(logits, drafts, q, params, generator)
         logits = self._decoder.tree_logits(tree.tokens, tree.parents)
         return self._walk(logits, tree, q, params, generator)
@@ -267,16 +271,20 @@ class SpeculativeGenerator:
         n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
         return _Verdict(n, token, p[0].max(), drafts)
 
-    def _grow(self, planner: Planner, plan: Plan, tokens: Tensor, drafts: Tensor,
+    def _grow(self, planner: Planner, plan: Plan, pending: Tensor, drafts: Tensor,
               q: Tensor | None) -> Tree | None:
         """The step's token tree, where the planner finds branches worth their rows and the
-        decoder verifies trees; else None (a chain). The drafter's q ranks the branches."""
+        decoder verifies trees; else None (a chain). The drafter's q ranks the branches: their
+        scores as the drafter read them with its drafts, or read here."""
         if (q is None or not drafts.numel() or not self._trees()
                 or not plan.drafter.branches):
             return None
-        scores, alternatives = branch_scores(q.to(drafts.device), drafts)
-        chosen = planner.branches(scores.cpu(), alternatives.cpu(), drafts.shape[0])
-        return build(tokens[-1], drafts, chosen) if chosen else None
+        offer = plan.drafter.read_branches
+        if offer is None:
+            scores, alternatives = branch_scores(q.to(drafts.device), drafts)
+            offer = (scores.cpu(), alternatives.cpu())
+        chosen = planner.branches(*offer, drafts.shape[0])
+        return build(pending, drafts, chosen) if chosen else None
 
     def _trees(self) -> bool:
         """Whether steps may verify token trees: asked for, and a decoder that verifies them."""
@@ -284,20 +292,19 @@ class SpeculativeGenerator:
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
               generator: torch.Generator) -> _Verdict:
-        """A tree's verdict: its kept branch (read on the host: the one wait for the device a
-        tree step adds, since the decoder keeps the branch's entries and the draft model rolls
-        back to where it leaves the chain), the target's token after it, its top probability
-        at the root."""
+        """A tree's verdict, on the device: its kept branch's leaf (the host reads it with the
+        rest of the verdict, and finds the branch from the tree's shape), the branch's tokens,
+        the target's token after it, its top probability at the root."""
         if params.greedy:
             _, leaf, token = tree_greedy_accept(logits, tree.parents, tree.tokens)
-            leaf = int(leaf)
         else:
             p = probs_from_logits(logits, params)
             leaf, token = rejection_walk(p, _draft_probs(q, tree.tokens, p.shape[-1]), tree,
                                          generator)
-        path = tree.path(leaf)
-        return _Verdict(len(path), token, top_probability(logits[0]), tree.tokens[path], tree,
-                        tuple(path))
+        at = torch.as_tensor(leaf).view(1).to(self.device, non_blocking=True)
+        branch = tree.tokens.index_select(0, _on(tree.branches(), at)[0])
+        return _Verdict(_on(tree.depths(), at)[0], token, top_probability(logits[0]), branch,
+                        tree, leaf=at[0])
 
     def _settle(self, verdict: _Verdict, plan: Plan, drafted: int, marks: Sequence = ()
                 ) -> Step:
@@ -305,18 +312,21 @@ class SpeculativeGenerator:
         device): the kept tokens' ids and the target's top probability (carried in the same
         integer transfer in units of 1/SURE_SCALE); then the times between the `marks` (start,
         drafted, verified; none for the prompt's pass), which that sync has passed."""
-        n = torch.as_tensor(verdict.kept, device=self.device).view(1)
+        n = (verdict.kept.view(1) if isinstance(verdict.kept, Tensor)  # an int: a fill, no copy
+             else torch.full((1,), verdict.kept, device=self.device))
+        leaf = verdict.leaf.view(1) if verdict.leaf is not None else n  # a chain's: unread
         sure = (verdict.sure * SURE_SCALE).round().long().view(1)
-        values = torch.cat([n, verdict.drafts, verdict.token.view(1), sure]).tolist()
+        values = torch.cat([n, leaf, verdict.drafts, verdict.token.view(1), sure]).tolist()
         kept = values[0]
-        ids = tuple(values[1 : 1 + kept] + values[-2:-1])
+        ids = tuple(values[2 : 2 + kept] + values[-2:-1])
+        path = tuple(verdict.tree.path(values[1])) if verdict.tree is not None else ()
         # Where a tree's branch leaves the chain: the kept drafts that are the chain's own.
-        chain = next((i for i, node in enumerate(verdict.path) if node != i + 1), kept)
+        chain = next((i for i, node in enumerate(path) if node != i + 1), kept)
         seconds = self._clock.seconds
         draft_s, verify_s = (seconds(*marks[:2]), seconds(*marks[1:])) if marks else (0.0, 0.0)
         return Step(
             plan, drafted, kept, draft_s, verify_s, chain=chain, tree=verdict.tree,
-            path=verdict.path,
+            path=path,
             tokens=torch.cat([verdict.drafts[:kept], verdict.token.view(1)]), ids=ids,
             sure=values[-1] / SURE_SCALE)
 
@@ -331,7 +341,7 @@ class SpeculativeGenerator:
         self._decoder.crop(kept)
         holds = step.plan.drafter is None or step.plan.drafter.holds_drafts  # a head: none
         self.drafter.rollback(min(kept, len(tokens) + step.chain_kept) if holds else kept)
-        return torch.cat([tokens, step.tokens])
+        return _extended(tokens, step)
 
     def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """max_new_tokens, cut to what the model's context leaves after the prompt."""
@@ -372,7 +382,7 @@ class SpeculativeGenerator:
             raise ConfigError(f"input_ids must have shape [T] or [1, T], got {list(ids.shape)}.")
         if ids.numel() == 0:
             raise ConfigError("The prompt is empty: give at least one token.")
-        return ids.to(self.device)
+        return ids.cpu()
 
     def _eos_ids(self, eos_token_ids: int | Sequence[int] | None) -> set[int]:
         if eos_token_ids is None:  # the model's generation settings, where it has them
@@ -420,14 +430,24 @@ class _Verdict:
     """Verification's outcome on the device, before the host reads it: `kept` drafts stay,
     then the target's `token`; `sure`, its top probability at the step's first position;
     `drafts` begins with the kept ones (a chain's drafts; a tree's kept branch). A tree's
-    verdict also names the tree and its kept branch's nodes (`path`, root excluded)."""
+    verdict also names the tree and its kept branch's deepest node (`leaf`)."""
 
     kept: Tensor | int
     token: Tensor
     sure: Tensor
     drafts: Tensor
     tree: Tree | None = None
-    path: tuple[int, ...] = ()
+    leaf: Tensor | None = None
+
+
+def _on(table: Tensor, at: Tensor) -> Tensor:
+    """The rows `at` (on the device) of a host table, copied there without a wait."""
+    return table.to(at.device, non_blocking=True).index_select(0, at)
+
+
+def _extended(tokens: Tensor, step: Step) -> Tensor:
+    """The host's context with a step's tokens, from the ids the host read."""
+    return torch.cat([tokens, tokens.new_tensor(step.ids)])
 
 
 def _draft_probs(q: Tensor | None, drafts: Tensor, vocab: int) -> Tensor:

@@ -28,15 +28,14 @@ says so once (as the CUDA decoder does)."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
 from specgen.core.base import Drafter
-from specgen.core.sampling import SamplingParams, probs_from_logits, sample
-from specgen.decoding.cuda import CAPTURE_TRIES, graphs_off_line, retried
-from specgen.errors import SpecgenWarning
+from specgen.core.draws import pick, read_once
+from specgen.core.sampling import SamplingParams
+from specgen.decoding import graphs
+from specgen.decoding.graphs import graphs_off_line
 from specgen.heads.modules import Eagle3Head, EagleHead, Head, HeadCache, MedusaHeads
 
 
@@ -66,10 +65,10 @@ def as_linear(weight: Tensor) -> torch.nn.Linear:
 
 
 class Drafted:
-    """The tokens one `propose` has drafted, and the q each was drawn from (sampled drafts
-    only). `keep` adds one and says whether to draft on: not past a token whose probability
-    is below the drafter's confidence, nor once the chance that every draft so far is right
-    falls below `stop_below`."""
+    """The tokens one `propose` has drafted, and the q each was drawn from (with greedy
+    drafts, the softmax of the logits). `keep` adds one and says whether to draft on: not
+    past a token whose probability is below the drafter's confidence, nor once the chance
+    that every draft so far is right falls below `stop_below`."""
 
     def __init__(self, greedy: bool, confidence: float, stop_below: float) -> None:
         self.greedy, self.confidence, self.stop_below = greedy, confidence, stop_below
@@ -87,8 +86,8 @@ class Drafted:
                 return False
         return True
 
-    def result(self, device: torch.device) -> tuple[Tensor, Tensor | None]:
-        return torch.stack(self.ids).to(device), (torch.stack(self.qs) if self.qs else None)
+    def result(self) -> tuple[Tensor, Tensor]:
+        return torch.stack(self.ids), torch.stack(self.qs)
 
 
 class HeadDrafter(Drafter):
@@ -110,6 +109,11 @@ class HeadDrafter(Drafter):
         self.vocab_size = target_vocab
         self.head_rows = head_rows
         self.confidence = confidence
+        # The GPU's way (core/draws.py): the stop rule on the device, the drafts read once,
+        # with their branch scores where the target verifies trees. None: on a CUDA device,
+        # decided when bound.
+        self.stop_on_device: bool | None = None
+        self.scores_branches = False
         self.decoder = None
         self.device = torch.device("cpu")
         self.graph_error: str | None = None
@@ -127,6 +131,9 @@ class HeadDrafter(Drafter):
         decoder.captured.clear()
         embed = model.get_input_embeddings()
         self.device, self.dtype = embed.weight.device, embed.weight.dtype
+        if self.stop_on_device is None:
+            self.stop_on_device = self.device.type == "cuda"
+        self.scores_branches = decoder.verifies_trees
         self.head.to(device=self.device, dtype=self.dtype)
         from specgen.kernels import prepare
 
@@ -144,28 +151,18 @@ class HeadDrafter(Drafter):
     @property
     def graphs_off(self) -> str | None:
         """The one line that says this head gave up on graphs, and why (None: it did not)."""
-        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+        return graphs_off_line(self.graph_error)
 
     def _captured_or_off(self, capture, drop) -> None:
         """capture(), tried twice with drop() between; a second failure leaves the head's
-        passes eager and says so once."""
-        reason = retried(capture, drop, CAPTURE_TRIES)
+        passes eager and says so once (decoding/graphs.py)."""
+        reason = graphs.captured_or_reason(capture, drop, stacklevel=3)
         if reason is not None:
             self.graphs, self.graph_error = False, reason
-            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=3)
 
     def _capture_graph(self, body, inputs: tuple[Tensor, ...]) -> tuple:
         """body(*inputs) as a CUDA graph: (the graph, its static outputs)."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                body(*inputs)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = body(*inputs)
-        return graph, outputs
+        return graphs.capture(body, inputs, self.device)
 
     # --- the feature store -------------------------------------------------------------------
 
@@ -218,19 +215,26 @@ class HeadDrafter(Drafter):
             self._feats = self._feats[: max(0, n_valid - self._start)]
 
     def _pick(self, logits: Tensor, params: SamplingParams, generator: torch.Generator | None,
-              stop_below: float) -> tuple[Tensor, Tensor | None, float | None]:
+              stop_below: float) -> tuple[Tensor, Tensor, float | None]:
         """A draft token from `logits`, the q it was drawn from (with greedy drafts, the
         softmax of the logits: a tree's branches are ranked by it) and the draft's probability
-        of it (None where no stop needs it: reading it waits for the device)."""
-        if params.greedy:
-            token = logits.argmax(-1)
-            q = torch.softmax(logits.float(), -1)
-            if not (self.confidence or stop_below):
-                return token, q, None
-            return token, q, float(q[token])
-        q = probs_from_logits(logits, params)
-        token = sample(q, generator)
+        of it, read on the host (None where no stop needs it, or the stop rule runs on the
+        device: reading it waits for the device)."""
+        token, q = pick(logits, params, generator)
+        if self.stop_on_device or not (self.confidence or stop_below):
+            return token, q, None
         return token, q, float(q[token])
+
+    def _drafts(self, drafted: Drafted, stop_below: float) -> tuple[Tensor, Tensor]:
+        """What a propose returns: its drafts and their q, cut by the stop rule on the device
+        where it runs there (read once, with the branch scores)."""
+        drafts, qs = drafted.result()
+        self.read_branches = None
+        if not self.stop_on_device:
+            return drafts, qs
+        n, self.read_branches = read_once(drafts, qs, self.confidence, stop_below,
+                                          self.scores_branches)
+        return drafts[:n], qs[:n]
 
 
 class EagleDrafter(HeadDrafter):
@@ -352,7 +356,8 @@ class EagleDrafter(HeadDrafter):
         if self.cache.static and self.cache.length + t > self.cache.capacity:
             self.reserve(self.cache.length + t)
         positions = torch.arange(start, start + t, device=self.device)
-        result = self._forward(hidden.to(self.dtype), tokens.to(self.device), positions, fused)
+        tokens = tokens.to(self.device, non_blocking=True)  # the host's context: no wait
+        result = self._forward(hidden.to(self.dtype), tokens, positions, fused)
         if self.cache.static:
             self.cache.advance(t)
         return result
@@ -382,7 +387,7 @@ class EagleDrafter(HeadDrafter):
             return self._step(hidden, tokens, start, fused=True)
         s_hidden, s_tokens, s_start = self._catch_up_inputs
         s_hidden[:t].copy_(hidden)
-        s_tokens[:t].copy_(tokens)
+        s_tokens[:t].copy_(tokens, non_blocking=True)  # from the host's context: no wait
         s_start.fill_(start)
         return self._replay(*self._catch_ups[t], t)
 
@@ -429,7 +434,7 @@ class EagleDrafter(HeadDrafter):
             if i + 1 < k:  # 2. Draft on: the head's own output as the next feature.
                 out, logits = self._draft_step(out, token, last + i)
         self.cache.crop(true_length)  # its guesses never stay in the cache
-        return drafted.result(tokens.device)
+        return self._drafts(drafted, stop_below)
 
 
 class MedusaDrafter(HeadDrafter):
@@ -501,7 +506,7 @@ class MedusaDrafter(HeadDrafter):
             token, q, p = self._pick(logits, params, generator, stop_below)
             if not drafted.keep(token, q, p):
                 break
-        return drafted.result(tokens.device)
+        return self._drafts(drafted, stop_below)
 
 
 def make_head_drafter(head: Head, target_vocab: int, head_rows: int | None = None,

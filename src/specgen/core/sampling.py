@@ -198,4 +198,5 @@ def tree_greedy_accept(target_logits: Tensor, parents: Sequence[int], tokens: Te
         kept[j] = kept[parent] & (tokens[j] == choices[parent])
         depth[j] = depth[parent] + 1
     leaf = torch.where(kept, depth, depth.new_full((), -1)).argmax()
-    return depth[leaf], leaf, choices[leaf]
+    at = leaf.view(1)  # index_select: indexing by a 0-dim tensor may read it on the host
+    return depth.index_select(0, at)[0], leaf, choices.index_select(0, at)[0]

@@ -55,11 +55,22 @@ class Tree:
 
     def path(self, leaf: int) -> list[int]:
         """The nodes from the root's first child down to `leaf` (empty for the root)."""
-        nodes = []
+        nodes, leaf = [], int(leaf)  # a walk's 0-dim tensor, read
         while leaf > 0:
             nodes.append(leaf)
             leaf = self.parents[leaf]
         return nodes[::-1]
+
+    def depths(self) -> Tensor:
+        """Each node's depth (the root's 0) [N], on the host: the tree's shape is the host's."""
+        return torch.tensor([len(self.path(j)) for j in range(self.rows)])
+
+    def branches(self) -> Tensor:
+        """Each node's `path`, padded with the root to the tree's depth [N, depth], on the
+        host: the device finds a kept branch's tokens from its leaf without the host."""
+        paths = [self.path(j) for j in range(self.rows)]
+        depth = max(map(len, paths))
+        return torch.tensor([path + [0] * (depth - len(path)) for path in paths])
 
 
 def reach(q: Tensor, drafts: Tensor) -> Tensor:
@@ -86,14 +97,14 @@ def choose_branches(scores: Tensor, tokens: Tensor, floor: float, budget: int
                     ) -> list[tuple[int, int, float]]:
     """The branches worth their row: those scoring above `floor`, best first, at most
     `budget` of them; as (index into the chain, token, score). scores and tokens are
-    branch_scores' (on the host: the tree's shape is the host's)."""
+    branch_scores' as the host read them (numpy: a device's tensor is refused, never waited
+    for)."""
     if budget <= 0:
         return []
-    flat = scores.flatten()
-    best = flat.topk(min(budget, flat.numel()))
+    flat, ids = scores.numpy().ravel(), tokens.numpy().ravel()
+    best = (-flat).argsort(kind="stable")[:budget]
     per_depth = scores.shape[1]
-    return [(int(i) // per_depth, int(tokens.flatten()[i]), value)
-            for value, i in zip(best.values.tolist(), best.indices.tolist()) if value > floor]
+    return [(int(i) // per_depth, int(ids[i]), float(flat[i])) for i in best if flat[i] > floor]
 
 
 def build(pending: Tensor, drafts: Tensor, branches: Sequence[tuple[int, int]]) -> Tree:
@@ -104,30 +115,43 @@ def build(pending: Tensor, drafts: Tensor, branches: Sequence[tuple[int, int]]) 
     extra = sorted(branches, key=lambda b: -b[0])
     parents = (-1, *range(k), *(index for index, _ in extra))
     drawn = (-1, *range(k), *(-1 for _ in extra))
-    side = torch.tensor([token for _, token in extra], dtype=drafts.dtype, device=drafts.device)
+    side = torch.tensor([token for _, token in extra], dtype=drafts.dtype).to(
+        drafts.device, non_blocking=True)  # from the host without a wait
     return Tree(torch.cat([pending.view(1), drafts, side]), parents, drawn)
 
 
 def rejection_walk(p: Tensor, q: Tensor, tree: Tree, generator: torch.Generator | None = None
-                   ) -> tuple[int, Tensor]:
+                   ) -> tuple[Tensor, Tensor]:
     """Exact sampling down a tree: from the root, each node's children are tried by recursive
     rejection against the target's distribution at that node (p [N, V]); an accepted child is
     the next node, and where none is, the token is drawn from what the rejections left (or,
     at a leaf, from p). Each child is tried against the distribution it was drawn from: the
     chain's against q [K, V] (q[i] drew node i + 1), a branch against a one-hot on its own
-    token. Returns (the deepest kept node, the token after it). The walk reads each depth's
-    outcome on the host (a tree is for devices where that is cheap)."""
-    node = 0
-    while True:
+    token. Returns (the deepest kept node, the token after it), 0-dim tensors on p's device.
+
+    Nothing waits for the host: every node's trial is drawn up front, each with randomness of
+    its own (in node order), and the walk follows the outcomes on the device. The nodes it
+    visits see independent draws, as one at a time would give them, so the token is
+    distributed exactly as the target's; the others' draws are never read."""
+    nexts, tokens = [], []
+    for node in range(tree.rows):
         children = tree.children(node)
-        if not children:
-            return node, sample(p[node], generator)
-        candidates = tree.tokens[children]
+        if not children:  # a leaf: the target's own token after it
+            nexts.append(p.new_full((), -1, dtype=torch.long))
+            tokens.append(sample(p[node], generator))
+            continue
+        options = torch.tensor([*children, -1]).to(p.device, non_blocking=True)  # no wait
+        candidates = tree.tokens.index_select(0, options[:-1])
         proposals = torch.stack([
             q[tree.drawn_from[c]] if tree.drawn_from[c] >= 0
             else torch.nn.functional.one_hot(tree.tokens[c], p.shape[-1]).to(p.dtype)
             for c in children])
         index, token = multi_rejection_accept(p[node], proposals, candidates, generator)
-        if int(index) == len(children):
-            return node, token
-        node = children[int(index)]
+        nexts.append(options.index_select(0, index.view(1))[0])  # -1: none was kept
+        tokens.append(token)
+    nexts, tokens = torch.stack(nexts), torch.stack(tokens)
+    node = nexts.new_zeros(1)
+    for _ in range(max(map(len, map(tree.path, range(tree.rows))))):
+        step = nexts.index_select(0, node)
+        node = torch.where(step >= 0, step, node)
+    return node[0], tokens.index_select(0, node)[0]

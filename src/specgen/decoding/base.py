@@ -31,6 +31,9 @@ class Decoder(ABC):
     # the passes' kept states (capture.py).
     capture_layers: tuple[int, ...] | None = None
     captured: list[Capture]
+    # It runs a draft's one-token passes, each over the token the pass before drew, as one
+    # CUDA graph: `chain(first, steps, pick, noise, key)` (cuda.py).
+    draws_chains: bool = False
 
     length: int
 
@@ -70,6 +73,9 @@ class DraftModel(ABC):
     size: int | None = None
     # The one line that says its decoder gave up on CUDA graphs (None: it did not).
     graphs_off: str | None = None
+    # It drafts k - 1 tokens after the first as one chain of passes on the device
+    # (`chain`: cuda.py), with no host read between them.
+    draws_chains: bool = False
 
     @property
     @abstractmethod

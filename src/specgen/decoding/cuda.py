@@ -32,7 +32,7 @@ a choice: once every graph captured into a pool is released, PyTorch's allocator
 pool's id with no users until its blocks are freed, and a capture into that id fails its
 assert `use_count > 0`. A capture that fails is retried once from an empty pool; a second
 failure turns graphs off for the decoder, which then runs eagerly and says so in one line
-(`graphs_off`, also a SpecgenWarning).
+(`graphs_off`, also a SpecgenWarning): decoding/graphs.py, which the heads share.
 
 Without graphs (on a CPU, or where capture fails) the same code runs eagerly and attends over
 exactly the cached positions as transformers does, which tests/test_cuda_decoder.py checks bit
@@ -52,9 +52,8 @@ positions.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -62,9 +61,10 @@ from torch import Tensor
 
 from specgen.choices import MAX_K, MAX_TREE_ROWS
 from specgen.decoding.base import Decoder
+from specgen.decoding import graphs
 from specgen.decoding.capture import Capture, States, keep_branch_states
+from specgen.decoding.graphs import graphs_off_line
 from specgen.decoding.lean import NO_SKIP, Skip, layer_projections, run_layers
-from specgen.errors import SpecgenWarning
 from specgen.kernels.gpu import tree_table
 from specgen.models.llama import apply_rotary_pos_emb
 
@@ -73,7 +73,6 @@ if TYPE_CHECKING:
 
 GRAPH_WIDTH = MAX_K + 1  # the widest pass replayed from a graph: a verify pass of MAX_K drafts
 FIRST_CAPACITY = 256  # positions; the cache grows by doubling, in multiples of this
-CAPTURE_TRIES = 2  # a failed capture is retried once, from an empty pool
 # The passes a decoder serves, as (rows out, head, skip, tree): rows 0 is every row (a target's
 # verify and one-token passes), 1 the last row only (a draft catching up); tree: a token
 # tree's verify pass (widths up to MAX_TREE_ROWS; reserved by a generator that may build one).
@@ -133,6 +132,9 @@ class CudaDecoder(Decoder):
         # drafting head) its static states, alive together
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor, States | None]] = {}
         self._pool = None  # the memory pool of the graphs in _captured (None: none yet)
+        # (steps, head, skip, key, sampled) -> a draft chain's graph, its static outputs
+        # (tokens, q) and inputs (first token, noise), alive together (`chain`)
+        self._chains: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[Tensor, Tensor], tuple]] = {}
         self._variants: set[tuple] = set(DEFAULT_VARIANTS)
         self.widest = 1  # every kind of pass has its graphs for widths 1..widest
         self._wide: set[tuple] = set()  # keys of passes wider than that, met in use
@@ -167,7 +169,7 @@ class CudaDecoder(Decoder):
     @property
     def graphs_off(self) -> str | None:
         """The one line that says this decoder gave up on graphs, and why (None: it did not)."""
-        return None if self.graph_error is None else graphs_off_line(self.graph_error)
+        return graphs_off_line(self.graph_error)
 
     def reserve(self, positions: int, widest: int = 1, trees: bool = False) -> None:
         """Room for `positions` cached positions, and a graph captured for every pass of up
@@ -336,42 +338,121 @@ class CudaDecoder(Decoder):
                 if key not in self._captured:
                     self._captured[key] = self._capture_graph(key)
 
-        reason = retried(attempt, self._drop_graphs, CAPTURE_TRIES)
+        self._captured_or_off(attempt)
+
+    def _captured_or_off(self, attempt: Callable[[], None]) -> None:
+        """attempt() tried twice, from an empty pool the second time; a second failure turns
+        graphs off (decoding/graphs.py)."""
+        reason = graphs.captured_or_reason(attempt, self._drop_graphs, stacklevel=3)
         if reason is not None:
             self.graphs = self.static = False
             self.graph_error = reason
-            warnings.warn(graphs_off_line(reason), SpecgenWarning, stacklevel=2)
 
     def _drop_graphs(self) -> None:
         """Release every graph and, with them, their pool: one whose graphs are all gone
         takes no new capture (see the module's docstring); the next capture takes a fresh
         one. Nothing of theirs may still be running when they go."""
-        if self._captured and self.device.type == "cuda":
+        if (self._captured or self._chains) and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._captured.clear()
+        self._chains.clear()
         self._pool = None
 
     def _capture_graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor, States | None]:
         """One pass captured as a graph into this cache's pool, with its static output and
         (for a drafting head) its static states."""
         m, n, head, skip, tree = key
-        ids = self._ids[:m]
-        # Warm-up passes on a side stream (lazy initialisation stays out of the graph). A
-        # pass is idempotent: it rewrites the same cache entries from the same inputs, past
-        # the cached length (reserve keeps room there for the widest captured pass).
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(ids, n, head, skip, None, tree)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        # A pass is idempotent: the capture's warm-ups rewrite the same cache entries from
+        # the same inputs, past the cached length (reserve keeps room there for the widest
+        # captured pass).
+        graph, out = self._capture(lambda ids: self._forward(ids, n, head, skip, None, tree),
+                                   (self._ids[:m],))
+        return graph, out, self._states if self.capture_layers is not None else None
+
+    def _capture(self, body: Callable[..., Any], inputs: tuple[Tensor, ...]
+                 ) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """body(*inputs) captured into this cache's pool (graphs.capture)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA work (a server's) does not spoil the capture.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self._forward(ids, n, head, skip, None, tree)
-        return graph, out, self._states if self.capture_layers is not None else None
+        return graphs.capture(body, inputs, self.device, self._pool)
+
+
+    # --- a draft's chain of one-token passes as one graph ---------------------------------
+
+    @property
+    def draws_chains(self) -> bool:
+        """`chain` replays one graph: graphs on, and no states kept for a head (a chain's
+        passes keep none)."""
+        return self.graphs and self.capture_layers is None
+
+    @torch.inference_mode()
+    def chain(self, first: Tensor, steps: int, pick: Pick, noise: Tensor | None,
+              key: Hashable, skip: Skip = NO_SKIP, head: bool = True) -> tuple[Tensor, Tensor]:
+        """A draft's `steps` one-token passes, the first over `first` [1] at the length, each
+        next one over the token the pass before drew: `pick(out, noise_row)` (out: the pass's
+        logits [V], or its hidden state with `head` False; noise_row: `noise`'s row for the
+        step, the exponential noise a sampled draw divides by, None for greedy) gives the
+        token and the q it was drawn from. Returns the tokens [steps] and q [steps, V]; the
+        cache then holds `first` and every token but the last. One graph per (steps, head,
+        skip, key): `key` names what `pick` computes (its caller's sampling settings).
+        Nothing waits for the device: the host reads the drafts afterwards, once."""
+        if not self.draws_chains:
+            return self._chain_eagerly(first, steps, pick, noise, skip, head)
+        if self.length + steps > self.capacity:  # room for the chain's (and a capture's) writes
+            self.reserve(self.length + steps)
+        graph_key = (steps, head, _frozen(skip), key, noise is not None)
+        if graph_key not in self._chains:
+            self._captured_or_off(lambda: self._capture_chain(graph_key, pick, noise))
+            if not self.graphs:
+                return self._chain_eagerly(first, steps, pick, noise, skip, head)
+        graph, outputs, (s_first, s_noise) = self._chains[graph_key]
+        s_first.copy_(first, non_blocking=True)
+        if noise is not None:
+            s_noise.copy_(noise, non_blocking=True)
+        graph.replay()
+        self.length += steps
+        self.pos.fill_(self.length)
+        return outputs[0].clone(), outputs[1].clone()
+
+    def _chain_body(self, steps: int, pick: Pick, head: bool, skip: Skip
+                    ) -> Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]:
+        """The chain's passes as a graph replays them: each at `pos`, which they advance on
+        the device and give back (a replay leaves `pos` as it found it)."""
+        def body(first: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+            token, ids, qs = first, [], []
+            for i in range(steps):
+                out = self._forward(token, 1, head, skip, None)[0]
+                self.pos.add_(1)
+                drawn, q = pick(out, None if noise is None else noise[i])
+                ids.append(drawn)
+                qs.append(q)
+                token = drawn.view(1)
+            self.pos.sub_(steps)
+            return torch.stack(ids), torch.stack(qs)
+        return body
+
+    def _capture_chain(self, graph_key: tuple, pick: Pick, noise: Tensor | None) -> None:
+        steps, head, skip, _, _ = graph_key
+        inputs = (torch.zeros(1, dtype=torch.long, device=self.device),
+                  None if noise is None else torch.zeros_like(noise))
+        graph, outputs = self._capture(self._chain_body(steps, pick, head, skip), inputs)
+        self._chains[graph_key] = (graph, outputs, inputs)
+
+    def _chain_eagerly(self, first: Tensor, steps: int, pick: Pick, noise: Tensor | None,
+                       skip: Skip, head: bool) -> tuple[Tensor, Tensor]:
+        """`chain`'s passes one at a time (graphs off)."""
+        token, ids, qs = first, [], []
+        for i in range(steps):
+            out = self._pass(token, 1, head, _frozen(skip))[0]
+            drawn, q = pick(out, None if noise is None else noise[i])
+            ids.append(drawn)
+            qs.append(q)
+            token = drawn.view(1)
+        return torch.stack(ids), torch.stack(qs)
+
+
+# A chain's draw: (a pass's output, its noise row or None) -> (token, q)
+Pick = Callable[[Tensor, "Tensor | None"], tuple[Tensor, Tensor]]
 
 
 def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
@@ -386,33 +467,6 @@ def graph_keys(variants: set[tuple], widest: int) -> Iterator[tuple]:
             if key not in seen:
                 seen.add(key)
                 yield key
-
-
-def retried(attempt: Callable[[], None], reset: Callable[[], None], tries: int) -> str | None:
-    """Run `attempt` up to `tries` times, calling `reset` after each failure: None once it
-    succeeds, else the last failure as one line (a failed reset ends the tries)."""
-    reason = None
-    for _ in range(tries):
-        try:
-            attempt()
-            return None
-        except Exception as e:  # a layer that syncs with the host; an allocator assert
-            reason = one_line(e)
-        try:
-            reset()
-        except Exception as e:
-            return one_line(e)
-    return reason
-
-
-def one_line(e: BaseException) -> str:
-    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
-
-
-def graphs_off_line(reason: str) -> str:
-    """What a run says, once, when a decoder runs without graphs: how much slower is not
-    measured here, only known to be several times on a GPU (the host's cost per pass)."""
-    return f"graphs off: {reason}; decoding several times slower"
 
 
 def _frozen(skip: Skip) -> Skip:

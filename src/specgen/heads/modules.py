@@ -284,7 +284,8 @@ class Eagle3Head(nn.Module):
         return x, self.lm_head(self.norm(x))
 
     def target_ids(self, draft_ids: Tensor) -> Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        # index_select: indexing by a 0-dim device tensor may read it on the host
+        return draft_ids + self.d2t.index_select(0, draft_ids.reshape(-1)).view_as(draft_ids)
 
 
 class ResBlock(nn.Module):
