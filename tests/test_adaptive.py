@@ -35,6 +35,15 @@ class Guesser(Drafter):
         return torch.zeros(k, dtype=torch.long), None
 
 
+def test_a_drafter_must_say_who_guesses_and_how_it_proposes():
+    """`guessers` and `propose` are every kind's own: a class without them is not a drafter."""
+    with pytest.raises(TypeError, match="propose"):
+        type("Half", (Drafter,), {"guessers": lambda self, tokens: {}})()
+    with pytest.raises(TypeError, match="guessers"):
+        type("Half", (Drafter,), {"propose": Guesser.propose})()
+    assert Guesser().propose(None, 3, None, None)[0].shape == (3,)
+
+
 class Both(Guesser):
     """A hybrid: each of `guessers` (name: Guesser) offered where `offered(name)` says."""
 
