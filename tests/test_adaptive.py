@@ -735,6 +735,17 @@ def test_a_busy_spell_of_the_machine_does_not_price_the_draft_out_of_later_answe
     assert quiet.estimates["model"].prior_cost == pytest.approx(0.1 * 0.2)
 
 
+def test_a_guesser_priced_dear_by_earlier_answers_is_timed_again():
+    """A price kept from earlier answers may be stale (a busy spell): a guesser with nothing
+    to read first drafts until this answer has timed its pass, and then its measurements
+    decide; priced out on the old price alone, it would never be timed again."""
+    book = Book(draft_share={"model": 3.0})
+    planner, model = Planner(4, book=book), Guesser(True, ("model",))
+    plans = drive(planner, model, 10, kept=lambda plan: plan.k, draft=0.02, verify=lambda k: 0.2)
+    assert plans[0] == PLAIN and all(plan.k and not plan.explore for plan in plans[1:])
+    assert book.draft_share["model"] == pytest.approx(0.1)
+
+
 def test_one_slow_reading_moves_its_price_by_a_fifth_at_most():
     book = Book()
     for seconds in (1.0, 0.5):  # warm-up, then 100 tokens in 0.5 s at a 0.1 s plain pass

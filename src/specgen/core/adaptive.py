@@ -7,9 +7,10 @@ cost of a target pass per width (`verify_cost`, the target's whoever drafted) an
 costs that outlive an answer. One rule decides each step: of a plain step and every offered
 guesser at every K, the one with the most expected tokens per second; a guesser that must read
 context first qualifies only once the time it would have saved so far pays for the reading (the
-ski-rental rule). One exploration rule measures what the estimates cannot know: a guesser new to
-the answer (its first TRIAL_STEPS steps) or switched off for its probe wait (doubled by each
-failed probe) takes the step in place of the rule's choice where its worst case fits the
+ski-rental rule), and one this answer has not timed yet qualifies whatever its rate (the Book's
+price may be stale). One exploration rule measures what the estimates cannot know: a guesser
+new to the answer (its first TRIAL_STEPS steps) or switched off for its probe wait (doubled by
+each failed probe) takes the step in place of the rule's choice where its worst case fits the
 answer's exploration budget. Fixed K is the same rule with K pinned: the planner estimates
 nothing then, every guesser rates alike, and the drafter's first offer drafts.
 """
@@ -328,7 +329,11 @@ class Planner:
         options = [self.option(g, who, top, tokens) for g, who in offered.items()]
         plain = 1.0 / self.verify_cost[0]
         ahead = horizon(made, limit + 1)
-        worth = [o for o in options if o.rate > plain
+        # A guesser this answer has not timed drafts even where its rate says otherwise: the
+        # Book's price is from earlier answers, and a guesser priced too dear that way would
+        # never be timed again.
+        worth = [o for o in options
+                 if (o.rate > plain or self.estimates[o.guesser].draft_cost is None)
                  and (o.read <= 0.0 or saving(self.steps, o.rate, ahead) > o.read)]
         chosen = max(worth, key=lambda o: o.rate, default=None)
         for o in options:
