@@ -1,4 +1,4 @@
-"""The adaptive-K policy: its cost model and choices, on made-up measurements."""
+"""The planner: its cost model, and what it chooses in made-up worlds of measured costs."""
 
 import random
 
@@ -7,9 +7,8 @@ import torch
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    EXPLORE_SHARE, FIRST_K, FIRST_STOP, PRIOR_ALPHA, TRIAL_STEPS, AdaptiveK, Book, FixedK,
-    Planner, choose_guesser, expected_tokens, horizon, marginal_verify_cost, record_pass,
-    saving, verify_curve,
+    EXPLORE_SHARE, FIRST_STOP, PRIOR_ALPHA, TRIAL_STEPS, Book, Planner, expected_tokens,
+    horizon, marginal_verify_cost, record_pass, saving, verify_curve,
 )
 from specgen.core.base import Drafter
 from specgen.core.step import PLAIN, Plan, Step
@@ -19,6 +18,58 @@ def observe(planner: Planner, plan: Plan, k: int, n: int, draft_seconds: float,
             verify_seconds: float) -> None:
     """The planner shown a step of `plan` that drafted k tokens and kept n (a chain)."""
     planner.observe(Step(plan, k, n, draft_seconds, verify_seconds))
+
+
+class Guesser(Drafter):
+    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts
+    (every other ability the Drafter's default: nothing to read first)."""
+
+    def __init__(self, ends_own_drafts: bool = False, offers: tuple[str, ...] = ("lookup-3",)
+                 ) -> None:
+        self.ends_own_drafts, self.offers = ends_own_drafts, offers
+
+    def guessers(self, tokens):
+        return {name: self for name in self.offers}
+
+    def propose(self, tokens, k, params, generator, stop_below=0.0):
+        return torch.zeros(k, dtype=torch.long), None
+
+
+def test_a_drafter_must_say_who_guesses_and_how_it_proposes():
+    """`guessers` and `propose` are every kind's own: a class without them is not a drafter."""
+    with pytest.raises(TypeError, match="propose"):
+        type("Half", (Drafter,), {"guessers": lambda self, tokens: {}})()
+    with pytest.raises(TypeError, match="guessers"):
+        type("Half", (Drafter,), {"propose": Guesser.propose})()
+    assert Guesser().propose(None, 3, None, None)[0].shape == (3,)
+
+
+class Both(Guesser):
+    """A hybrid: each of `guessers` (name: Guesser) offered where `offered(name)` says."""
+
+    def __init__(self, **guessers: Guesser) -> None:
+        super().__init__(False, ())
+        self.each, self.offered = guessers, lambda name: True
+
+    def guessers(self, tokens):
+        return {name: g for name, g in self.each.items() if self.offered(name)}
+
+
+def drive(planner: Planner, drafter: Drafter, steps: int, kept=lambda plan: 0, draft=0.01,
+          verify=lambda k: 0.2 if k else 0.19, limit: int = 10**6) -> list[Plan]:
+    """`steps` steps as the planner plans them: a step of k drafts keeps `kept(plan)` (at
+    most k), its drafts cost `draft` s each (or `draft(plan)`), its pass `verify(k)`."""
+    plans = []
+    for _ in range(steps):
+        plan = planner.plan(drafter, None, limit, len(plans) + 1)
+        plans.append(plan)
+        each = draft(plan) if callable(draft) else draft
+        observe(planner, plan, plan.k, min(plan.k, kept(plan)), each * plan.k, verify(plan.k))
+    return plans
+
+
+def ks(plans: list[Plan]) -> list[int]:
+    return [plan.k for plan in plans]
 
 
 def test_verify_cost_of_unmeasured_widths_from_the_measured_ones():
@@ -33,37 +84,6 @@ def test_marginal_verify_cost_is_the_slope_over_the_measured_speculative_passes(
     assert marginal_verify_cost({0: 0.5, 1: 1.0, 3: 1.2, 9: 1.8}) == pytest.approx(0.1)
     assert marginal_verify_cost({0: 0.5, 2: 1.0}) == 0.0  # one width: no slope yet
     assert marginal_verify_cost({1: 1.0, 4: 0.7}) == 0.0  # noise, never a negative cost
-
-
-def test_a_plain_step_is_measured_first_then_short_drafts():
-    policy = AdaptiveK(4)
-    assert policy.choose(100) == 0  # the cost speculation has to beat, never assumed
-    step(policy, 0, 0, 0.0, 0.7)
-    assert policy.verify_cost[0] == pytest.approx(0.7)
-    assert policy.choose(100) == 2  # then a short speculative step
-    assert policy.choose(1) == 1 and AdaptiveK(0, verify_cost={0: 0.7}).choose(100) == 0
-    step(policy, 2, 2, 0.4, 2.4)
-    assert policy.choose(100) == 2 and policy.draft_cost is None  # the first one warmed up
-    step(policy, 2, 2, 0.4, 2.4)
-    assert policy.draft_cost == pytest.approx(0.2)
-
-
-def step(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float) -> None:
-    """What the engine does after a step: the pass cost is the target's, the rest the policy's."""
-    record_pass(policy.verify_cost, k, verify_s)
-    if k:
-        policy.update(k, n, draft_s)
-
-
-def feed(policy: AdaptiveK, k: int, n: int, draft_s: float, verify_s: float, times: int = 30):
-    for _ in range(times):
-        step(policy, k, n, draft_s * k, verify_s)
-
-
-def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
-    policy = AdaptiveK(6)
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # nothing accepted
-    assert policy.choose(100) == 0
 
 
 def test_one_slow_pass_moves_its_estimate_by_a_fifth_at_most():
@@ -81,245 +101,249 @@ def test_a_narrower_pass_never_costs_more_than_a_wider_one():
     assert costs == {0: 0.3, 2: 0.3, 4: 0.3}
 
 
+def test_a_plain_step_is_measured_first_then_drafts_and_the_first_draft_is_warm_up():
+    planner, lookup = Planner(4), Guesser()
+    assert planner.plan(lookup, None, 100) == PLAIN  # the cost speculation has to beat
+    observe(planner, PLAIN, 0, 0, 0.0, 0.7)
+    assert planner.verify_cost[0] == pytest.approx(0.7)
+    plan = planner.plan(lookup, None, 100)
+    assert plan.guesser == "lookup-3" and plan.k == 4 and not plan.explore
+    assert planner.plan(lookup, None, 1).k == 1  # never more than are still wanted
+    assert Planner(0).plan(lookup, None, 100) == PLAIN
+    observe(planner, plan, 4, 4, 0.4, 0.8)
+    assert planner.estimates["lookup-3"].draft_cost is None  # the first one warmed up
+    observe(planner, plan, 4, 4, 0.4, 0.8)
+    assert planner.estimates["lookup-3"].draft_cost == pytest.approx(0.1)
+
+
+def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
+    plans = drive(Planner(6), Guesser(), 40, kept=lambda plan: 0, draft=0.08,
+                  verify=lambda k: 0.18 if k else 0.17)
+    assert ks(plans[-16:]).count(0) >= 15  # plain, but for a probe
+
+
 def test_a_plain_step_measured_slow_once_does_not_keep_a_useless_draft_on():
     """The plain step's cost is measured only by plain steps: were a slow first one to stay
     in its estimate, a draft that never guesses right would look faster for good."""
-    policy = AdaptiveK(6, self_stopping=True)
-    step(policy, 0, 0, 0.0, 1.0)  # the first plain step, slow (warming up, the machine busy)
-    ks = []
-    for _ in range(12):
-        ks.append(policy.choose(100))
-        step(policy, ks[-1], 0, 0.01 * ks[-1], 0.2 if ks[-1] else 0.19)  # every draft fails
-    assert ks[:TRIAL_STEPS] == [6] * TRIAL_STEPS and ks[TRIAL_STEPS] == 0
-    assert ks.count(0) >= len(ks) - TRIAL_STEPS - 2  # then plain, but for a probe
+    planner, model = Planner(6), Guesser(True, ("model",))
+    observe(planner, planner.plan(model, None, 100), 0, 0, 0.0, 1.0)  # slow: warming up
+    plans = drive(planner, model, 30, kept=lambda plan: 0, verify=lambda k: 0.2 if k else 0.19)
+    assert plans[0].k == 6 and all(ks(plans[:TRIAL_STEPS]))  # measured: its trial
+    assert ks(plans[-16:]).count(0) >= 14  # then plain, but for a probe
 
 
 def test_high_acceptance_and_a_flat_verify_cost_choose_long_drafts():
-    policy = AdaptiveK(6)
-    feed(policy, 6, 6, draft_s=0.02, verify_s=0.18)  # every draft accepted, draft cheap
-    policy.verify_cost[0] = 0.17
-    policy.verify_cost[1] = 0.175
-    assert policy.choose(100) == 6
-    assert policy.choose(2) == 2  # never more than are still wanted
+    planner = Planner(6)
+    drive(planner, Guesser(), 30, kept=lambda plan: plan.k, draft=0.02,
+          verify=lambda k: 0.17 + 0.001 * k)
+    assert planner.plan(Guesser(), None, 100).k == 6
+    assert planner.plan(Guesser(), None, 2).k == 2  # never more than are still wanted
 
 
 def test_dear_verification_shortens_drafts():
     """fp32 on a CPU: a pass over k+1 tokens costs about k+1 steps, so long drafts lose."""
-    cheap, dear = AdaptiveK(6), AdaptiveK(6)
-    for policy, per_token in ((cheap, 0.002), (dear, 0.17)):
-        for k in (0, 1, 4, 6):
-            feed(policy, k, k - 1, draft_s=0.03, verify_s=0.17 + per_token * k, times=10)
-    assert dear.choose(100) < cheap.choose(100)
+    chosen = {}
+    for name, per_token in (("cheap", 0.002), ("dear", 0.17)):
+        rng, planner = random.Random(0), Planner(6)
+        drive(planner, Guesser(), 60, draft=0.03, verify=lambda k: 0.17 + per_token * k,
+              kept=lambda plan: sum(rng.random() < 0.8 for _ in range(plan.k)))
+        chosen[name] = planner.plan(Guesser(), None, 100).k
+    assert chosen["dear"] < chosen["cheap"] == 6, chosen
 
 
-def switched_off(k_max: int = 6) -> AdaptiveK:
-    """A policy that has seen the draft never guess right, and has measured a plain step."""
-    policy = AdaptiveK(k_max)
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
-    step(policy, 0, 0, 0.0, 0.17)
-    return policy
+def switched_off(ends_own_drafts: bool = False, k_max: int = 6) -> tuple[Planner, Guesser]:
+    """A planner that has seen a guesser's drafts fail until it went plain."""
+    planner, guesser = Planner(k_max), Guesser(ends_own_drafts, ("model",))
+    plans = drive(planner, guesser, 40, kept=lambda plan: 0, draft=0.08,
+                  verify=lambda k: 0.18 if k else 0.17)
+    assert plans[-1] == PLAIN
+    return planner, guesser
+
+
+def probes(plans: list[Plan]) -> list[int]:
+    return [i for i, plan in enumerate(plans) if plan.k]
 
 
 def test_failed_probes_wait_longer_and_probe_with_one_draft():
-    policy = switched_off()
-    assert policy.wait == policy.probe_every
-    ks = []
-    for _ in range(600):
-        k = policy.choose(100)
-        ks.append(k)
-        if k:
-            step(policy, k, 0, 0.08, 0.18)  # the probe fails
-    assert sorted(set(ks)) == [0, 1]  # a probe drafts one token
-    probes = [i for i, k in enumerate(ks) if k]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert probes[0] == 15 and gaps[:4] == [32, 64, 128, 128]  # each failed probe doubles the wait, up to 128
+    planner, guesser = switched_off()
+    wait = planner.estimates["model"].wait
+    plans = drive(planner, guesser, 600, kept=lambda plan: 0)
+    assert {plan.k for plan in plans} == {0, 1} and all(p.explore for p in plans if p.k)
+    at = probes(plans)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert at[0] < wait and gaps[:4] == [min(wait << i, 128) for i in range(1, 5)]  # up to 128
 
 
 def test_rejections_while_speculating_do_not_delay_the_first_probe():
-    policy = switched_off()  # every one of its 30 speculative steps was rejected
-    assert policy.wait == policy.probe_every
-    ks = [policy.choose(100) for _ in range(policy.probe_every)]
-    assert ks[-1] == 1 and sum(ks) == 1  # the 16th step is the first probe
+    planner, guesser = Planner(6), Guesser(False, ("model",))
+    plans = drive(planner, guesser, 200, kept=lambda plan: 0, draft=0.08,
+                  verify=lambda k: 0.18 if k else 0.17)
+    drafted = probes(plans)
+    gaps = [b - a for a, b in zip(drafted, drafted[1:])]
+    off = next(i for i, gap in enumerate(gaps) if gap > 1)  # its last draft before going plain
+    assert gaps[off] == 16  # 15 plain steps, then the first probe: every rejection before it
+    assert sum(not plans[i].explore for i in drafted[:off + 1]) > 1  # was while speculating
 
 
 def test_a_probe_that_succeeds_resets_the_wait():
-    policy = switched_off()
-    policy.wait = policy.max_probe_every
-    step(policy, 1, 1, 0.08, 0.18)
-    assert policy.wait == policy.probe_every
+    planner, guesser = switched_off()
+    drive(planner, guesser, 200, kept=lambda plan: 0)  # failed probes: the wait has grown
+    assert planner.estimates["model"].wait > 16
+    plans = drive(planner, guesser, 300, kept=lambda plan: 1)  # the next probe is kept
+    assert plans[probes(plans)[0]].explore and planner.estimates["model"].wait == 16
 
 
 def test_the_next_guesser_drafts_when_the_first_declines():
-    keen = AdaptiveK(6)
-    feed(keen, 4, 4, draft_s=0.01, verify_s=0.18)  # every draft kept, drafting cheap
-    step(keen, 0, 0, 0.0, 0.17)
-    policies = {"lookup-1": switched_off(), "model": keen}
-    guesser, k = choose_guesser(policies, ("lookup-1", "model"), 100)
-    assert guesser == "model" and k > 0
-    fixed = {"lookup-1": FixedK(3), "model": FixedK(4)}  # adaptive off: the order decides
-    assert choose_guesser(fixed, ("lookup-1", "model"), 100) == ("lookup-1", 3)
-    assert choose_guesser({"model": switched_off()}, ("model",), 100) == (None, 0)  # a plain step
-    assert choose_guesser({}, (), 100) == (None, 0)  # nobody to guess: a plain step
+    both = Both(**{"lookup-1": Guesser(), "model": Guesser()})
+    planner = Planner(6)
+    drive(planner, both, 40, kept=lambda plan: plan.k if plan.guesser == "model" else 0,
+          draft=0.01, verify=lambda k: 0.18 if k else 0.17)
+    plan = planner.plan(both, None, 100)
+    assert plan.guesser == "model" and plan.k > 0
+    fixed = Planner(3, adaptive=False)  # adaptive off: the drafter's order decides
+    assert (fixed.plan(both, None, 100).guesser, fixed.plan(both, None, 100).k) == ("lookup-1", 3)
+    assert planner.plan(Both(), None, 100) == PLAIN  # nobody to guess: a plain step
 
 
 def test_the_guesser_with_the_better_expected_rate_drafts():
     """Both would draft; the one expected to yield more tokens per second gets the step."""
-    costs: dict[int, float] = {}
-    sloppy, sure = AdaptiveK(6, verify_cost=costs), AdaptiveK(6, verify_cost=costs)
-    feed(sloppy, 4, 1, draft_s=0.0, verify_s=0.18)  # lookup at a short match: free, often wrong
-    feed(sure, 4, 4, draft_s=0.01, verify_s=0.18)  # the model: dearer, always right
-    step(sure, 0, 0, 0.0, 0.17)
-    assert sloppy.verify_cost is sure.verify_cost and sloppy.choose(100) > 0
-    assert sure.rate(sure.choose(100)) > sloppy.rate(sloppy.choose(100))
-    assert choose_guesser({"lookup-1": sloppy, "model": sure}, ("lookup-1", "model"), 100)[0] == "model"
+    rng = random.Random(0)
+    both = Both(**{"lookup-1": Guesser(), "model": Guesser()})
+    planner = Planner(6)
+    both.offered = lambda name: name == "lookup-1"  # lookup at a short match: free, often wrong
+    drive(planner, both, 30, kept=lambda plan: int(rng.random() < 0.3), draft=0.0,
+          verify=lambda k: 0.18 if k else 0.17)
+    assert planner.plan(both, None, 100).k > 0  # better than a plain step
+    both.offered = lambda name: name == "model"  # the model: dearer, always right
+    drive(planner, both, 30, kept=lambda plan: plan.k, draft=0.01)
+    both.offered = lambda name: True
+    assert planner.plan(both, None, 100).guesser == "model"
 
 
-def test_an_untried_guesser_drafts_only_where_it_could_beat_the_tried_ones():
+def test_an_untried_guesser_drafts_where_it_could_beat_the_tried_ones_or_is_tried_in_a_plain_step():
     """Untried, a guesser counts as free at the prior acceptance: a hybrid's model is not
-    woken (and does not read the prompt) while lookup guesses well, but is tried where
-    lookup guesses badly."""
-    costs: dict[int, float] = {}
-    good, bad = AdaptiveK(6, verify_cost=costs), AdaptiveK(6, verify_cost=costs)
-    feed(good, 4, 4, draft_s=0.0, verify_s=0.18)
-    feed(bad, 4, 0, draft_s=0.0, verify_s=0.18)
-    step(good, 0, 0, 0.0, 0.17)
-    untried = AdaptiveK(6, verify_cost=costs)
-    assert choose_guesser({"lookup-3": good, "model": untried}, ("lookup-3", "model"), 100)[0] == "lookup-3"
-    assert choose_guesser({"lookup-1": bad, "model": untried}, ("lookup-1", "model"), 100) == ("model", 2)
-    fresh = {"lookup-3": AdaptiveK(6), "model": AdaptiveK(6)}
-    assert choose_guesser(fresh, ("lookup-3", "model"), 100) == (None, 0)  # a plain step first
-    record_pass(fresh["model"].verify_cost, 0, 0.17)
-    record_pass(fresh["lookup-3"].verify_cost, 0, 0.17)
-    assert choose_guesser(fresh, ("lookup-3", "model"), 100) == ("lookup-3", 2)  # the first in order
+    woken while lookup guesses well, but drafts where lookup guesses badly."""
+    for lookup_keeps, expected in ((True, "lookup-3"), (False, "model")):
+        both = Both(**{"lookup-3": Guesser(), "model": Guesser()})
+        both.offered = lambda name: name == "lookup-3"
+        planner = Planner(6)
+        drive(planner, both, 30, kept=lambda plan: plan.k if lookup_keeps else 0, draft=0.0,
+              verify=lambda k: 0.18 if k else 0.17)
+        both.offered = lambda name: True
+        plan = planner.plan(both, None, 100)
+        assert plan.guesser == expected and not plan.explore
+    fresh = Both(**{"lookup-3": Guesser(), "model": Guesser()})
+    planner = Planner(6)
+    assert planner.plan(fresh, None, 100) == PLAIN  # a plain step first
+    observe(planner, PLAIN, 0, 0, 0.0, 0.17)
+    assert planner.plan(fresh, None, 100).guesser == "lookup-3"  # the first of equals
 
 
 def test_a_switched_off_guessers_probe_takes_its_step():
     """A hybrid's model switched off early is measured again only by its probes: at a probe
-    it drafts even where lookup's free guesses outscore its old yield, and between probes
-    lookup keeps the steps."""
-    costs: dict[int, float] = {}
-    lookup = AdaptiveK(6, verify_cost=costs)
-    feed(lookup, 4, 1, draft_s=0.0, verify_s=0.18)  # free, now and then right
-    model = AdaptiveK(6, verify_cost=costs, self_stopping=True)
-    feed(model, 2, 0, draft_s=0.05, verify_s=0.18)  # every draft of its first steps wrong
-    for _ in range(4):
-        step(model, 2, 0, 0.05, 0.18)
-    step(model, 0, 0, 0.0, 0.17)
-    policies = {"lookup-1": lookup, "model": model}
-    picks = [choose_guesser(policies, ("lookup-1", "model"), 100)[0] for _ in range(model.wait)]
-    assert model.score(6) < lookup.score(lookup.choose(100))  # lookup is expected to yield more
-    assert picks[:-1] == ["lookup-1"] * (len(picks) - 1)
-    assert picks[-1] == "model" and model.probing  # the probe drafts
+    it drafts even where lookup's guesses outscore it, and between probes lookup drafts."""
+    rng = random.Random(0)
+    both = Both(**{"lookup-1": Guesser(), "model": Guesser(True, ("model",))})
+    planner = Planner(6)
+
+    def kept(plan):
+        return int(rng.random() < 0.5) if plan.guesser == "lookup-1" else 0
+
+    draft = lambda plan: 0.05 if plan.guesser == "model" else 0.0  # noqa: E731
+    drive(planner, both, 60, kept=kept, draft=draft, verify=lambda k: 0.18 if k else 0.17)
+    plans = drive(planner, both, 80, kept=kept, draft=draft, verify=lambda k: 0.18 if k else 0.17)
+    picks = [plan.guesser for plan in plans]
+    assert "model" in picks and picks.count("lookup-1") > len(picks) // 2
+    assert all(plan.explore for plan in plans if plan.guesser == "model")  # each a probe
 
 
-def test_a_probe_not_taken_is_forgotten():
-    """A policy may offer a probe on a step another guesser wins; its next real draft that
-    fails must not count as a failed probe."""
-    policy = switched_off()
-    for _ in range(policy.probe_every):
-        k = policy.choose(100)
-    assert k == 1 and policy.probing  # offered a probe, but another guesser drafted
-    policy.wait = 32
-    assert policy.choose(100) == 0 and not policy.probing
-    policy.update(4, 0, 0.3)
-    assert policy.wait == 32
+def test_only_a_failed_probe_makes_the_next_wait_longer():
+    """Rejections of drafts the rule chose leave the wait alone: they say nothing of how soon
+    after switching off the draft may be worth another try."""
+    planner, guesser = Planner(6), Guesser(False, ("model",))
+    drive(planner, guesser, 10, kept=lambda plan: 0)  # the rule's drafts, failing
+    assert planner.estimates["model"].wait == 16
 
 
-def test_expected_tokens():
-    assert expected_tokens(0.0, 4) == 1.0
-    assert expected_tokens(1.0, 4) == 5.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-
-
-def measured(self_stopping: bool, k_max: int = 16) -> AdaptiveK:
-    """A policy that has measured everything: drafts of 4 mostly kept."""
-    policy = AdaptiveK(k_max, self_stopping=self_stopping)
-    feed(policy, 4, 3, draft_s=0.05, verify_s=0.8)
-    step(policy, 1, 1, 0.05, 0.7)
-    step(policy, 0, 0, 0.0, 0.6)
-    return policy
+def measured(ends_own_drafts: bool, k_max: int = 16) -> tuple[Planner, Guesser]:
+    """A planner that has measured everything: drafts of 4 mostly kept."""
+    planner, guesser = Planner(k_max), Guesser(ends_own_drafts, ("model",))
+    plan = Plan("model", guesser, 4, 0.1 if ends_own_drafts else 0.0)
+    for _ in range(30):
+        observe(planner, plan, 4, 3, 0.2, 0.8)
+    observe(planner, Plan("model", guesser, 1, plan.stop_below), 1, 1, 0.05, 0.7)
+    observe(planner, PLAIN, 0, 0, 0.0, 0.6)
+    return planner, guesser
 
 
 def test_a_self_stopping_guesser_is_offered_k_max_and_a_stop_threshold():
-    policy, plain = measured(self_stopping=True), measured(self_stopping=False)
-    assert 0 < plain.choose(100) < 16 and plain.stop_below(8) == 0.0  # one K for every step
-    assert policy.choose(100) == 16 and policy.choose(5) == 5
+    (planner, model), (plain, lookup) = measured(True), measured(False)
+    plan = plain.plan(lookup, None, 100)
+    assert 0 < plan.k < 16 and plan.stop_below == 0.0  # one K for every step
+    plan = planner.plan(model, None, 100)
+    assert plan.k == 16 and planner.plan(model, None, 5).k == 5
     # One more token costs a draft pass (0.05 s) plus the verify slope ((0.8 - 0.7) / 3 s);
     # it must be worth that many seconds at the expected rate.
-    slope = (policy.verify_cost[4] - policy.verify_cost[1]) / 3
-    assert policy.stop_below(16) == pytest.approx(policy.rate(16) * (0.05 + slope))
-    assert 0 < policy.stop_below(16) < 1
+    slope = (planner.verify_cost[4] - planner.verify_cost[1]) / 3
+    rate = planner.option("model", model, 16).rate
+    assert plan.stop_below == pytest.approx(rate * (0.05 + slope))
+    assert 0 < plan.stop_below < 1
 
 
 def test_a_self_stopping_guesser_stops_at_a_fixed_threshold_until_costs_are_measured():
-    policy = AdaptiveK(16, self_stopping=True)
-    assert policy.choose(100) == 0  # the plain step
-    step(policy, 0, 0, 0.0, 0.17)
-    assert policy.choose(100) == 16 and policy.stop_below(16) == FIRST_STOP  # a fixed stop
-    assert AdaptiveK(16, verify_cost={0: 0.17}).choose(100) == FIRST_K  # lookup: a short K
-    assert FixedK(4).stop_below(4) == 0.0
+    planner, model = Planner(16), Guesser(True, ("model",))
+    assert planner.plan(model, None, 100) == PLAIN
+    observe(planner, PLAIN, 0, 0, 0.0, 0.17)
+    plan = planner.plan(model, None, 100)
+    assert plan.k == 16 and plan.stop_below == FIRST_STOP
+    assert Planner(4, adaptive=False).plan(model, None, 100).stop_below == 0.0  # K is K
 
 
-def test_a_useless_self_stopping_draft_is_still_switched_off_and_probed():
-    policy = AdaptiveK(6, self_stopping=True)
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)
-    step(policy, 0, 0, 0.0, 0.17)
-    ks = [policy.choose(100) for _ in range(policy.probe_every)]
-    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6  # a self-ended probe
+def test_a_useless_self_stopping_draft_is_switched_off_and_probed_by_a_self_ended_draft():
+    planner, model = switched_off(ends_own_drafts=True)
+    plans = drive(planner, model, 40, kept=lambda plan: 0)
+    drafted = [plan for plan in plans if plan.k]
+    assert drafted and all(p.k == 6 and p.stop_below > 0 and p.explore for p in drafted)
+    assert len(drafted) <= 40 // 4
 
 
 def test_a_self_ended_draft_is_judged_by_its_measured_yield_against_a_plain_step():
-    policy = AdaptiveK(16, self_stopping=True)
-    step(policy, 0, 0, 0.0, 0.5)  # a plain step: 2 tokens/s
-    step(policy, 2, 2, 0.9, 0.7)  # the first draft's time (reading the prompt) is no cost
-    assert policy.rate(16) == pytest.approx(3 / 0.7)
-    step(policy, 8, 7, 0.8, 0.9)  # 8 tokens for a 0.9 s pass and 8 draft passes of 0.1 s
-    assert policy.rate(16) == policy.rate(1) == pytest.approx((0.9 * 3 + 8) / (0.9 * 0.7 + 1.7))
-    assert policy.choose(100) == 16
-    for _ in range(20):
-        step(policy, 8, 0, 0.8, 0.9)  # then every draft fails: 1 token for 1.7 s
-    assert policy.rate(16) < policy.rate(0) and policy.choose(100) == 0
+    planner, model = Planner(16), Guesser(True, ("model",))
+    observe(planner, PLAIN, 0, 0, 0.0, 0.5)  # a plain step: 2 tokens/s
+    plans = drive(planner, model, 20, kept=lambda plan: plan.k - 1, draft=0.1,
+                  verify=lambda k: 0.9 if k else 0.5)  # 8 tokens for 1.7 s: drafting pays
+    assert all(plan.k for plan in plans)
+    plans = drive(planner, model, 20, kept=lambda plan: 0, draft=0.1,
+                  verify=lambda k: 0.9 if k else 0.5)  # then every draft fails
+    assert plans[-1] == PLAIN
 
 
 def test_a_kept_self_ended_probe_alone_decides_whether_to_speculate_again():
-    policy = AdaptiveK(16, self_stopping=True)
-    step(policy, 0, 0, 0.0, 0.5)
-    for _ in range(30):
-        step(policy, 8, 0, 0.8, 0.9)  # a long stretch the draft gets wrong
-    ks = [policy.choose(100) for _ in range(policy.probe_every)]
-    assert ks[-1] == 16 and policy.probing
-    step(policy, 6, 1, 0.6, 0.85)  # kept, but 2 tokens in 1.45 s: worse than plain
-    # Its own yield, measured; rate(16) is the better of it and the fixed K's model.
-    assert policy.yield_tokens / policy.yield_seconds == pytest.approx(2 / 1.45)
-    assert policy.rate(16) < policy.rate(0) and policy.choose(100) == 0
-    while policy.choose(100) == 0:
-        pass  # plain steps until the next probe
-    step(policy, 6, 6, 0.6, 0.85)  # 7 tokens in 1.45 s: the text has turned easy
-    assert policy.rate(16) == pytest.approx(7 / 1.45) and policy.choose(100) == 16
+    planner, model = Planner(16), Guesser(True, ("model",))
+    observe(planner, PLAIN, 0, 0, 0.0, 0.5)
+    verify = lambda k: 0.85 if k else 0.5  # noqa: E731
+    drive(planner, model, 200, kept=lambda plan: 0, draft=0.1, verify=verify)  # a long bad stretch
+    plans = drive(planner, model, 300, kept=lambda plan: 1, draft=0.1, verify=verify)
+    first = probes(plans)[0]  # kept, but 2 tokens in 1.45 s: worse than plain
+    assert plans[first].explore and PLAIN in plans[first + 1:first + TRIAL_STEPS + 2]
+    plans = drive(planner, model, 300, kept=lambda plan: plan.k, draft=0.1, verify=verify)
+    first = probes(plans)[0]  # the text has turned easy: it drafts on
+    assert all(plan.k for plan in plans[first:])
 
 
-class Guesser(Drafter):
-    """A drafter as the planner sees it: who it offers, and whether it ends its own drafts
-    (every other ability the Drafter's default: nothing to read first)."""
-
-    def __init__(self, ends_own_drafts: bool, offers: tuple[str, ...]) -> None:
-        self.ends_own_drafts, self.offers = ends_own_drafts, offers
-
-    def guessers(self, tokens):
-        return {name: self for name in self.offers}
-
-
-def test_the_planner_makes_one_policy_per_guesser_on_first_use():
+def test_the_planner_makes_one_estimate_per_guesser_on_first_use():
     planner = Planner(4)
     model, lookup = Guesser(True, ("model",)), Guesser(False, ("lookup-2",))
-    assert planner.plan(model, None, 100) == PLAIN  # a plain step first: its cost is measured
-    planner.plan(lookup, None, 100)
-    policies = planner.policies
-    assert policies["model"].self_stopping and not policies["lookup-2"].self_stopping
-    assert policies["model"].probe_every == 4 and policies["lookup-2"].probe_every == 16
-    first = policies["model"]
+    observe(planner, planner.plan(model, None, 100), 0, 0, 0.0, 0.2)  # plain: none made yet
+    assert planner.estimates == {}
     planner.plan(model, None, 100)
-    assert policies["model"] is first and len(policies) == 2
+    planner.plan(lookup, None, 100)
+    estimates = planner.estimates
+    assert estimates["model"].ends_own and not estimates["lookup-2"].ends_own
+    assert estimates["model"].wait == 4 and estimates["lookup-2"].wait == 16
+    first = estimates["model"]
+    planner.plan(model, None, 100)
+    assert estimates["model"] is first and len(estimates) == 2
 
 
 def test_the_planner_learns_the_passes_and_the_drafts_it_planned():
@@ -332,7 +356,7 @@ def test_the_planner_learns_the_passes_and_the_drafts_it_planned():
     assert plan.stop_below == FIRST_STOP  # a self-ended draft's, until its costs are known
     observe(planner, plan, 3, 3, 0.3, 0.25)  # the drafter found 3 of 4
     assert planner.verify_cost == {0: 0.2, 3: 0.25}
-    assert planner.policies["model"].hits > 2 * 0.7  # the prior's weight, plus three kept
+    assert planner.estimates["model"].alpha > PRIOR_ALPHA  # three kept
     assert planner.plan(drafter, None, 2).k <= 2  # never more than are still wanted
 
 
@@ -340,17 +364,23 @@ def test_a_fixed_k_planner_always_drafts_k():
     planner = Planner(3, adaptive=False)
     drafter = Guesser(False, ("lookup-1",))
     assert planner.plan(drafter, None, 100).k == 3 and planner.plan(drafter, None, 1).k == 1
+    drive(planner, drafter, 20, kept=lambda plan: 0, draft=1.0)  # however badly it does
+    assert planner.plan(drafter, None, 100).k == 3
     assert planner.plan(Guesser(False, ()), None, 100) == PLAIN  # nobody offers: plain
 
 
 def test_a_self_ended_draft_gets_a_few_steps_before_its_yield_is_judged():
-    policy = AdaptiveK(16, self_stopping=True)
-    step(policy, 0, 0, 0.0, 0.5)
-    ks = []
-    for _ in range(6):
-        ks.append(policy.choose(100))
-        step(policy, ks[-1], 0, 0.1 * ks[-1], 0.9)  # every draft fails
-    assert ks == [16] * TRIAL_STEPS + [0, 0]
+    planner, model = Planner(16), Guesser(True, ("model",))
+    observe(planner, PLAIN, 0, 0, 0.0, 0.5)
+    plans = drive(planner, model, 6, kept=lambda plan: 0, draft=0.1,
+                  verify=lambda k: 0.9 if k else 0.5)  # every draft fails
+    assert ks(plans)[0] == 16 and all(ks(plans[:TRIAL_STEPS])) and ks(plans[-2:]) == [0, 0]
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
 # --- catch-up: what a guesser reads before it guesses -----------------------------------------
@@ -370,31 +400,29 @@ def test_the_horizon_is_what_the_answer_has_made_so_far_within_what_is_left():
     assert horizon(made=0, left=10) == 0
 
 
-def test_a_guesser_with_reading_to_do_drafts_only_where_that_is_repaid():
-    keen = AdaptiveK(6)
-    feed(keen, 4, 4, draft_s=0.01, verify_s=0.18)
-    step(keen, 0, 0, 0.0, 0.17)
-    policies = {"model": keen}
-    assert choose_guesser(policies, ("model",), 100)[0] == "model"  # nothing to read
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 1.0) == (None, 0)
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}, lambda rate: 3.0)[0] == "model"
-    assert choose_guesser(policies, ("model",), 100, {"model": 2.0}) == (None, 0)  # no estimate
-
-
-class Reader(Drafter):
+class Reader(Guesser):
     """A draft model as the planner sees it: it has `unread` tokens to read first, and
     after a propose says what its reading cost (`catch_up`)."""
 
-    ends_own_drafts = True
-
     def __init__(self, unread: int) -> None:
+        super().__init__(True, ("model",))
         self.to_read, self.catch_up = unread, (0, 0.0)
-
-    def guessers(self, tokens):
-        return {"model": self}
 
     def unread(self, tokens):
         return self.to_read
+
+
+def test_a_guesser_with_reading_to_do_drafts_only_where_that_is_repaid():
+    """The same measured draft, with 700 tokens to read first at 2 ms a token (1.4 s): early
+    in the answer what it would have saved is less than that, and it waits; later it drafts."""
+    book = Book(read_share={"model": 0.002 / 0.2}, draft_share={"model": 0.01 / 0.2})
+    planner, keen = Planner(6, book=book), Reader(0)
+    drive(planner, keen, 30, kept=lambda plan: plan.k, verify=lambda k: 0.2)
+    drive(planner, Guesser(False, ()), 30, verify=lambda k: 0.2)  # then plain steps
+    assert planner.plan(keen, None, 100, 1).guesser == "model"  # nothing to read
+    keen.to_read = 700
+    assert planner.plan(keen, None, 1000, 2) == PLAIN  # 2 tokens in: not repaid yet
+    assert planner.plan(keen, None, 1000, 400).guesser == "model"
 
 
 def test_a_draft_whose_catch_up_cannot_be_repaid_within_what_is_left_is_not_started():
@@ -437,13 +465,13 @@ def test_the_reading_is_measured_apart_from_drafting_and_kept_across_answers():
     assert book.read_share["model"] == pytest.approx(0.001 / 0.2)  # per second of a plain pass
     reader.catch_up = (0, 0.0)
     observe(planner, plan, 4, 4, 4 * 0.02, 0.25)
-    assert planner.policies["model"].draft_cost == pytest.approx(0.02)  # the reading left out
+    assert planner.estimates["model"].draft_cost == pytest.approx(0.02)  # the reading left out
     assert book.draft_share["model"] == pytest.approx(0.02 / 0.2)
     nxt = Planner(8, book=book)  # the next answer prices the draft before it drafts,
     observe(nxt, nxt.plan(reader, None, 100, 1), 0, 0, 0.0, 0.1)  # on a machine twice as fast
     assert nxt.catch_up("model", Reader(500), None) == pytest.approx(0.25)
     nxt.plan(reader, None, 100, 2)
-    assert nxt.policies["model"].prior_draft_cost == pytest.approx(0.01)
+    assert nxt.estimates["model"].prior_cost == pytest.approx(0.01)
 
 
 def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pass():
@@ -587,16 +615,13 @@ def test_a_switched_off_draft_still_probes_when_it_has_fallen_behind():
     planner = Planner(6, book=book)
     reader = Reader(20)
     observe(planner, planner.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.17)
-    planner.policies["model"] = policy = AdaptiveK(6, self_stopping=True,
-                                                   verify_cost=planner.verify_cost)
-    feed(policy, 4, 0, draft_s=0.08, verify_s=0.18)  # useless so far: switched off
-    ks = []
-    for made in range(2, 2 + policy.probe_every):
-        plan = planner.plan(reader, None, 1000, made)
-        ks.append(plan.k)
-        if not plan.k:
-            observe(planner, plan, 0, 0, 0.0, 0.17)
-    assert ks[:-1] == [0] * (policy.probe_every - 1) and ks[-1] == 6
+    plans = drive(planner, reader, 40, kept=lambda plan: 0, draft=0.08,
+                  verify=lambda k: 0.18 if k else 0.17)  # useless so far: switched off
+    assert plans[-1] == PLAIN
+    reader.to_read = 300  # it has fallen behind: 0.3 s to read
+    wait = planner.estimates["model"].wait
+    plans = drive(planner, reader, wait, verify=lambda k: 0.18 if k else 0.17)
+    assert any(plan.k == 6 and plan.explore for plan in plans)  # a self-ended probe
 
 
 def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_its_reading():
@@ -606,38 +631,36 @@ def test_lookup_drafts_first_and_the_draft_joins_once_what_it_would_save_covers_
     would: the draft never starts. Where they fail, lookup drafts first, and the draft
     starts once the seconds it would have saved on the answer so far pay for its reading:
     the first plan where saving(steps, rate, horizon) exceeds 1 s."""
-    def run(kept: int, every: int) -> tuple[list[str], Planner]:
+    def run(kept: int, every: int) -> tuple[list[str], list[tuple[list, float, int]]]:
         book = Book(read_share={"model": 0.002 / 0.2}, draft_share={"model": 0.01 / 0.2})
         planner = Planner(6, book=book)
         model, lookup = Reader(500), Guesser(False, ("lookup-3",))
-        hybrid = Guesser(True, ())
-        chosen, made = [], 1
+        hybrid = Both(**{"lookup-3": lookup, "model": model})
+        chosen, made, seen = [], 1, []  # seen: the recent steps, the draft's rate, made
         while made < 200:
             match = len(chosen) % every == every - 1
-            hybrid.guessers = lambda tokens: {**({"lookup-3": lookup} if match else {}),
-                                              "model": model}
+            hybrid.offered = lambda name: match or name == "model"
             # 150 tokens asked: exploring would cost more than EXPLORE_SHARE of them, so
             # only the ski-rental rule starts the draft.
             plan = planner.plan(hybrid, None, 150, made)
+            if planner.verify_cost:
+                seen.append((list(planner.steps), planner.option("model", model, 6).rate, made))
             chosen.append(plan.guesser or "plain")
             if plan.guesser == "model":
-                return chosen, planner
+                return chosen, seen
             n = min(kept, plan.k)
             observe(planner, plan, plan.k, n, 0.0, 0.2 + 0.01 * plan.k)
             made += n + 1
             model.to_read += n + 1
-        return chosen, planner
+        return chosen, seen
 
     chosen, _ = run(kept=6, every=1)  # lookup copies: its steps make 7 tokens for 0.26 s
     assert "model" not in chosen and "lookup-3" in chosen
-    chosen, planner = run(kept=0, every=2)  # lookup's guesses fail: no faster than plain steps
-    assert chosen[-1] == "model" and "lookup-3" in chosen[:-1]
-    policy = planner.policies["model"]
-    rate = policy.score(6)
-    made = sum(n for n, _ in planner.steps) + 1
-    assert saving(planner.steps, rate, made) > 500 * 0.002  # repaid now
-    before = list(planner.steps)[:-1]
-    assert saving(before, rate, made - 1) <= 500 * 0.002  # and not a step sooner
+    chosen, seen = run(kept=0, every=2)  # lookup's guesses fail: no faster than plain steps
+    assert chosen[-1] == "model" and "lookup-3" in chosen[:-1] and not chosen.count("model") > 1
+    (steps, rate, made), (before, rate_before, made_before) = seen[-1], seen[-2]
+    assert saving(steps, rate, made) > (500 + made - 1) * 0.002  # repaid now
+    assert saving(before, rate_before, made_before) <= (500 + made_before - 1) * 0.002  # not sooner
 
 
 def test_an_untried_draft_models_acceptance_is_how_sure_the_target_has_been():
@@ -646,18 +669,19 @@ def test_an_untried_draft_models_acceptance_is_how_sure_the_target_has_been():
     the target's confidence says nothing about: its prior stays PRIOR_ALPHA."""
     planner = Planner(4)
     model, lookup = Guesser(True, ("model",)), Guesser(False, ("lookup-2",))
+    observe(planner, PLAIN, 0, 0, 0.0, 0.2)
     planner.plan(model, None, 100)
     planner.plan(lookup, None, 100)
-    assert planner.policies["model"].alpha == pytest.approx(PRIOR_ALPHA)  # nothing heard yet
+    assert planner.estimates["model"].alpha == pytest.approx(PRIOR_ALPHA)  # nothing heard yet
     for _ in range(40):
         planner.sure(0.95)
     planner.plan(model, None, 100)
     planner.plan(lookup, None, 100)
-    assert planner.policies["model"].alpha == pytest.approx(0.95, abs=1e-3)
-    assert planner.policies["lookup-2"].alpha == pytest.approx(PRIOR_ALPHA)
-    policy = planner.policies["model"]
-    step(policy, 4, 0, 0.0, 0.25)  # then what the draft does counts, the prior fading as it goes
-    assert policy.alpha < 0.95 * 0.7
+    assert planner.estimates["model"].alpha == pytest.approx(0.95, abs=1e-3)
+    assert planner.estimates["lookup-2"].alpha == pytest.approx(PRIOR_ALPHA)
+    # then what the draft does counts, the prior fading as it goes
+    observe(planner, Plan("model", model, 4, FIRST_STOP), 4, 0, 0.0, 0.25)
+    assert planner.estimates["model"].alpha < 0.95 * 0.7
 
 
 def test_a_draft_model_starts_sooner_where_the_target_is_sure():
@@ -708,7 +732,18 @@ def test_a_busy_spell_of_the_machine_does_not_price_the_draft_out_of_later_answe
     observe(quiet, quiet.plan(reader, None, 1000, 1), 0, 0, 0.0, 0.2)
     assert quiet.catch_up("model", Reader(500), None) == pytest.approx(500 * 0.01 * 0.2)
     quiet.plan(reader, None, 1000, 2)
-    assert quiet.policies["model"].prior_draft_cost == pytest.approx(0.1 * 0.2)
+    assert quiet.estimates["model"].prior_cost == pytest.approx(0.1 * 0.2)
+
+
+def test_a_guesser_priced_dear_by_earlier_answers_is_timed_again():
+    """A price kept from earlier answers may be stale (a busy spell): a guesser with nothing
+    to read first drafts until this answer has timed its pass, and then its measurements
+    decide; priced out on the old price alone, it would never be timed again."""
+    book = Book(draft_share={"model": 3.0})
+    planner, model = Planner(4, book=book), Guesser(True, ("model",))
+    plans = drive(planner, model, 10, kept=lambda plan: plan.k, draft=0.02, verify=lambda k: 0.2)
+    assert plans[0] == PLAIN and all(plan.k and not plan.explore for plan in plans[1:])
+    assert book.draft_share["model"] == pytest.approx(0.1)
 
 
 def test_one_slow_reading_moves_its_price_by_a_fifth_at_most():
@@ -812,18 +847,23 @@ def test_a_draft_that_does_not_pay_costs_at_most_the_exploration_share(pair):
 
 def test_a_trial_out_of_budget_leaves_the_draft_to_the_ordinary_rules():
     """The first trial step read a prompt dearer than priced (nothing was measured yet) and
-    spent the budget: the trial ends there, and the draft, which has read, drafts on as any
-    started draft does, judged by what it measures; it is not kept out of the answer."""
+    spent the budget: nothing more is explored, and the draft, which has read, drafts on as
+    any started draft does, judged by what it measures; it is not kept out of the answer."""
     planner, reader = Planner(6, book=Book(prefill_cost=0.0001)), Reader(700)  # priced low
     planner.sure(0.01)  # a low prior: the reading would not be repaid on it
     observe(planner, planner.plan(reader, None, 200, 1), 0, 0, 0.0, 0.2)
     plan = planner.plan(reader, None, 199, 2)
     assert plan.guesser == "model" and plan.explore  # tried against its prior
-    reader.catch_up = (700, 1.4)
-    observe(planner, plan, plan.k, 0, 1.4 + 0.05 * plan.k, 0.25)
+    reader.catch_up = (700, 2.8)
+    observe(planner, plan, plan.k, plan.k, 2.8 + 0.05 * plan.k, 0.25)  # and every guess kept
     assert planner.explored > EXPLORE_SHARE * 0.2 * 200  # the budget is spent
     reader.to_read, reader.catch_up = 1, (0, 0.0)
-    for made in range(3, 6):
+    for made in range(3 + plan.k, 6 + plan.k):
         plan = planner.plan(reader, None, 200 - made, made)
         assert plan.guesser == "model" and not plan.explore
         observe(planner, plan, plan.k, plan.k, 0.05 * plan.k, 0.25)
+    for made in range(20, 40):  # then it guesses wrong: plain steps, no probe out of budget
+        plan = planner.plan(reader, None, 200 - made, made)
+        assert not plan.explore
+        observe(planner, plan, plan.k, 0, 0.05 * plan.k, 0.25 if plan.k else 0.2)
+    assert plan == PLAIN

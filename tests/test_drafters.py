@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from specgen.core import adaptive as adaptive_mod
-from specgen.core.adaptive import AdaptiveK
+from specgen.core.adaptive import FIRST_STOP, Planner
+from specgen.core.step import Plan
 from specgen.core.drafters import (
     HybridDrafter,
     ModelDrafter,
@@ -405,29 +405,22 @@ def test_a_draft_ends_once_its_probability_of_the_whole_draft_falls_below_stop_b
         assert gen.generate(repetitive_prompt(seed), max_new_tokens=N_NEW).token_ids == expected[seed]
 
 
-def test_the_engine_hands_a_draft_models_policy_threshold_to_the_draft(pair, monkeypatch):
-    """The draft model's policy is the self-stopping kind; what it says goes to propose."""
+def test_the_engine_hands_the_planners_k_and_stop_to_the_draft(pair, monkeypatch):
+    """A draft model ends its own drafts: the planner offers it k_max and a stop (FIRST_STOP
+    while its pass is unmeasured), and what the plan says is what propose is asked for."""
     target, draft = pair
-    made = {}
-
-    class Stub(AdaptiveK):
-        def __init__(self, k_max, **kwargs):
-            super().__init__(k_max, **kwargs)
-            made[len(made)] = kwargs["self_stopping"]
-
-        def choose(self, limit):
-            return min(self.k_max, limit)
-
-        def stop_below(self, k):
-            return 0.25
-
-    monkeypatch.setattr(adaptive_mod, "AdaptiveK", Stub)
     drafter = ModelDrafter(draft, 64)
+    planner = Planner(8)
+    planner.verify_cost[0] = 0.1  # a plain step measured
+    plan = planner.plan(drafter, repetitive_prompt(0), 100)
+    assert (plan.guesser, plan.k, plan.stop_below) == ("model", 8, FIRST_STOP)
+    monkeypatch.setattr(Planner, "plan", lambda self, who, tokens, limit, made=0: Plan(
+        "model", who.guessers(tokens)["model"], min(8, limit), 0.25))
     asked = []
     propose = drafter.propose
     drafter.propose = lambda *a: (asked.append((a[1], a[4])), propose(*a))[1]
     SpeculativeGenerator(target, drafter, 8).generate(repetitive_prompt(0), max_new_tokens=12)
-    assert made == {0: True} and asked[0] == (8, 0.25)
+    assert asked[0] == (8, 0.25)
 
 
 # --- a draft that reads only the context's last tokens (draft_window) ------------------------

@@ -230,8 +230,11 @@ def test_the_planner_branches_where_a_row_costs_less_than_what_the_branch_is_wor
     tree = build(torch.tensor(1), torch.tensor([2, 3]), [(0, 5)])
     for _ in range(3):
         planner.observe(Step(Plan(None, None, 0), 0, 0, 0.0, 1.0))  # plain steps keep the rate
-    draft = type("Draft", (Drafter,), {"ends_own_drafts": True})()
-    planner._policy("m", draft)
+    draft = type("Draft", (Drafter,), {
+        "ends_own_drafts": True,
+        "guessers": lambda self, tokens: {"m": self},
+        "propose": lambda self, tokens, k, params, generator, stop_below=0.0: (
+            torch.tensor([2, 3][:k]), None)})()
     planner.observe(Step(Plan("m", draft, 2), 2, 1, 0.1, 1.25, chain=0, tree=tree))  # a branch kept
     assert planner.branch_odds > 1.0
     assert (0, 5) in planner.branches(scores, tokens, 2)

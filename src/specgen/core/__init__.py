@@ -1,2 +1,2 @@
-"""The speculative loop and its math: sampling (pure tensor functions), drafters, the K
-policy (adaptive), the engine, and the plain-data statistics of a run."""
+"""The speculative loop and its math: sampling (pure tensor functions), drafters, the
+planner (adaptive), the engine, and the plain-data statistics of a run."""

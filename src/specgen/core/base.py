@@ -5,6 +5,7 @@ them as attributes, never by probing; what is a drafter at all is what inherits 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from specgen.decoding import Decoder
 
 
-class Drafter:
+class Drafter(ABC):
     """Whatever proposes the drafts: `guessers` and `propose` are every kind's own; every
     other ability is declared here with its default, and a kind that has it says so by
     overriding it."""
@@ -49,15 +50,17 @@ class Drafter:
         Nothing for a drafter that drafts with none of the target's own weights, cache or
         hidden states."""
 
+    @abstractmethod
     def guessers(self, tokens: Tensor) -> dict[str, Drafter]:
         """Who could draft the next step, by name, each with the drafter that drafts for it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def propose(
         self, tokens: Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
         stop_below: float = 0.0,
     ) -> tuple[Tensor, Tensor | None]:
-        raise NotImplementedError
+        """Up to k draft tokens after `tokens` and their q (None: one-hot), stopping sooner where
+        it ends its own drafts and the draft's odds of all so far fall below `stop_below`."""
 
     def rollback(self, n_valid: int) -> None:
         """Only the first n_valid context tokens survived verification."""

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Plan:
     """What the next step drafts: `drafter` (None: a plain step) up to `k` tokens, stopping
-    early below `stop_below` if it ends its own drafts; `guesser` names its policy;
+    early below `stop_below` if it ends its own drafts; `guesser` names its estimate;
     `explore`: the step is there to measure the guesser."""
 
     guesser: str | None
