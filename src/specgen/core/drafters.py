@@ -5,7 +5,7 @@ and the distribution each was drawn from (None means one-hot: a deterministic gu
 under rejection sampling), and `rollback(n_valid)` when only the first n_valid context tokens
 survived verification. `guessers(tokens)` names who could draft the next step, in order of
 preference, each with the drafter that drafts for it ({"lookup-3": lookup, "model": model}):
-the planner keeps one K policy per guesser, since their costs and acceptance differ, and asks
+the planner keeps one estimate per guesser, since their costs and acceptance differ, and asks
 the one it chose. Prompt lookup names its guess by the length of the n-gram it matched: a
 3-gram match is a far better guess than a 1-gram one (in prose a 1-gram match is almost always
 there and almost always wrong), so each length learns its own acceptance and K. A drafter that
@@ -629,7 +629,7 @@ class PromptLookupDrafter(Drafter):
 class HybridDrafter(Drafter):
     """Prompt lookup when the context has a match, a model otherwise: the draft model, or the
     target itself with layers skipped (SelfDrafter). With adaptive
-    K each guesser (the model, lookup at each match length) has its own policy and each step
+    K each guesser (the model, lookup at each match length) has its own estimate and each step
     goes to the best expected rate: the model drafts where lookup's matches are short and
     wrong (prose), lookup drafts long where its guesses hold (edits).
 
