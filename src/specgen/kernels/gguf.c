@@ -295,12 +295,26 @@ AI void keep(__m256i *isum, int nt) {
     for (int t = 0; t < nt; t++) __asm__("" : "+x"(isum[t]));
 }
 
+// isum[t] += madd(maddubs(w, a), scale) for each token's 32 inputs at `at` (AVX2)
+AI void madd_tokens(__m256i w, __m256i scale, const Acts *A, int64_t at, int t0, int nt, __m256i *isum) {
+    for (int t = 0; t < nt; t++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * A->k + at));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
+    }
+    keep(isum, nt);
+}
+
+// A token's 16 sums of 16 of super-block s, times `by` in pairs (AVX2's 8 lanes)
+AI __m256i times_s16(const Acts *A, int64_t tok, int s, __m256i by) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->s16 + tok * (A->k / 16) + s * 16)), by);
+}
+
 // Q4_K (q5 = 0) and Q5_K (q5 = 1): one super-block (AVX2) against nt tokens, into acc. Per
 // token: isum (8 lanes) = sum_j sc_j * madd(maddubs(q_j, a_j)), msum = madd(sums of 16,
 // mins paired), then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
 AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt,
                      __m256 *acc) {
-    const int bb = q5 ? 176 : 144, k = A->k;
+    const int bb = q5 ? 176 : 144;
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
                                            8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
@@ -322,17 +336,11 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
         if (q5)
             w = _mm256_or_si256(w, _mm256_slli_epi16(
                 _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-        __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
-        for (int t = 0; t < nt; t++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
-        }
-        keep(isum, nt);
+        madd_tokens(w, _mm256_shuffle_epi8(scales, word_mask(j)), A, s * 256 + 32 * j, t0, nt, isum);
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
-        __m256i msum = _mm256_madd_epi16(
-            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
+        __m256i msum = times_s16(A, tok, s, m16);
         __m256 e = _mm256_loadu_ps(A->ex + (tok * ns + s) * 8);
         acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
         acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
@@ -342,7 +350,6 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
 // Q6_K: one super-block (AVX2). isum = sum_g sc_g * (q . a over group g of 16), q in 0..63,
 // less 32 sum_g sc_g s16_g (exact, lane by lane); then acc = fma(isum, d e, acc).
 AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt, __m256 *acc) {
-    const int k = A->k;
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
     for (int i = 0; i < 210; i += 64)
         _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
@@ -366,18 +373,12 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
             __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
             __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
                 _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
-            for (int t = 0; t < nt; t++) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
-            }
-            keep(isum, nt);
+            madd_tokens(w, scale, A, s * 256 + 128 * c + 32 * i, t0, nt, isum);
         }
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
-        __m256i off = _mm256_madd_epi16(
-            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
-        __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+        __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(times_s16(A, tok, s, sc16), 5));
         acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * ns + s) * 8)));
     }
 }
@@ -795,20 +796,6 @@ AMX_INT8 AI __m512 ktile_finish(const __m512 *e, const __m512 *o) {
     return _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
 }
 
-// The products of lane L of super-block s for a tile of tokens (qa: its 32 inputs of the
-// 16 tokens), into tiles LO and HI.
-#define KTILE_PRODUCTS(LO, HI, qa, T, L)                         \
-    do {                                                          \
-        _tile_loadd(1, qa, 32);                                   \
-        _tile_loadd(2, (T)->b[L][0], 64);                         \
-        _tile_loadd(3, (T)->b[L][1], 64);                         \
-        _tile_zero(LO);                                           \
-        _tile_zero(HI);                                           \
-        _tile_dpbsud(LO, 1, 2);                                   \
-        if (fmt == Q6_K) _tile_dpbssd(HI, 1, 3);                  \
-        else _tile_dpbsud(HI, 1, 3);                              \
-    } while (0)
-
 // Weight rows r0 .. r0 + nr - 1 (nr <= RB), decoded in T [ns], against all m tokens. The
 // products of the next lane are issued before the float work of this one, which they do not
 // wait for.
@@ -910,27 +897,24 @@ static int8_t *lanes_by_tile(const int8_t *q, int m, int k) {
         default: { enum { N = 8 }; CALL; }       \
     }
 
-static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
-    switch (fmt) {
-        case Q4_0: BY_NT(b32_avx2(Q4_0, wr, k / 32, A, t0, N, out)) break;
-        case Q5_0: BY_NT(b32_avx2(Q5_0, wr, k / 32, A, t0, N, out)) break;
-        case Q8_0: BY_NT(b32_avx2(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(kq_avx2(Q4_K, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(kq_avx2(Q5_K, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(kq_avx2(Q6_K, wr, k / 256, A, t0, N, out))
+// A row against nt tokens by the 32-block kernel B32 or the K-quant kernel KQ of one path.
+#define BY_FORMAT(B32, KQ)                                                      \
+    switch (fmt) {                                                              \
+        case Q4_0: BY_NT(B32(Q4_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q5_0: BY_NT(B32(Q5_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q8_0: BY_NT(B32(Q8_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q4_K: BY_NT(KQ(Q4_K, wr, k / 256, A, t0, N, out)) break;           \
+        case Q5_K: BY_NT(KQ(Q5_K, wr, k / 256, A, t0, N, out)) break;           \
+        default: BY_NT(KQ(Q6_K, wr, k / 256, A, t0, N, out))                    \
     }
+
+static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
+    BY_FORMAT(b32_avx2, kq_avx2)
 }
 
 VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt,
                                   float *out) {
-    switch (fmt) {
-        case Q4_0: BY_NT(b32_vnni(Q4_0, wr, k / 32, A, t0, N, out)) break;
-        case Q5_0: BY_NT(b32_vnni(Q5_0, wr, k / 32, A, t0, N, out)) break;
-        case Q8_0: BY_NT(b32_vnni(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(kq_vnni(Q4_K, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(kq_vnni(Q5_K, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(kq_vnni(Q6_K, wr, k / 256, A, t0, N, out))
-    }
+    BY_FORMAT(b32_vnni, kq_vnni)
 }
 
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX

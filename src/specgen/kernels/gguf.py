@@ -153,10 +153,9 @@ def linear(x: Tensor, w: GGUFWeight, bias: Tensor | None = None, path: int | Non
             return y if bias is None else y + bias
         return dense.linear(x.contiguous(), w.data, bias)
     lib = library()
+    build.check_path(path, paths(), "GGUF kernel")
     if path is None:
         path = best_path()
-    elif path not in paths():
-        raise ValueError(f"this CPU has no GGUF kernel path {path} (it has {paths()})")
     m, k = x.shape
     if k != w.k:
         raise ValueError(f"input has {k} features, the weight {w.k}")
