@@ -47,6 +47,7 @@ typedef struct {
     const int8_t *q;     // int8, inputs in order
     const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
+    const float *s32;    // K-quants: each 32 values' sum as a float, [token][super-block][8]
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
     const int8_t *qp;    // K-quants on VNNI: q with each pair of super-blocks interleaved by
                          // 32 (s's inputs 32j.., then s + 1's), an odd last one in order
@@ -581,10 +582,11 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     for (; s + 2 <= ns; s += 2) {
         const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
         __m128i sm0 = _mm_setzero_si128(), sm1 = _mm_setzero_si128();
-        __m512 d, dmin = _mm512_setzero_ps();
-        __m512i by;
-        // both super-blocks' scales at once: d (and dmin) by one conversion; what the sums
-        // of 16 are multiplied by (kq_scales) by one shuffle or widening
+        __m512 d, dmin = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+        __m512i by = _mm512_setzero_si512();
+        // both super-blocks' scales at once: d (and dmin) by one conversion; Q6_K: what the
+        // sums of 16 are multiplied by (kq_scales) by one widening; K4: the mins as floats,
+        // [s's 8 | s + 1's 8], since float(msum) = min * float(sum of 32), exactly (Acts.s32)
         if (fmt == Q6_K) {
             d = two_halves(b0 + 208, b1 + 208);
             by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
@@ -599,25 +601,22 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
             dmin = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1), f);
             sm0 = scales_mins8(b0 + 4);
             sm1 = scales_mins8(b1 + 4);
-            __m512i pairs = _mm512_broadcast_i64x4(_mm256_setr_epi16(  // [m0 m0 ... m7 m7] as words
-                0x8008, 0x8008, 0x8009, 0x8009, 0x800A, 0x800A, 0x800B, 0x800B,
-                0x800C, 0x800C, 0x800D, 0x800D, 0x800E, 0x800E, 0x800F, 0x800F));
-            by = _mm512_shuffle_epi8(_mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)), _mm256_broadcastsi128_si256(sm1), 1), pairs);
+            mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
         }
         __m512i ip[TILE];
         kq_pair_ints_vnni(fmt, b0, b1, sm0, sm1, s, A, t0, nt, ip);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
-            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
             __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
             if (fmt == Q6_K) {
+                __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
                 is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
             } else {
+                __m512 msum = _mm512_mul_ps(mins, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dmin, e), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(msum, _mm512_mul_ps(dmin, e), acc[t]);
             }
         }
     }
@@ -666,7 +665,8 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
 typedef struct {
     uint8_t b[8][2][8 * 64];  // lane L, byte (low, high): [chunk j][row r][4 inputs]
     float d[RB], dmin[RB];
-    int32_t pair[8][RB];      // per lane the two words a token's pair of s16 multiplies
+    int32_t pair[8][RB];      // Q6_K, per lane: the two words a token's pair of s16 multiplies
+    float mins[8][RB];        // K4, per lane: its sub-block's min (float(msum) = min * s32)
 } KTile;
 
 // w = sc q per 16-bit word, split into the bytes of 4 inputs per 32-bit lane: q holds 4
@@ -694,14 +694,14 @@ AMX_INT8 static void ktile_decode(int fmt, const uint8_t *w, const int32_t *rows
             T->d[r] = f16(blk + 208);
             T->dmin[r] = 0.f;
             for (int g = 0; g < 16; g++) sw[g][r] = word2(sc[g], sc[g]);
-            for (int L = 0; L < 8; L++) T->pair[L][r] = word2(sc[2 * L], sc[2 * L + 1]);
+            for (int L = 0; L < 8; L++) T->pair[L][r] = word2(sc[2 * L], sc[2 * L + 1]), T->mins[L][r] = 0.f;
         } else {
             uint8_t sc[8], mn[8];
             scales_k4(blk + 4, sc, mn);
             T->d[r] = f16(blk);
             T->dmin[r] = f16(blk + 2);
             for (int j = 0; j < 8; j++) sw[j][r] = word2(sc[j], sc[j]);
-            for (int L = 0; L < 8; L++) T->pair[L][r] = word2(mn[L], mn[L]);
+            for (int L = 0; L < 8; L++) T->mins[L][r] = (float)mn[L], T->pair[L][r] = 0;
         }
     }
     for (int L = 0; L < 8; L++) {
@@ -758,17 +758,20 @@ AMX_INT8 AI void ktile_floats(int fmt, const KTile *T, int L, const LaneSums c, 
                               __m512 *acc) {
     const int k = A->k;
     __m512i pair = _mm512_loadu_si512(T->pair[L]);
+    __m512 mins = _mm512_loadu_ps(T->mins[L]);
     for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
         __m512i is = _mm512_add_epi32(_mm512_loadu_si512(c[t][0]), _mm512_slli_epi32(_mm512_loadu_si512(c[t][1]), 8));
-        int32_t s2;
-        memcpy(&s2, A->s16 + (int64_t)(t0 + t) * (k / 16) + s * 16 + 2 * L, 4);
-        __m512i sums = _mm512_madd_epi16(_mm512_set1_epi32(s2), pair);
         if (fmt == Q6_K) {
+            int32_t s2;
+            memcpy(&s2, A->s16 + tok * (k / 16) + s * 16 + 2 * L, 4);
+            __m512i sums = _mm512_madd_epi16(_mm512_set1_epi32(s2), pair);
             is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), de[t], acc[t]);
         } else {
+            __m512 msum = _mm512_mul_ps(mins, _mm512_set1_ps(A->s32[(tok * (k / 256) + s) * 8 + L]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), de[t], acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), dme[t], acc[t]);
+            acc[t] = _mm512_fnmadd_ps(msum, dme[t], acc[t]);
         }
     }
 }
@@ -994,7 +997,12 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         }
     }
     int8_t *qa = path == AMX ? lanes_by_tile(q, m, k) : NULL;
-    Acts A = {q, ex, s16, c, qp, qa, k};
+    float *s32 = NULL;
+    if (kq) {
+        s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
+        for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
+    }
+    Acts A = {q, ex, s16, s32, c, qp, qa, k};
     if (path == AMX)
         ktile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
@@ -1010,6 +1018,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     free(ex);
     free(qp);
     free(qa);
+    free(s32);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
