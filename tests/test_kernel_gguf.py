@@ -132,8 +132,8 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
                                gguf.linear(x[:m], w, b, gguf.AVX2)), (kind, m)
 
 
-# Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX, which takes the
-# K-quants' passes from 16 tokens on), their multiples and the rows either side.
+# Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and
+# the rows either side, and where the AMX path starts to take the K-quants (amx_rows: 28).
 WIDE = list(range(1, 34)) + [47, 48, 64, 100, 129]
 
 
@@ -158,12 +158,15 @@ def test_a_wide_pass_gives_each_row_its_one_row_bits(kind):
 @needs_amx
 @pytest.mark.parametrize("kind,k", [("Q4_K", 1536), ("Q5_K", 512), ("Q6_K", 8960), ("Q6_K", 256)])
 def test_the_tiles_give_the_vnni_paths_bits(kind, k):
-    """The demo target's shapes (the MLP's K = 8960 included) and a single super-block."""
+    """The demo target's shapes (the MLP's K = 8960 included) and a single super-block; a
+    row of zeros, a row with one block far larger than the rest; a last tile of 1 to 15."""
     w, _ = weight(kind, 48, k, seed=k)
     x = torch.randn(40, k) * 5
     x[3] = 0
+    x[30, :50] *= 1000
     bias = torch.randn(48)
-    for m in (16, 17, 31, 32, 40):
+    assert gguf.amx_rows() <= 33  # the widths below take the tiles from there on
+    for m in (gguf.amx_rows(), 31, 32, 33, 40):
         assert torch.equal(gguf.linear(x[:m], w, bias, gguf.AMX),
                            gguf.linear(x[:m], w, bias, gguf.VNNI)), (kind, m)
 

@@ -55,6 +55,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.gguf_dequantize.restype = None
     lib.gguf_row_bytes.argtypes = [i, i]
     lib.gguf_row_bytes.restype = i64
+    lib.gguf_amx_rows.argtypes = []
+    lib.gguf_amx_rows.restype = i
 
 
 def check_cpu() -> None:
@@ -77,6 +79,11 @@ def library() -> ctypes.CDLL:
 @functools.cache
 def best_path() -> int:
     return library().gguf_path()
+
+
+def amx_rows() -> int:
+    """The narrowest K-quant pass the AMX path computes on its tiles (narrower: VNNI)."""
+    return library().gguf_amx_rows()
 
 
 def paths() -> tuple[int, ...]:
