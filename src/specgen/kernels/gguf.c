@@ -681,29 +681,49 @@ AMX_INT8 AI void split_scaled(__m512i q, __m512i sw, uint8_t *lo, uint8_t *hi) {
 
 AI int32_t word2(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
 
+// Q4_K/Q5_K: the RB rows' d, dmin, mins and scales (sw: each scale in both words), from
+// their bytes gathered 4 at a time by scales_mins8's 32-bit steps.
+AMX_INT8 static void k4_scales16(const uint8_t *base, __m512i at, KTile *T, int32_t (*sw)[RB]) {
+    const __m512i m1 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xFF);
+    __m512i h = _mm512_i32gather_epi32(at, base, 1);  // d, dmin
+    _mm512_storeu_ps(T->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    _mm512_storeu_ps(T->dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
+    __m512i u0 = _mm512_i32gather_epi32(at, base + 4, 1), u1 = _mm512_i32gather_epi32(at, base + 8, 1);
+    __m512i u2 = _mm512_i32gather_epi32(at, base + 12, 1);
+    __m512i sc[2], mn[2];  // scales 0-3, 4-7; mins 0-3, 4-7, a byte each
+    sc[0] = _mm512_and_si512(u0, m1);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(u2, m2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m3), 4));
+    mn[0] = _mm512_and_si512(u1, m1);
+    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m3), 4));
+    for (int j = 0; j < 8; j++) {
+        __m512i c = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), byte);
+        _mm512_storeu_si512(sw[j], _mm512_or_si512(c, _mm512_slli_epi32(c, 16)));
+        __m512i m = _mm512_and_si512(_mm512_srli_epi32(mn[j / 4], 8 * (j % 4)), byte);
+        _mm512_storeu_ps(T->mins[j], _mm512_cvtepi32_ps(m));
+        _mm512_storeu_si512(T->pair[j], _mm512_setzero_si512());
+    }
+}
+
 // Super-block s of the RB rows at `rows` (byte offsets from w + s * bb) into T.
 AMX_INT8 static void ktile_decode(int fmt, const uint8_t *w, const int32_t *rows, int s, KTile *T) {
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
     const uint8_t *base = w + (int64_t)s * bb;
     const __m512i at = _mm512_loadu_si512(rows), low = _mm512_set1_epi8(0x0F);
     int32_t sw[16][RB];  // per scale (K4: sub-block, Q6_K: group of 16) and row
-    for (int r = 0; r < RB; r++) {
-        const uint8_t *blk = base + rows[r];
-        if (fmt == Q6_K) {
+    if (fmt == Q6_K)
+        for (int r = 0; r < RB; r++) {
+            const uint8_t *blk = base + rows[r];
             const int8_t *sc = (const int8_t *)(blk + 192);
             T->d[r] = f16(blk + 208);
             T->dmin[r] = 0.f;
             for (int g = 0; g < 16; g++) sw[g][r] = word2(sc[g], sc[g]);
             for (int L = 0; L < 8; L++) T->pair[L][r] = word2(sc[2 * L], sc[2 * L + 1]), T->mins[L][r] = 0.f;
-        } else {
-            uint8_t sc[8], mn[8];
-            scales_k4(blk + 4, sc, mn);
-            T->d[r] = f16(blk);
-            T->dmin[r] = f16(blk + 2);
-            for (int j = 0; j < 8; j++) sw[j][r] = word2(sc[j], sc[j]);
-            for (int L = 0; L < 8; L++) T->mins[L][r] = (float)mn[L], T->pair[L][r] = 0;
         }
-    }
+    else
+        k4_scales16(base, at, T, sw);
     for (int L = 0; L < 8; L++) {
         if (fmt == Q6_K) {
             const __m512i three = _mm512_set1_epi8(3);
