@@ -772,16 +772,18 @@ static const tile_config KQ_TILES = {
 typedef int32_t LaneSums[16][2][RB];
 
 // The float work of one unit's lane L for nt tokens, rows in the vector lanes (a row's
-// operations are those of kq_avx2 / kq_vnni, in their order). de, dme: d e and dmin e.
+// operations are those of kq_avx2 / kq_vnni, in their order). de, dme: d e and dmin e;
+// first: acc starts from zero (the accumulator's first unit).
 AMX_INT8 AI void ktile_floats(int fmt, const KTile *T, int L, const LaneSums c, const Acts *A,
                               int t0, int nt, int s, const __m512 *de, const __m512 *dme,
-                              __m512 *acc) {
+                              int first, __m512 *acc) {
     const int k = A->k;
     __m512i pair = _mm512_loadu_si512(T->pair[L]);
     __m512 mins = _mm512_loadu_ps(T->mins[L]);
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
         __m512i is = _mm512_add_epi32(_mm512_loadu_si512(c[t][0]), _mm512_slli_epi32(_mm512_loadu_si512(c[t][1]), 8));
+        if (first) acc[t] = _mm512_setzero_ps();
         if (fmt == Q6_K) {
             int32_t s2;
             memcpy(&s2, A->s16 + tok * (k / 16) + s * 16 + 2 * L, 4);
@@ -832,8 +834,9 @@ AMX_INT8 static void ktile_rows(int fmt, const KTile *T, int ns, const Acts *A, 
     for (int t0 = 0; t0 < m; t0 += 16) {
         int nt = m - t0 < 16 ? m - t0 : 16;
         const int8_t *qa = A->qa + (int64_t)t0 * k;  // [s][L][16 tokens][32]
-        for (int L = 0; L < 8; L++)
-            for (int t = 0; t < nt; t++) even[L][t] = odd[L][t] = _mm512_setzero_ps();
+        if (ns == 1)  // no odd unit
+            for (int L = 0; L < 8; L++)
+                for (int t = 0; t < nt; t++) odd[L][t] = _mm512_setzero_ps();
         KTILE_PRODUCTS(0, 4, qa, T, 0);
         for (int s = 0; s < ns; s++) {
             const KTile *Ts = T + s;
@@ -847,12 +850,13 @@ AMX_INT8 static void ktile_rows(int fmt, const KTile *T, int ns, const Acts *A, 
                 KTILE_PRODUCTS(5, 6, qa + 512 * (8 * s + L + 1), Ts, L + 1);
                 _tile_stored(0, c[0][0][0], sizeof c[0][0]);
                 _tile_stored(4, c[0][0][1], sizeof c[0][0]);
-                ktile_floats(fmt, Ts, L, c[0], A, t0, nt, s, de, dme, s % 2 ? odd[L] : even[L]);
+                ktile_floats(fmt, Ts, L, c[0], A, t0, nt, s, de, dme, s < 2, s % 2 ? odd[L] : even[L]);
                 if (L + 2 < 8) KTILE_PRODUCTS(0, 4, qa + 512 * (8 * s + L + 2), Ts, L + 2);
                 else if (s + 1 < ns) KTILE_PRODUCTS(0, 4, qa + 4096 * (s + 1), Ts + 1, 0);
                 _tile_stored(5, c[1][0][0], sizeof c[1][0]);
                 _tile_stored(6, c[1][0][1], sizeof c[1][0]);
-                ktile_floats(fmt, Ts, L + 1, c[1], A, t0, nt, s, de, dme, s % 2 ? odd[L + 1] : even[L + 1]);
+                ktile_floats(fmt, Ts, L + 1, c[1], A, t0, nt, s, de, dme, s < 2,
+                             s % 2 ? odd[L + 1] : even[L + 1]);
             }
         }
         for (int t = 0; t < nt; t++) {
