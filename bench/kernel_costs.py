@@ -198,12 +198,10 @@ def llama_bench(path: str, tokens: int, threads: int, reps: int = 2) -> LlamaBen
 def prompt(tokens: int, rounds: int, threads: int) -> None:
     from specgen.decoding import make_decoder
     from specgen.kernels import gguf
-    from specgen.loading.convert import locate_gguf
+    from specgen.loading.sources import gguf_file
     from specgen.profiles import load_profile
 
-    spec = load_profile("qwen-coder-demo").target
-    source = locate_gguf(spec, "target")
-    path = str(source.path / source.gguf)
+    path = str(gguf_file(load_profile("qwen-coder-demo").target))
     target = demo_target("gguf")
     decoder = make_decoder(target, exact=True)
     ids = torch.randint(0, target.config.vocab_size, (tokens,))
