@@ -133,7 +133,7 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
 
 
 # Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and
-# the rows either side, and where the AMX path starts to take the K-quants (amx_rows: 28).
+# the rows either side (the AMX path takes the K-quants from amx_rows() = 16 tokens on).
 WIDE = list(range(1, 34)) + [47, 48, 64, 100, 129]
 
 

@@ -658,7 +658,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
 // (Acts.qa) and the weights times their scales, w = sc q (at most 16 bits), are split into
 // bytes: isum = a . low bytes + 256 (a . high bytes).
 #define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
-#define AMX_ROWS 28  // tokens from which a K-quant pass takes the tiles (decoding is dear)
+#define AMX_ROWS 16  // tokens from which a K-quant pass takes the tiles (a tile of them)
 #define RB 16        // weight rows a tile product takes
 
 // One super-block of RB weight rows as the tiles take it.
