@@ -70,7 +70,7 @@ def main() -> None:
     trials = interleave(keys, 1, call, repeats=args.rounds)
     wall = {key: [t.seconds for t in trials if t.name == key] for key in keys}
     cpu = {key: [t.value for t in trials if t.name == key] for key in keys}
-    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI"}
+    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
     for p, m in keys:
         w, c = wall[p, m], cpu[p, m]
         print(f"{names[p]:4s} M={m:<2d} wall min {1e3 * min(w):7.1f} ms, median "

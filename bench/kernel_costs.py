@@ -3,6 +3,7 @@ costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per sc
 
     python bench/kernel_costs.py layers [--reps 15]
     python bench/kernel_costs.py model [--schemes gguf none int8-dyn int4-dyn] [--rounds 5]
+    python bench/kernel_costs.py prompt [--tokens 100] [--rounds 5] [--threads 2]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
@@ -11,13 +12,23 @@ and int4-dyn (specgen's kernel, on each row-by-row path); then each scheme's rel
 on random weights. `model`: the demo target's forward as specgen runs it (the lean decoder
 where it is exact), over M new tokens after 64 of context, per scheme, interleaved rounds,
 each width relative to M = 1: the verify-cost curve the adaptive policy measures at run time.
+`prompt`: the prompt's pass of the demo target as stored (its GGUF file, the lean decoder over
+N tokens, logits of the last) on each GGUF kernel path this CPU has, beside llama.cpp's
+prompt evaluation of the same file (llama-bench -p N -n 0 at the same thread count), rounds
+alternating between them; wall clock and CPU time (llama-bench's CPU time per evaluation
+counts its warm-up run and model load too: an upper bound).
 Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -158,17 +169,84 @@ def model(schemes: list[str], rounds: int) -> None:
     print(table(["scheme", "decoder", *(f"M={m}" for m in MS)], rows))
 
 
+@dataclass(frozen=True)
+class LlamaBench:
+    wall_ms: list[float]  # each repetition's prompt evaluation
+    cpu_ms: float  # the process's CPU time per evaluation, its warm-up and model load included
+
+
+def llama_bench(path: str, tokens: int, threads: int, reps: int = 2) -> LlamaBench | None:
+    """llama-bench on the GGUF file: a prompt of `tokens`, `reps` repetitions after its
+    warm-up run; None where llama.cpp's tools are not built."""
+    from specgen.decoding import llamacpp_tools
+
+    program = llamacpp_tools.tool("llama-bench")
+    if program is None:
+        print(llamacpp_tools.missing_line("llama-bench"))
+        return None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([str(program), "-m", path, "-p", str(tokens), "-n", "0", "-t",
+                           str(threads), "-r", str(reps), "-o", "json"], capture_output=True,
+                          text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    samples = json.loads(done.stdout)[0]["samples_ns"]
+    return LlamaBench([ns / 1e6 for ns in samples], 1e3 * cpu / (reps + 1))
+
+
+@torch.inference_mode()
+def prompt(tokens: int, rounds: int, threads: int) -> None:
+    from specgen.decoding import make_decoder
+    from specgen.kernels import gguf
+    from specgen.loading.sources import gguf_file
+    from specgen.profiles import load_profile
+
+    path = str(gguf_file(load_profile("qwen-coder-demo").target))
+    target = demo_target("gguf")
+    decoder = make_decoder(target, exact=True)
+    ids = torch.randint(0, target.config.vocab_size, (tokens,))
+    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
+    best = gguf.best_path
+    wall: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for r in range(rounds + 1):  # the first round warms up
+        for p in gguf.paths()[:: 1 if r % 2 else -1]:
+            gguf.best_path = lambda p=p: p  # the decoder's layers call the best path
+            try:
+                decoder.reset()
+                c0, t0 = time.process_time(), time.perf_counter()
+                decoder.logits(ids, 1)
+                w, c = time.perf_counter() - t0, time.process_time() - c0
+            finally:
+                gguf.best_path = best
+            if r:
+                wall.setdefault(names[p], []).append(1e3 * w)
+                cpu.setdefault(names[p], []).append(1e3 * c)
+        peer = llama_bench(path, tokens, threads)
+        if peer is not None and r:
+            wall.setdefault("llama.cpp (llama-bench)", []).extend(peer.wall_ms)
+            cpu.setdefault("llama.cpp (llama-bench)", []).append(peer.cpu_ms)
+    rows = [[name, f"{min(t):.0f} ({median(t):.0f})",
+             f"{min(cpu[name]):.0f} ({median(cpu[name]):.0f})" if name in cpu else "-",
+             f"{tokens / min(t) * 1e3:.1f}"] for name, t in wall.items()]
+    print(f"prompt of {tokens} tokens, {threads} threads, {rounds} rounds: ms minimum (median)")
+    print(table(["engine / GGUF path", "wall ms", "CPU ms", "tokens/s (best)"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["layers", "model"])
+    ap.add_argument("what", choices=["layers", "model", "prompt"])
     ap.add_argument("--schemes", nargs="+", default=["gguf", "none", "int8-dyn", "int4-dyn"])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=100)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.what == "layers":
         layers(args.reps)
+    elif args.what == "prompt":
+        prompt(args.tokens, args.rounds, args.threads)
     else:
         model(args.schemes, args.rounds)
 

@@ -1,7 +1,7 @@
 """gguf.c: GGUF's block formats computed from their bytes as stored. Each format against a
 float64 reference (gguf's own dequantizer, int8 activations); dequantize gives gguf's values
-exactly; each row of a pass of up to FP32_ROWS rows has the bits of a one-row pass; AVX2 and
-AVX512-VNNI give the same bits; 1 and 2 threads too."""
+exactly; each row of a pass of any width has the bits of a one-row pass; AVX2, AVX512-VNNI and
+the AMX tiles (the K-quants' wide passes) give the same bits; 1 and 2 threads too."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ try:
 except ResourceError:  # no AVX2, no C compiler
     BEST = None
 needs_kernel = pytest.mark.skipif(BEST is None, reason="no AVX2 or no C compiler here")
-needs_vnni = pytest.mark.skipif(BEST != gguf.VNNI, reason="this CPU has no AVX512-VNNI")
+needs_vnni = pytest.mark.skipif(BEST is None or BEST < gguf.VNNI,
+                                reason="this CPU has no AVX512-VNNI")
+needs_amx = pytest.mark.skipif(BEST != gguf.AMX, reason="this CPU (or its OS) gives no AMX tiles")
 
 BLOCKS = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # where each block keeps its fp16 scales (d, and dmin for Q4_K/Q5_K)
@@ -130,11 +132,51 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
                                gguf.linear(x[:m], w, b, gguf.AVX2)), (kind, m)
 
 
+# Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and
+# the rows either side (the AMX path takes the K-quants from amx_rows() = 16 tokens on).
+WIDE = list(range(1, 34)) + [47, 48, 64, 100, 129]
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", K_QUANTS)
+def test_a_wide_pass_gives_each_row_its_one_row_bits(kind):
+    """Each path's rows against one-row passes on AVX2: 35 weight rows (two tiles of 16 and
+    3 more), 3 super-blocks (an odd last one), a row of zeros and a row with one block far
+    larger than the rest; with and without a bias."""
+    w, _ = weight(kind, 35, 768, seed=3)
+    x = torch.randn(max(WIDE), w.k) * 3
+    x[7] = 0
+    x[20, :50] *= 1000
+    for bias in (torch.randn(35), None):
+        alone = torch.cat([gguf.linear(x[i:i + 1], w, bias, gguf.AVX2) for i in range(len(x))])
+        for p in gguf.paths():
+            for m in WIDE:
+                assert torch.equal(gguf.linear(x[:m], w, bias, p), alone[:m]), (kind, p, m)
+            assert torch.equal(gguf.linear(x[5:45], w, bias, p), alone[5:45]), (kind, p)
+
+
+@needs_amx
+@pytest.mark.parametrize("kind,k", [("Q4_K", 1536), ("Q5_K", 512), ("Q6_K", 8960), ("Q6_K", 256)])
+def test_the_tiles_give_the_vnni_paths_bits(kind, k):
+    """The demo target's shapes (the MLP's K = 8960 included) and a single super-block; a
+    row of zeros, a row with one block far larger than the rest; a last tile of 1 to 15."""
+    w, _ = weight(kind, 48, k, seed=k)
+    x = torch.randn(40, k) * 5
+    x[3] = 0
+    x[30, :50] *= 1000
+    bias = torch.randn(48)
+    assert gguf.amx_rows() <= 33  # the widths below take the tiles from there on
+    for m in (gguf.amx_rows(), 31, 32, 33, 40):
+        assert torch.equal(gguf.linear(x[:m], w, bias, gguf.AMX),
+                           gguf.linear(x[:m], w, bias, gguf.VNNI)), (kind, m)
+
+
 @needs_kernel
 @pytest.mark.parametrize("kind", ["Q5_0", "Q4_K", "Q6_K"])
-def test_one_and_two_threads_give_the_same_bits(kind):
+@pytest.mark.parametrize("m", [6, 40])
+def test_one_and_two_threads_give_the_same_bits(kind, m):
     w, _ = weight(kind, 301, 1024 if kind in K_QUANTS else 896)
-    x = torch.randn(6, w.k)
+    x = torch.randn(m, w.k)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -31,6 +31,13 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
+def check_path(path: int | None, have: tuple[int, ...], kernel: str) -> None:
+    """A path a caller names (tests and benches compare them; None: the kernel picks) must be
+    one this CPU runs."""
+    if path is not None and path not in have:
+        raise ValueError(f"this CPU has no {kernel} path {path} (it has {have})")
+
+
 def has_avx2() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 

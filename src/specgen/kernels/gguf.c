@@ -27,7 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { AVX2 = 0, VNNI = 1 };
+#include "amx_tiles.h"
+
+enum { AVX2 = 0, VNNI = 1, AMX = 2 };
 enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's type ids
 
 #define AI static inline __attribute__((always_inline))
@@ -45,9 +47,11 @@ typedef struct {
     const int8_t *q;     // int8, inputs in order
     const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
+    const float *s32;    // K-quants: each 32 values' sum as a float, [token][super-block][8]
     const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
     const int8_t *qp;    // K-quants on VNNI: q with each pair of super-blocks interleaved by
                          // 32 (s's inputs 32j.., then s + 1's), an odd last one in order
+    const int8_t *qa;    // K-quants on AMX: q by tiles of tokens, lane by lane (lanes_by_tile)
     int k;
 } Acts;
 
@@ -292,12 +296,26 @@ AI void keep(__m256i *isum, int nt) {
     for (int t = 0; t < nt; t++) __asm__("" : "+x"(isum[t]));
 }
 
+// isum[t] += madd(maddubs(w, a), scale) for each token's 32 inputs at `at` (AVX2)
+AI void madd_tokens(__m256i w, __m256i scale, const Acts *A, int64_t at, int t0, int nt, __m256i *isum) {
+    for (int t = 0; t < nt; t++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * A->k + at));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
+    }
+    keep(isum, nt);
+}
+
+// A token's 16 sums of 16 of super-block s, times `by` in pairs (AVX2's 8 lanes)
+AI __m256i times_s16(const Acts *A, int64_t tok, int s, __m256i by) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(A->s16 + tok * (A->k / 16) + s * 16)), by);
+}
+
 // Q4_K (q5 = 0) and Q5_K (q5 = 1): one super-block (AVX2) against nt tokens, into acc. Per
 // token: isum (8 lanes) = sum_j sc_j * madd(maddubs(q_j, a_j)), msum = madd(sums of 16,
 // mins paired), then acc = fma(isum, d e, acc), acc = fnma(msum, dmin e, acc).
 AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt,
                      __m256 *acc) {
-    const int bb = q5 ? 176 : 144, k = A->k;
+    const int bb = q5 ? 176 : 144;
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
                                            8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
@@ -319,17 +337,11 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
         if (q5)
             w = _mm256_or_si256(w, _mm256_slli_epi16(
                 _mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-        __m256i scale = _mm256_shuffle_epi8(scales, word_mask(j));
-        for (int t = 0; t < nt; t++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 32 * j));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
-        }
-        keep(isum, nt);
+        madd_tokens(w, _mm256_shuffle_epi8(scales, word_mask(j)), A, s * 256 + 32 * j, t0, nt, isum);
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
-        __m256i msum = _mm256_madd_epi16(
-            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), m16);
+        __m256i msum = times_s16(A, tok, s, m16);
         __m256 e = _mm256_loadu_ps(A->ex + (tok * ns + s) * 8);
         acc[t] = step(acc[t], isum[t], _mm256_mul_ps(d, e));
         acc[t] = step_sub(acc[t], msum, _mm256_mul_ps(dmin, e));
@@ -339,7 +351,6 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
 // Q6_K: one super-block (AVX2). isum = sum_g sc_g * (q . a over group g of 16), q in 0..63,
 // less 32 sum_g sc_g s16_g (exact, lane by lane); then acc = fma(isum, d e, acc).
 AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt, __m256 *acc) {
-    const int k = A->k;
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
     for (int i = 0; i < 210; i += 64)
         _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
@@ -363,18 +374,12 @@ AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, i
             __m256i w = _mm256_or_si256(_mm256_and_si256(l, low), _mm256_and_si256(h, two));
             __m256i scale = _mm256_shuffle_epi8(half, _mm256_set_m128i(
                 _mm256_castsi256_si128(word_mask(2 * i + 1)), _mm256_castsi256_si128(word_mask(2 * i))));
-            for (int t = 0; t < nt; t++) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + (int64_t)(t0 + t) * k + s * 256 + 128 * c + 32 * i));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), scale));
-            }
-            keep(isum, nt);
+            madd_tokens(w, scale, A, s * 256 + 128 * c + 32 * i, t0, nt, isum);
         }
     }
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
-        __m256i off = _mm256_madd_epi16(
-            _mm256_loadu_si256((const __m256i *)(A->s16 + tok * (k / 16) + s * 16)), sc16);
-        __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));
+        __m256i is = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(times_s16(A, tok, s, sc16), 5));
         acc[t] = step(acc[t], is, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * ns + s) * 8)));
     }
 }
@@ -577,10 +582,11 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     for (; s + 2 <= ns; s += 2) {
         const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
         __m128i sm0 = _mm_setzero_si128(), sm1 = _mm_setzero_si128();
-        __m512 d, dmin = _mm512_setzero_ps();
-        __m512i by;
-        // both super-blocks' scales at once: d (and dmin) by one conversion; what the sums
-        // of 16 are multiplied by (kq_scales) by one shuffle or widening
+        __m512 d, dmin = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+        __m512i by = _mm512_setzero_si512();
+        // both super-blocks' scales at once: d (and dmin) by one conversion; Q6_K: what the
+        // sums of 16 are multiplied by (kq_scales) by one widening; K4: the mins as floats,
+        // [s's 8 | s + 1's 8], since float(msum) = min * float(sum of 32), exactly (Acts.s32)
         if (fmt == Q6_K) {
             d = two_halves(b0 + 208, b1 + 208);
             by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
@@ -595,25 +601,22 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
             dmin = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1), f);
             sm0 = scales_mins8(b0 + 4);
             sm1 = scales_mins8(b1 + 4);
-            __m512i pairs = _mm512_broadcast_i64x4(_mm256_setr_epi16(  // [m0 m0 ... m7 m7] as words
-                0x8008, 0x8008, 0x8009, 0x8009, 0x800A, 0x800A, 0x800B, 0x800B,
-                0x800C, 0x800C, 0x800D, 0x800D, 0x800E, 0x800E, 0x800F, 0x800F));
-            by = _mm512_shuffle_epi8(_mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)), _mm256_broadcastsi128_si256(sm1), 1), pairs);
+            mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
         }
         __m512i ip[TILE];
         kq_pair_ints_vnni(fmt, b0, b1, sm0, sm1, s, A, t0, nt, ip);
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
-            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
             __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
             if (fmt == Q6_K) {
+                __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
                 is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
             } else {
+                __m512 msum = _mm512_mul_ps(mins, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dmin, e), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(msum, _mm512_mul_ps(dmin, e), acc[t]);
             }
         }
     }
@@ -644,6 +647,268 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
 }
 
+// ---- AMX: wide passes of the K-quants ------------------------------------------------------
+// A pass of AMX_ROWS tokens or more computes the K-quants' integer sums by tile products, 16
+// tokens by 16 weight rows at a time, and does the float work of every (token, row) with the
+// rows in the lanes of a 512-bit register. The integers are the same exact sums, and each
+// (token, row) gets the float operations of the order above, in that order, lane L of a unit
+// one vector of 16 rows; so every row has the bits of a one-token pass on AVX2 or VNNI.
+//   Lane L of a unit sums inputs 32j + 4L .. 32j + 4L + 3 (j = 0 .. 7, the 32-input chunks)
+// times their scale: one tile product of K = 32 if the tokens' inputs are taken in that order
+// (Acts.qa) and the weights times their scales, w = sc q (at most 16 bits), are split into
+// bytes: isum = a . low bytes + 256 (a . high bytes).
+#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define AMX_ROWS 16  // tokens from which a K-quant pass takes the tiles (a tile of them)
+#define RB 16        // weight rows a tile product takes
+
+// One super-block of RB weight rows as the tiles take it.
+typedef struct {
+    uint8_t b[8][2][8 * 64];  // lane L, byte (low, high): [chunk j][row r][4 inputs]
+    float d[RB], dmin[RB];
+    int32_t pair[8][RB];      // Q6_K, per lane: the two words a token's pair of s16 multiplies
+    float mins[8][RB];        // K4, per lane: its sub-block's min (float(msum) = min * s32)
+} KTile;
+
+// w = sc q per 16-bit word, split into the bytes of 4 inputs per 32-bit lane: q holds 4
+// weights (0 .. 63) of a row per lane, sw its scale in both words of the lane.
+AMX_INT8 AI void split_scaled(__m512i q, __m512i sw, uint8_t *lo, uint8_t *hi) {
+    const __m512i even = _mm512_set1_epi32(0x00FF00FF);
+    __m512i pe = _mm512_mullo_epi16(_mm512_and_si512(q, even), sw);
+    __m512i po = _mm512_mullo_epi16(_mm512_srli_epi16(q, 8), sw);
+    _mm512_storeu_si512(lo, _mm512_or_si512(_mm512_and_si512(pe, even), _mm512_slli_epi16(po, 8)));
+    _mm512_storeu_si512(hi, _mm512_or_si512(_mm512_srli_epi16(pe, 8), _mm512_andnot_si512(even, po)));
+}
+
+AI int32_t word2(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
+
+// Q4_K/Q5_K: the RB rows' d, dmin, mins and scales (sw: each scale in both words), from
+// their bytes gathered 4 at a time by scales_mins8's 32-bit steps.
+AMX_INT8 static void k4_scales16(const uint8_t *base, __m512i at, KTile *T, int32_t (*sw)[RB]) {
+    const __m512i m1 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), byte = _mm512_set1_epi32(0xFF);
+    __m512i h = _mm512_i32gather_epi32(at, base, 1);  // d, dmin
+    _mm512_storeu_ps(T->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    _mm512_storeu_ps(T->dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
+    __m512i u0 = _mm512_i32gather_epi32(at, base + 4, 1), u1 = _mm512_i32gather_epi32(at, base + 8, 1);
+    __m512i u2 = _mm512_i32gather_epi32(at, base + 12, 1);
+    __m512i sc[2], mn[2];  // scales 0-3, 4-7; mins 0-3, 4-7, a byte each
+    sc[0] = _mm512_and_si512(u0, m1);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(u2, m2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m3), 4));
+    mn[0] = _mm512_and_si512(u1, m1);
+    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m3), 4));
+    for (int j = 0; j < 8; j++) {
+        __m512i c = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), byte);
+        _mm512_storeu_si512(sw[j], _mm512_or_si512(c, _mm512_slli_epi32(c, 16)));
+        __m512i m = _mm512_and_si512(_mm512_srli_epi32(mn[j / 4], 8 * (j % 4)), byte);
+        _mm512_storeu_ps(T->mins[j], _mm512_cvtepi32_ps(m));
+        _mm512_storeu_si512(T->pair[j], _mm512_setzero_si512());
+    }
+}
+
+// Super-block s of the RB rows at `rows` (byte offsets from w + s * bb) into T.
+AMX_INT8 static void ktile_decode(int fmt, const uint8_t *w, const int32_t *rows, int s, KTile *T) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    const uint8_t *base = w + (int64_t)s * bb;
+    const __m512i at = _mm512_loadu_si512(rows), low = _mm512_set1_epi8(0x0F);
+    int32_t sw[16][RB];  // per scale (K4: sub-block, Q6_K: group of 16) and row
+    if (fmt == Q6_K)
+        for (int r = 0; r < RB; r++) {
+            const uint8_t *blk = base + rows[r];
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            T->d[r] = f16(blk + 208);
+            T->dmin[r] = 0.f;
+            for (int g = 0; g < 16; g++) sw[g][r] = word2(sc[g], sc[g]);
+            for (int L = 0; L < 8; L++) T->pair[L][r] = word2(sc[2 * L], sc[2 * L + 1]), T->mins[L][r] = 0.f;
+        }
+    else
+        k4_scales16(base, at, T, sw);
+    for (int L = 0; L < 8; L++) {
+        if (fmt == Q6_K) {
+            const __m512i three = _mm512_set1_epi8(3);
+            for (int c = 0; c < 2; c++) {
+                __m512i g0 = _mm512_i32gather_epi32(at, base + 64 * c + 4 * L, 1);
+                __m512i g1 = _mm512_i32gather_epi32(at, base + 64 * c + 32 + 4 * L, 1);
+                __m512i gh = _mm512_i32gather_epi32(at, base + 128 + 32 * c + 4 * L, 1);
+                for (int i = 0; i < 4; i++) {  // chunk j = 4c + i: groups 8c + 2i, + 1
+                    int j = 4 * c + i;
+                    __m512i src = i & 1 ? g1 : g0;
+                    __m512i q = _mm512_and_si512(i >= 2 ? _mm512_srli_epi32(src, 4) : src, low);
+                    q = _mm512_or_si512(q, _mm512_slli_epi32(
+                        _mm512_and_si512(_mm512_srli_epi32(gh, 2 * i), three), 4));
+                    split_scaled(q, _mm512_loadu_si512(sw[8 * c + 2 * i + (L >= 4)]),
+                                 T->b[L][0] + 64 * j, T->b[L][1] + 64 * j);
+                }
+            }
+        } else {
+            const int q5 = fmt == Q5_K;
+            __m512i qh = q5 ? _mm512_i32gather_epi32(at, base + 16 + 4 * L, 1) : _mm512_setzero_si512();
+            for (int h = 0; h < 4; h++) {  // chunks 2h (low nibbles) and 2h + 1 (high)
+                __m512i g = _mm512_i32gather_epi32(at, base + (q5 ? 48 : 16) + 32 * h + 4 * L, 1);
+                for (int v = 0; v < 2; v++) {
+                    int j = 2 * h + v;
+                    __m512i q = _mm512_and_si512(v ? _mm512_srli_epi32(g, 4) : g, low);
+                    if (q5)
+                        q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(
+                            _mm512_srli_epi32(qh, j), _mm512_set1_epi8(1)), 4));
+                    split_scaled(q, _mm512_loadu_si512(sw[j]), T->b[L][0] + 64 * j, T->b[L][1] + 64 * j);
+                }
+            }
+        }
+    }
+}
+
+// Tiles: 1 the tokens' 32 inputs of a lane, 2 and 3 the weights' low and high bytes; the sums
+// of the low and high bytes (16 tokens x RB rows) in 0 and 4 for even lanes, 5 and 6 for odd
+// ones (static: see tiles_on).
+static const tile_config KQ_TILES = {
+    .palette = 1,
+    .colsb = {64, 32, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 8, 8, 16, 16, 16},
+};
+
+// A lane's integer sums: [16 tokens][low bytes' sums, high bytes'][RB rows].
+typedef int32_t LaneSums[16][2][RB];
+
+// The float work of one unit's lane L for nt tokens, rows in the vector lanes (a row's
+// operations are those of kq_avx2 / kq_vnni, in their order). de, dme: d e and dmin e;
+// first: acc starts from zero (the accumulator's first unit).
+AMX_INT8 AI void ktile_floats(int fmt, const KTile *T, int L, const LaneSums c, const Acts *A,
+                              int t0, int nt, int s, const __m512 *de, const __m512 *dme,
+                              int first, __m512 *acc) {
+    const int k = A->k;
+    __m512i pair = _mm512_loadu_si512(T->pair[L]);
+    __m512 mins = _mm512_loadu_ps(T->mins[L]);
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        __m512i is = _mm512_add_epi32(_mm512_loadu_si512(c[t][0]), _mm512_slli_epi32(_mm512_loadu_si512(c[t][1]), 8));
+        if (first) acc[t] = _mm512_setzero_ps();
+        if (fmt == Q6_K) {
+            int32_t s2;
+            memcpy(&s2, A->s16 + tok * (k / 16) + s * 16 + 2 * L, 4);
+            __m512i sums = _mm512_madd_epi16(_mm512_set1_epi32(s2), pair);
+            is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), de[t], acc[t]);
+        } else {
+            __m512 msum = _mm512_mul_ps(mins, _mm512_set1_ps(A->s32[(tok * (k / 256) + s) * 8 + L]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), de[t], acc[t]);
+            acc[t] = _mm512_fnmadd_ps(msum, dme[t], acc[t]);
+        }
+    }
+}
+
+// The tile products of lane L of super-block T for a tile of tokens (qa: their 32 inputs of
+// the lane, [16][32]), into tiles LO and HI.
+#define KTILE_PRODUCTS(LO, HI, qa, T, L)                         \
+    do {                                                          \
+        _tile_loadd(1, qa, 32);                                   \
+        _tile_loadd(2, (T)->b[L][0], 64);                         \
+        _tile_loadd(3, (T)->b[L][1], 64);                         \
+        _tile_zero(LO);                                           \
+        _tile_zero(HI);                                           \
+        _tile_dpbsud(LO, 1, 2);                                   \
+        if (fmt == Q6_K) _tile_dpbssd(HI, 1, 3);                  \
+        else _tile_dpbsud(HI, 1, 3);                              \
+    } while (0)
+
+// hsum8's order over the 8 lanes E[L] + O[L], for 16 rows at once.
+AMX_INT8 AI __m512 ktile_finish(const __m512 *e, const __m512 *o) {
+    __m512 v[8];
+    for (int L = 0; L < 8; L++) v[L] = _mm512_add_ps(e[L], o[L]);
+    __m512 s0 = _mm512_add_ps(v[0], v[4]), s1 = _mm512_add_ps(v[1], v[5]);
+    __m512 s2 = _mm512_add_ps(v[2], v[6]), s3 = _mm512_add_ps(v[3], v[7]);
+    return _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+}
+
+// Weight rows r0 .. r0 + nr - 1 (nr <= RB), decoded in T [ns], against all m tokens. The
+// products of the next lane are issued before the float work of this one, which they do not
+// wait for.
+AMX_INT8 static void ktile_rows(int fmt, const KTile *T, int ns, const Acts *A, int m, int r0, int nr,
+                                const float *bias, float *y, int n) {
+    const int k = A->k;
+    __m512 even[8][16], odd[8][16], de[16], dme[16];
+    LaneSums c[2] __attribute__((aligned(64)));
+    const __mmask16 valid = (__mmask16)((1u << nr) - 1);
+    __m512 b = bias ? _mm512_maskz_loadu_ps(valid, bias + r0) : _mm512_setzero_ps();
+    for (int t0 = 0; t0 < m; t0 += 16) {
+        int nt = m - t0 < 16 ? m - t0 : 16;
+        const int8_t *qa = A->qa + (int64_t)t0 * k;  // [s][L][16 tokens][32]
+        if (ns == 1)  // no odd unit
+            for (int L = 0; L < 8; L++)
+                for (int t = 0; t < nt; t++) odd[L][t] = _mm512_setzero_ps();
+        KTILE_PRODUCTS(0, 4, qa, T, 0);
+        for (int s = 0; s < ns; s++) {
+            const KTile *Ts = T + s;
+            __m512 d = _mm512_loadu_ps(Ts->d), dmin = _mm512_loadu_ps(Ts->dmin);
+            for (int t = 0; t < nt; t++) {
+                __m512 e = _mm512_set1_ps(A->ex[((int64_t)(t0 + t) * ns + s) * 8]);
+                de[t] = _mm512_mul_ps(d, e);
+                dme[t] = _mm512_mul_ps(dmin, e);
+            }
+            for (int L = 0; L < 8; L += 2) {  // lane L's sums in tiles 0, 4; L + 1's in 5, 6
+                KTILE_PRODUCTS(5, 6, qa + 512 * (8 * s + L + 1), Ts, L + 1);
+                _tile_stored(0, c[0][0][0], sizeof c[0][0]);
+                _tile_stored(4, c[0][0][1], sizeof c[0][0]);
+                ktile_floats(fmt, Ts, L, c[0], A, t0, nt, s, de, dme, s < 2, s % 2 ? odd[L] : even[L]);
+                if (L + 2 < 8) KTILE_PRODUCTS(0, 4, qa + 512 * (8 * s + L + 2), Ts, L + 2);
+                else if (s + 1 < ns) KTILE_PRODUCTS(0, 4, qa + 4096 * (s + 1), Ts + 1, 0);
+                _tile_stored(5, c[1][0][0], sizeof c[1][0]);
+                _tile_stored(6, c[1][0][1], sizeof c[1][0]);
+                ktile_floats(fmt, Ts, L + 1, c[1], A, t0, nt, s, de, dme, s < 2,
+                             s % 2 ? odd[L + 1] : even[L + 1]);
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            __m512 e8[8], o8[8];
+            for (int L = 0; L < 8; L++) e8[L] = even[L][t], o8[L] = odd[L][t];
+            __m512 out = ktile_finish(e8, o8);
+            if (bias) out = _mm512_add_ps(out, b);
+            _mm512_mask_storeu_ps(y + (int64_t)(t0 + t) * n + r0, valid, out);
+        }
+    }
+}
+#undef KTILE_PRODUCTS
+
+// The K-quant pass on the tiles: each thread takes RB weight rows at a time, decodes them
+// once and runs every token against them.
+AMX_INT8 static void ktile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
+                                  float *y, int m, int n, const Acts *A, int threads) {
+    int ns = A->k / 256, blocks = (n + RB - 1) / RB;
+#pragma omp parallel num_threads(threads)
+    {
+        tile_config before;
+        tiles_on(&before, &KQ_TILES);
+        KTile *T = aligned_alloc(64, sizeof(KTile) * ns);
+#pragma omp for schedule(guided)
+        for (int bl = 0; bl < blocks; bl++) {
+            int r0 = bl * RB, nr = n - r0 < RB ? n - r0 : RB;
+            int32_t rows[RB];
+            for (int r = 0; r < RB; r++) rows[r] = (int32_t)((r < nr ? r : nr - 1) * row_bytes);
+            for (int s = 0; s < ns; s++) ktile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, s, T + s);
+            ktile_rows(fmt, T, ns, A, m, r0, nr, bias, y, n);
+        }
+        free(T);
+        tiles_off(&before);
+    }
+}
+
+// q [m, k] -> qa: per tile of 16 tokens (zero past the last) and super-block, lane by lane
+// (lane L: inputs 32j + 4L .. + 3 for j = 0 .. 7), the 16 tokens' 32 inputs of the lane one
+// after the other: [tile][super-block][L][16 tokens][32], a tile product's contiguous 512 bytes.
+static int8_t *lanes_by_tile(const int8_t *q, int m, int k) {
+    int tiles = (m + 15) / 16;
+    int8_t *qa = aligned_alloc(64, (size_t)tiles * 16 * k + 64);
+    memset(qa, 0, (size_t)tiles * 16 * k);
+    for (int64_t r = 0; r < m; r++)
+        for (int s = 0; s < k / 256; s++)
+            for (int L = 0; L < 8; L++)
+                for (int j = 0; j < 8; j++)
+                    memcpy(qa + r / 16 * 16 * k + 4096 * s + 512 * L + 32 * (r % 16) + 4 * j,
+                           q + r * k + 256 * s + 32 * j + 4 * L, 4);
+    return qa;
+}
+
 // ---- dispatch ------------------------------------------------------------------------------
 
 // One row against nt tokens on AVX2; nt a constant in each call so the token loops unroll.
@@ -659,34 +924,37 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
         default: { enum { N = 8 }; CALL; }       \
     }
 
-static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
-    switch (fmt) {
-        case Q4_0: BY_NT(b32_avx2(Q4_0, wr, k / 32, A, t0, N, out)) break;
-        case Q5_0: BY_NT(b32_avx2(Q5_0, wr, k / 32, A, t0, N, out)) break;
-        case Q8_0: BY_NT(b32_avx2(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(kq_avx2(Q4_K, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(kq_avx2(Q5_K, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(kq_avx2(Q6_K, wr, k / 256, A, t0, N, out))
+// A row against nt tokens by the 32-block kernel B32 or the K-quant kernel KQ of one path.
+#define BY_FORMAT(B32, KQ)                                                      \
+    switch (fmt) {                                                              \
+        case Q4_0: BY_NT(B32(Q4_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q5_0: BY_NT(B32(Q5_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q8_0: BY_NT(B32(Q8_0, wr, k / 32, A, t0, N, out)) break;           \
+        case Q4_K: BY_NT(KQ(Q4_K, wr, k / 256, A, t0, N, out)) break;           \
+        case Q5_K: BY_NT(KQ(Q5_K, wr, k / 256, A, t0, N, out)) break;           \
+        default: BY_NT(KQ(Q6_K, wr, k / 256, A, t0, N, out))                    \
     }
+
+static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
+    BY_FORMAT(b32_avx2, kq_avx2)
 }
 
 VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt,
                                   float *out) {
-    switch (fmt) {
-        case Q4_0: BY_NT(b32_vnni(Q4_0, wr, k / 32, A, t0, N, out)) break;
-        case Q5_0: BY_NT(b32_vnni(Q5_0, wr, k / 32, A, t0, N, out)) break;
-        case Q8_0: BY_NT(b32_vnni(Q8_0, wr, k / 32, A, t0, N, out)) break;
-        case Q4_K: BY_NT(kq_vnni(Q4_K, wr, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(kq_vnni(Q5_K, wr, k / 256, A, t0, N, out)) break;
-        default: BY_NT(kq_vnni(Q6_K, wr, k / 256, A, t0, N, out))
-    }
+    BY_FORMAT(b32_vnni, kq_vnni)
 }
 
-// The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2.
+// The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
+// where it also has AMX-INT8 and Linux lets this process use the tiles.
 int gguf_path(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") ? VNNI : AVX2;
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+          && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")))
+        return AVX2;
+    return __builtin_cpu_supports("amx-int8") && tiles_allowed() ? AMX : VNNI;
 }
+
+// The narrowest K-quant pass the AMX path computes on the tiles (narrower ones take VNNI).
+int gguf_amx_rows(void) { return AMX_ROWS; }
 
 // Bytes of a row of k inputs, 0 for an unknown format or a k that is not whole blocks.
 int64_t gguf_row_bytes(int fmt, int k) {
@@ -716,10 +984,12 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
 }
 
 // y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
-// `path` (AVX2, or VNNI where gguf_path() says so). Threads take weight rows as they finish.
+// `path` (AVX2, or VNNI or AMX where gguf_path() says so; AMX takes the K-quants' passes of
+// AMX_ROWS tokens or more, VNNI the rest). Threads take weight rows as they finish.
 void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
                  float *y, int m, int k, int n, int path, int threads) {
     int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K, group = kq ? 256 : 32;
+    if (path == AMX && !(kq && m >= AMX_ROWS)) path = VNNI;
     int8_t *q = malloc((size_t)m * k + 64);
     float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
     int16_t *s16 = kq ? malloc(sizeof(int16_t) * ((size_t)m * k / 16)) : NULL;
@@ -753,8 +1023,16 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
             if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
         }
     }
-    Acts A = {q, ex, s16, c, qp, k};
-    if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
+    int8_t *qa = path == AMX ? lanes_by_tile(q, m, k) : NULL;
+    float *s32 = NULL;
+    if (kq) {
+        s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
+        for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
+    }
+    Acts A = {q, ex, s16, s32, c, qp, qa, k};
+    if (path == AMX)
+        ktile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
+    else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
     else {
 #pragma omp parallel for schedule(guided) num_threads(threads)
@@ -766,6 +1044,8 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     free(c);
     free(ex);
     free(qp);
+    free(qa);
+    free(s32);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------

@@ -4,7 +4,8 @@
 [N, row bytes] for the block formats) without copying it; `linear` multiplies by it with
 `gguf.c`, which reads ggml's blocks in place (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) and
 quantizes the activations to int8 per token inside the kernel. Each token of a pass of up to
-FP32_ROWS rows gets exactly the bits of a one-token pass, on either path (AVX2, AVX512-VNNI),
+FP32_ROWS rows gets exactly the bits of a one-token pass, on every path (AVX2, AVX512-VNNI,
+and AMX tiles for the K-quants' wide passes),
 which is what keeps speculative decoding exact (docs/cpu-kernels.md, the bit contract).
 F32 and BF16 tensors take `linear.py`'s row-alone kernels; F16 ones are converted once to
 float32 when wrapped (rare in GGUF files).
@@ -43,7 +44,7 @@ FORMATS: dict[str, Format] = {
 FLOATS = ("F32", "F16", "BF16")
 _IDS = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # gguf.c's (ggml's)
 
-AVX2, VNNI = 0, 1  # the kernel's paths (gguf.c)
+AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (gguf.c); AMX: the K-quants' wide passes
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -54,6 +55,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.gguf_dequantize.restype = None
     lib.gguf_row_bytes.argtypes = [i, i]
     lib.gguf_row_bytes.restype = i64
+    lib.gguf_amx_rows.argtypes = []
+    lib.gguf_amx_rows.restype = i
 
 
 def check_cpu() -> None:
@@ -78,9 +81,14 @@ def best_path() -> int:
     return library().gguf_path()
 
 
+def amx_rows() -> int:
+    """The narrowest K-quant pass the AMX path computes on its tiles (narrower: VNNI)."""
+    return library().gguf_amx_rows()
+
+
 def paths() -> tuple[int, ...]:
-    """Every path this CPU runs (tests and benches compare them)."""
-    return (AVX2, VNNI) if best_path() == VNNI else (AVX2,)
+    """Every path this CPU runs (tests and benches compare them): each up to the best."""
+    return tuple(range(best_path() + 1))
 
 
 def supported(kind: str) -> bool:
@@ -152,10 +160,9 @@ def linear(x: Tensor, w: GGUFWeight, bias: Tensor | None = None, path: int | Non
             return y if bias is None else y + bias
         return dense.linear(x.contiguous(), w.data, bias)
     lib = library()
+    build.check_path(path, paths(), "GGUF kernel")
     if path is None:
         path = best_path()
-    elif path not in paths():
-        raise ValueError(f"this CPU has no GGUF kernel path {path} (it has {paths()})")
     m, k = x.shape
     if k != w.k:
         raise ValueError(f"input has {k} features, the weight {w.k}")

@@ -124,12 +124,11 @@ def linear(x: Tensor, packed: Tensor, scales: Tensor, bias: Tensor | None,
     them).
     Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
-    if path is not None and path not in paths():
-        raise ValueError(f"this CPU has no int4-dyn path {path} (it has {paths()})")
+    build.check_path(path, paths(), "int4-dyn")
     m, k = x.shape
     n = packed.shape[0]
-    x = x.contiguous()
     y = torch.empty(m, n)
+    x = x.contiguous()
     qx = torch.empty(m * quad_bytes(k), dtype=torch.int8)  # each token's, padded to quads
     ex = torch.empty(2 * m * (k // BLOCK))  # the scales, then each scale times its block's sum
     scales = scales.contiguous()  # d [N, K/32], then m

@@ -53,11 +53,10 @@ def linear(x: Tensor, weight: Tensor, scales: Tensor, exact: bool, path: int | N
     call, as fbgemm chose it (a draft's). On the fastest path unless `path` names another.
     Called some 200 times a decoding step: pointers into whole buffers, no tensor views."""
     lib = library()
-    if path is not None and path not in paths():
-        raise ValueError(f"this CPU has no int8-dyn path {path} (it has {paths()})")
+    build.check_path(path, paths(), "int8-dyn")
     m, k = x.shape
-    n = weight.shape[0]
     x = x.contiguous()
+    n = weight.shape[0]
     y = torch.empty(m, n)
     qx = torch.empty(m * (-(-k // CHUNK) * CHUNK), dtype=torch.uint8)
     amax = torch.empty(m)
