@@ -47,12 +47,16 @@ WEIGHTS = r"""
 import json, sys
 import torch
 from specgen.app.session import open_session
+from specgen.kernels.gguf import GGUFWeight
 from specgen.profiles import load_profile
 
 def tensors(model):
     for m in model.modules():
         for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
             yield t
+        for w in (getattr(m, "weight", None), getattr(m, "stored", None)):
+            if isinstance(w, GGUFWeight):  # a GGUF file's blocks as stored (mapped)
+                yield w.data
         joined = getattr(m, "joined", None)
         if joined is not None:
             yield from (t for t in (joined.packed, joined.scales, joined.bias) if t is not None)
