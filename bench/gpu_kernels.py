@@ -135,7 +135,7 @@ def render(table: list[dict]) -> str:
         "LOP3 under the kernel's 230 registers (about 40 IMADs a trip).",
         "- **Instructions per weight: the aim of 2.5 is not reached.** An int4 program is "
         "256 outputs on 8 warps, 3 stages (128 weights of a group a thread). One row tile's "
-        "trip through the loop issues 2.59 instructions a weight a thread in o and down "
+        "trip through the loop runs 2.59 instructions a weight a thread in o and down "
         "(331 for 128 weights): 0.88 for the unpacking (3 shifts and 4 LOP3 a word of 8), "
         "0.31 for the products (32 HMMA for the weights, 8 for the row sums), 0.26 for "
         "scaling and adding a group (FFMA), 0.31 moving the unpacked tile through shared "
