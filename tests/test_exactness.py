@@ -9,6 +9,7 @@ import itertools
 from collections import Counter
 
 import pytest
+import torch
 
 import specgen.core.engine
 from specgen import SpeculativeGenerator
@@ -49,8 +50,8 @@ def test_broken_sampler_is_caught(monkeypatch, distribution):
     distribution, and the same test rejects it."""
 
     def accept_all(p, q, draft_ids, generator=None):
-        k = draft_ids.shape[0]
-        return k, sample(p[k], generator)
+        k = draft_ids.shape[0]  # as rejection_accept answers: the count as a tensor
+        return torch.tensor(k, device=p.device), sample(p[k], generator)
 
     monkeypatch.setattr(specgen.core.engine, "rejection_accept", accept_all)
     target, draft = distribution.tiny_pair()

@@ -199,7 +199,8 @@ def test_a_broken_sampler_is_caught_with_a_head(monkeypatch, distribution, fitte
     from specgen.core.sampling import sample
 
     def accept_all(p, q, draft_ids, generator=None):
-        return draft_ids.shape[0], sample(p[draft_ids.shape[0]], generator)
+        k = draft_ids.shape[0]  # as rejection_accept answers: the count as a tensor
+        return torch.tensor(k, device=p.device), sample(p[k], generator)
 
     monkeypatch.setattr(specgen.core.engine, "rejection_accept", accept_all)
     target, head = peaked(fitted_head, "eagle")

@@ -312,8 +312,7 @@ class SpeculativeGenerator:
         device): the kept tokens' ids and the target's top probability (carried in the same
         integer transfer in units of 1/SURE_SCALE); then the times between the `marks` (start,
         drafted, verified; none for the prompt's pass), which that sync has passed."""
-        n = (verdict.kept.view(1) if isinstance(verdict.kept, Tensor)  # an int: a fill, no copy
-             else torch.full((1,), verdict.kept, device=self.device))
+        n = verdict.kept.view(1)
         leaf = verdict.leaf.view(1) if verdict.leaf is not None else n  # a chain's: unread
         sure = (verdict.sure * SURE_SCALE).round().long().view(1)
         values = torch.cat([n, leaf, verdict.drafts, verdict.token.view(1), sure]).tolist()
@@ -432,7 +431,7 @@ class _Verdict:
     `drafts` begins with the kept ones (a chain's drafts; a tree's kept branch). A tree's
     verdict also names the tree and its kept branch's deepest node (`leaf`)."""
 
-    kept: Tensor | int
+    kept: Tensor
     token: Tensor
     sure: Tensor
     drafts: Tensor
