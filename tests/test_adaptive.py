@@ -7,7 +7,7 @@ import torch
 
 from specgen.choices import CATCH_UP_TOKENS
 from specgen.core.adaptive import (
-    EXPLORE_SHARE, FIRST_STOP, PRIOR_ALPHA, TRIAL_STEPS, Book, Planner, expected_tokens,
+    EXPLORE_SHARE, FIRST_REACH, FIRST_STOP, PRIOR_ALPHA, TRIAL_STEPS, Book, Planner, expected_tokens,
     horizon, marginal_verify_cost, record_pass, saving, verify_curve,
 )
 from specgen.core.base import Drafter
@@ -107,13 +107,25 @@ def test_a_plain_step_is_measured_first_then_drafts_and_the_first_draft_is_warm_
     observe(planner, PLAIN, 0, 0, 0.0, 0.7)
     assert planner.verify_cost[0] == pytest.approx(0.7)
     plan = planner.plan(lookup, None, 100)
-    assert plan.guesser == "lookup-3" and plan.k == 4 and not plan.explore
+    assert plan.guesser == "lookup-3" and plan.k == FIRST_REACH == 2 and not plan.explore
     assert planner.plan(lookup, None, 1).k == 1  # never more than are still wanted
     assert Planner(0).plan(lookup, None, 100) == PLAIN
-    observe(planner, plan, 4, 4, 0.4, 0.8)
+    observe(planner, plan, 2, 2, 0.2, 0.8)
     assert planner.estimates["lookup-3"].draft_cost is None  # the first one warmed up
-    observe(planner, plan, 4, 4, 0.4, 0.8)
+    observe(planner, plan, 2, 2, 0.2, 0.8)
     assert planner.estimates["lookup-3"].draft_cost == pytest.approx(0.1)
+
+
+def test_drafts_widen_in_doublings_of_the_widest_pass_measured():
+    """Beyond the widest pass measured the verify cost is a flat guess: a guesser that does
+    not end its own drafts goes at most twice as wide, so one wrong guess costs little and
+    the widths measured bracket the curve closely (a 16-token first draft on a CPU, where a
+    pass of 17 rows costs four of one, once cost more than speculation gained)."""
+    plans = drive(Planner(16), Guesser(), 8, kept=lambda plan: plan.k, draft=0.0,
+                  verify=lambda k: 0.17 + 0.001 * k)
+    assert ks(plans)[:6] == [0, 2, 4, 8, 16, 16]
+    self_ended = drive(Planner(16), Guesser(True, ("model",)), 2, kept=lambda plan: plan.k)
+    assert self_ended[1].k == 16  # its stop decides its width
 
 
 def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
@@ -145,7 +157,7 @@ def test_dear_verification_shortens_drafts():
     chosen = {}
     for name, per_token in (("cheap", 0.002), ("dear", 0.17)):
         rng, planner = random.Random(0), Planner(6)
-        drive(planner, Guesser(), 60, draft=0.03, verify=lambda k: 0.17 + per_token * k,
+        drive(planner, Guesser(), 60, draft=0.01, verify=lambda k: 0.17 + per_token * k,
               kept=lambda plan: sum(rng.random() < 0.8 for _ in range(plan.k)))
         chosen[name] = planner.plan(Guesser(), None, 100).k
     assert chosen["dear"] < chosen["cheap"] == 6, chosen

@@ -5,7 +5,8 @@ its acceptance (draft tokens kept and rejected, over a prior), its draft pass's 
 guesser that ends its own drafts, the measured yield of such drafts; beside them the measured
 cost of a target pass per width (`verify_cost`, the target's whoever drafted) and a `Book` of
 costs that outlive an answer. One rule decides each step: of a plain step and every offered
-guesser at every K, the one with the most expected tokens per second; a guesser that must read
+guesser at every K (at most twice the widest pass measured, for a guesser that does not end its
+own drafts), the one with the most expected tokens per second; a guesser that must read
 context first qualifies only once the time it would have saved so far pays for the reading (the
 ski-rental rule), and one this answer has not timed yet qualifies whatever its rate (the Book's
 price may be stale). One exploration rule measures what the estimates cannot know: a guesser
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from specgen.core.base import Drafter
 
+FIRST_REACH = 2  # a draft's widest K while no speculative pass is measured (then doubling)
 FIRST_STOP = 0.5  # a self-ended draft's stop while its pass is unmeasured: as likely wrong as right
 TRIAL_STEPS = 4  # steps a guesser new to the answer (or back after a kept probe) is measured for
 PRIOR_ALPHA = 0.7  # an untried guesser's acceptance, where nothing better is known
@@ -298,6 +300,8 @@ class Planner:
         a stop, at its measured yield (untried: the best K's rate), unless a fixed K is
         expected to do better (its probabilities may say far less than its acceptance does)."""
         est = self.estimate(guesser, drafter)
+        if not est.ends_own:
+            top = min(top, self.reach())
         rates = {k: self.rate(est, k) for k in range(1, top + 1)}
         k = max(rates, key=rates.__getitem__)
         best = Option(guesser, drafter, k, 0.0, rates[k], self.catch_up(guesser, drafter, tokens))
@@ -306,6 +310,13 @@ class Planner:
             if ended >= best.rate:
                 best = replace(best, k=top, stop=self._stop(est, ended), rate=ended)
         return best
+
+    def reach(self) -> int:
+        """The widest draft a guesser that does not end its own may take: twice the widest
+        pass measured (2 at first). Beyond the widest the curve is flat, so optimistic, and a
+        wrong guess costs a whole wide pass; widths measured in doublings also keep the
+        linear steps between measured neighbours close to a curve that bends upwards."""
+        return max(FIRST_REACH, 2 * max(self.verify_cost, default=0))
 
     def _stop(self, est: Estimate, rate: float) -> float:
         """A self-ended draft goes on while one more token, kept with at most the draft's
