@@ -5,7 +5,8 @@ Each scenario's profile (tiny models built here, in a fresh cache) is loaded twi
 warm, under `sys.setprofile`. Every specgen function is read once, at its first call: the
 calls form a tree of first calls, and reading it depth first gives a sequence of files (into
 a callee's file, and back to the caller's when it returns). "files" counts the distinct files
-of that sequence; "returns" counts each step into a file the reader had already left. The
+of that sequence; "returns" counts each step into a file the reader had already left, and
+"calls into a file read before" those of them that are calls (not returns to the caller). The
 engine's construction (core/, decoding/) is left out: it follows the loaded models; so are
 imports (a module's top level).
 
@@ -91,6 +92,24 @@ def counts(sequence: list[str]) -> tuple[int, int]:
     return len(set(sequence)), returns
 
 
+def reentries(reader: Reader) -> int:
+    """Calls into a file the reader had read and left (a return up the call stack to the
+    caller's file, where reading goes on, is not one): how often reading goes back."""
+    seen: set[str] = set()
+    count = 0
+
+    def walk(node: Node) -> None:
+        nonlocal count
+        for child in node.children:
+            if child.file != node.file:
+                count += child.file in seen
+                seen.add(child.file)
+            walk(child)
+
+    walk(reader.root)
+    return count
+
+
 def scenarios(root: Path) -> dict[str, str]:
     """Profile texts: the default's shape (two GGUF files run as stored), the same files
     converted to float, and a local folder pair packed for a CPU scheme."""
@@ -113,9 +132,9 @@ def scenarios(root: Path) -> dict[str, str]:
     }
 
 
-def trace(text: str, folder: Path, show: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+def trace(text: str, folder: Path, show: bool) -> tuple[tuple[int, int], tuple[int, int], set[str], int]:
     """(files, returns) over all of specgen's files, and over loading/'s alone (the steps
-    between two of its files, whatever ran in between)."""
+    between two of its files, whatever ran in between); the files; the re-entries."""
     from specgen.cli.options import load_session
     from specgen.profiles import load_profile
 
@@ -135,7 +154,7 @@ def trace(text: str, folder: Path, show: bool) -> tuple[tuple[int, int], tuple[i
         print("  " + " > ".join(reader.sequence(functions=True)))
     loading = [f for f in sequence if f.startswith("loading/")]
     loading = [f for i, f in enumerate(loading) if i == 0 or loading[i - 1] != f]
-    return counts(sequence), counts(loading)
+    return counts(sequence), counts(loading), set(sequence), reentries(reader)
 
 
 def main() -> None:
@@ -147,16 +166,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ["SPECGEN_PROFILE_DIR"] = str(root / "profiles")
-        total = [0, 0, 0, 0]
+        total, union = [0, 0, 0, 0, 0], set()
         for i, (name, text) in enumerate(scenarios(root).items()):
             folder = root / f"s{i}"
             folder.mkdir()
-            (files, returns), (lfiles, lreturns) = trace(text, folder, args.sequence)
-            total = [a + b for a, b in zip(total, (files, returns, lfiles, lreturns))]
-            print(f"{name}: {files} files crossed, {returns} returns to a file left "
-                  f"(loading/ alone: {lfiles} files, {lreturns} returns)")
-        print(f"all three: {total[0]} files crossed, {total[1]} returns to a file left "
-              f"(loading/ alone: {total[2]} files, {total[3]} returns)")
+            (files, returns), (lfiles, lreturns), crossed, again = trace(text, folder, args.sequence)
+            total = [a + b for a, b in zip(total, (files, returns, lfiles, lreturns, again))]
+            union |= crossed
+            print(f"{name}: {files} files crossed, {returns} returns to a file left, {again} "
+                  f"calls into a file read before (loading/ alone: {lfiles} files, {lreturns} returns)")
+        print(f"all three: {total[0]} files crossed ({len(union)} distinct), {total[1]} returns to "
+              f"a file left, {total[4]} calls into a file read before (loading/ alone: "
+              f"{total[2]} files, {total[3]} returns)")
 
 if __name__ == "__main__":
     main()

@@ -439,7 +439,7 @@ def test_sigterm_mid_conversion_leaves_nothing_and_stale_temporaries_go(tmp_path
 
 def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(
         tmp_path, gguf_file, monkeypatch, tiny_gguf):
-    from specgen.loading import load as models
+    from specgen.loading import tokenizer_cache
 
     other = tiny_gguf(tmp_path / "other.gguf", hidden=64, ff=128, seed=1)
     path = tmp_path / "pair.toml"
@@ -447,8 +447,9 @@ def test_a_draft_with_the_target_tokenizer_files_reuses_the_target_tokenizer(
                     f'[draft]\nmodel = "{other}"\ndtype = "float32"\nquantization = "none"\n')
     load_pair(load_profile(str(path)))  # converts both
     calls = []
-    real = models.load_tokenizer
-    monkeypatch.setattr(models, "load_tokenizer", lambda *a: (calls.append(a[0].name), real(*a))[1])
+    real = tokenizer_cache.load_tokenizer
+    monkeypatch.setattr(tokenizer_cache, "load_tokenizer",
+                        lambda *a: (calls.append(a[0].name), real(*a))[1])
     pair = load_pair(load_profile(str(path)))
     assert calls == [str(gguf_file)] and pair.draft is not None  # one tokenizer read, not two
 

@@ -222,12 +222,14 @@ def test_a_gguf_drafts_tokenizer_is_read_once_then_known_to_match(tmp_path, monk
 
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     monkeypatch.setattr(llamacpp, "load", load)
-    read, real = [], models.load_tokenizer
+    from specgen.loading import tokenizer_cache
+
+    read, real = [], tokenizer_cache.load_tokenizer
 
     def spy(source, *a, **k):
         read.append(source.gguf)
         return real(source, *a, **k)
-    monkeypatch.setattr(models, "load_tokenizer", spy)
+    monkeypatch.setattr(tokenizer_cache, "load_tokenizer", spy)
 
     def gguf_reads():
         read.clear()

@@ -20,14 +20,14 @@ from specgen.choices import BNB_SCHEMES
 from specgen.decoding import llamacpp
 from specgen.errors import ModelError
 from specgen.kernels import cuda_int4, prepare
-from specgen.loading import cache, mapped, stored, tokenizer_cache
+from specgen.loading import mapped, stored, tokenizer_cache
 from specgen.loading.convert import convert_gguf, pack
 from specgen.loading.devices import dtype_name
 from specgen.loading.memory import check_memory, check_pair, estimate_bytes
-from specgen.loading.plan import FROM_THE_FILE, HeadPlan, PairPlan, RolePlan, bnb_config, plan_pair, resolve_role, runtime_of
+from specgen.loading.plan import HeadPlan, PairPlan, RolePlan, bnb_config, plan_pair, resolve_role, runtime_of
 from specgen.loading.sources import (ModelFiles, Progress, fetch_weights, load_config, pretrained,
                                      refused_code, say)
-from specgen.loading.tokenizer_cache import gguf_tokenizer, load_tokenizer
+from specgen.loading.tokenizer_cache import load_tokenizer
 from specgen.profiles import Profile
 
 if TYPE_CHECKING:  # transformers' model code is imported only where a model needs it
@@ -56,71 +56,6 @@ def context_limit(model: PreTrainedModel | llamacpp.LlamaCppDraft) -> int | None
     if isinstance(model, llamacpp.LlamaCppDraft):
         return model.limit()
     return model.config.get_text_config().max_position_embeddings
-
-
-def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
-                     target_name: str = "target", draft_name: str = "draft") -> None:
-    """Refuse a draft whose tokenizer differs from the target's: the same token must have the
-    same id over the ids both know (one may have a few extra tokens), and the special tokens
-    that end and start text must be the same."""
-    id_t = {i: t for t, i in target.get_vocab().items()}
-    id_d = {i: t for t, i in draft.get_vocab().items()}
-    shared = min(len(id_t), len(id_d))
-    for i in range(shared):
-        if id_t.get(i) != id_d.get(i):
-            raise ModelError(
-                f"The draft {draft_name} does not share the target {target_name}'s tokenizer: "
-                f"token id {i} is {id_t.get(i)!r} for the target and {id_d.get(i)!r} for the "
-                "draft. Pick a draft from the target's model family.")
-    for attr in ("eos_token", "bos_token", "unk_token"):
-        t, d = getattr(target, attr, None), getattr(draft, attr, None)
-        if t != d:
-            raise ModelError(
-                f"The draft {draft_name} and the target {target_name} disagree on the special "
-                f"token {attr}: {d!r} vs {t!r}. Pick a draft from the target's model family.")
-
-
-def same_tokenizer_files(a: ModelFiles, b: ModelFiles) -> bool:
-    """Whether two cache entries hold byte-identical tokenizer files (their manifests' sha256;
-    the chat template aside, which only the target's tokenizer uses)."""
-    if a.gguf or b.gguf:
-        return False
-    ma, mb = cache.current(a.path), cache.current(b.path)
-    if ma is None or mb is None or "tokenizer.json" not in ma["files"]:
-        return False
-    return all((ma["files"].get(f) or {}).get("sha256") == (mb["files"].get(f) or {}).get("sha256")
-               for f in tokenizer_cache.FILES)
-
-
-def _tokenizer_files(role: RolePlan) -> ModelFiles:
-    """Where the role's tokenizer is read: a GGUF run as stored, from its saved copy (the
-    file's tokenizer, saved once as a folder's); else its files (a GGUF not converted yet,
-    from the file)."""
-    if role.runtime == "stored":
-        return ModelFiles(role.files.name, gguf_tokenizer(role.files))
-    return role.files
-
-
-def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) -> bool:
-    """The draft's tokenizer is the target's: the same files, or (a GGUF read as it is) one
-    found to match on an earlier run."""
-    if same_tokenizer_files(target.files, draft.files):
-        return True
-    return draft.runtime in FROM_THE_FILE and tokenizer_cache.matched(target_folder, draft.files.gguf_path)
-
-
-def load_tokenizers(plan: PairPlan):
-    """The target's tokenizer, the draft's checked against it (read once where they share it)."""
-    target, draft = plan.target, plan.draft
-    folder = _tokenizer_files(target)
-    tokenizer = load_tokenizer(folder, target.spec.trust_remote_code, plan.lean)
-    if draft is None or _shares_tokenizer(target, folder.path, draft):
-        return tokenizer
-    other = load_tokenizer(_tokenizer_files(draft), draft.spec.trust_remote_code, plan.lean)
-    check_tokenizers(tokenizer, other, target.files.name, draft.files.name)
-    if draft.runtime in FROM_THE_FILE:
-        tokenizer_cache.remember_match(folder.path, draft.files.gguf_path)
-    return tokenizer
 
 
 def _device_map(device: str) -> str | dict[str, str]:
@@ -256,7 +191,7 @@ def load_plan(plan: PairPlan, progress: Progress | None = None) -> LoadedPair:
         pool = ThreadPoolExecutor(1, thread_name_prefix="specgen-llama-draft")
         draft_load = pool.submit(load_llama_draft, draft, progress)
         pool.shutdown(wait=False)
-    tokenizer = load_tokenizers(plan)
+    tokenizer = tokenizer_cache.load_tokenizers(plan)
     model = load_role(target, progress, plan.lean)
     drafter = None
     if draft is not None:

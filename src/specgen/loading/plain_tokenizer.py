@@ -16,6 +16,12 @@ from datetime import datetime
 from pathlib import Path
 
 SETTINGS = "plain.json"  # what transformers' tokenizer said of itself when the copy was kept
+# Texts and conversations a copy must encode, decode and render as the tokenizer it copies.
+PROBES = ["write quicksort in python", "  two  spaces\tand\ttabs\n\nnew lines\r\n",
+          "e\u0301 \u00e9 \ufb01 \u2163 \u00bd", "\u4f60\u597d\uff0c\u4e16\u754c \U0001f600 \u05e9\u05dc\u05d5\u05dd",
+          "def f(x):\n    return x ** 2  # comment", "<|endoftext|> <|im_start|>user<|im_end|> <s></s>"]
+TURNS = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
+         {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
 
 
 class PlainTokenizer:
@@ -109,3 +115,60 @@ def settings_of(tok) -> dict | None:
         return None
     return {"special_tokens_map": dict(tok.special_tokens_map), "chat_template": template,
             "eos_token_id": tok.eos_token_id}
+
+
+def load_plain(entry: Path, folder: Path) -> PlainTokenizer | None:
+    try:
+        tok = PlainTokenizer(entry)
+    except Exception:  # the tokenizers library raises a bare Exception on a file it cannot read
+        return None
+    tok.name_or_path = str(folder)
+    return tok
+
+
+def save_plain(tok, folder: Path) -> str | None:
+    """Record what a PlainTokenizer needs beside the copy in `folder`; None when it answers as
+    `tok` does, else what differs (and the record is removed)."""
+    settings = settings_of(tok)
+    if settings is None:
+        return "transformers' tokenizer does more than a plain one"
+    (folder / SETTINGS).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    try:
+        problem = difference(tok, PlainTokenizer(folder))
+    except Exception as e:  # a template jinja2 cannot compile here, a backend it cannot read
+        problem = f"the plain tokenizer fails: {e}"
+    if problem is not None:
+        (folder / SETTINGS).unlink()
+    return problem
+
+
+def difference(tok, plain: PlainTokenizer) -> str | None:
+    """What a PlainTokenizer answers differently from transformers' `tok` (None when nothing)."""
+    if plain.get_vocab() != tok.get_vocab():
+        return "the vocabularies differ"
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token", "eos_token_id"):
+        if getattr(plain, attr) != getattr(tok, attr, None):
+            return f"{attr} differs"
+    for text in PROBES:
+        for special in (True, False):
+            ids = tok(text, add_special_tokens=special)["input_ids"]
+            if plain(text, add_special_tokens=special)["input_ids"] != ids:
+                return "an encoding differs"
+            for skip in (False, True):
+                if plain.decode(ids, skip_special_tokens=skip) != tok.decode(ids, skip_special_tokens=skip):
+                    return "a decoding differs"
+    if tok.chat_template is None:
+        return None
+    for messages in (TURNS[1:2], TURNS[:2], TURNS[1:], TURNS):
+        for prompt in (True, False):
+            try:
+                want = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+            except Exception as e:  # a template that refuses these roles must refuse them here too
+                want = type(e).__name__
+            try:
+                got = plain.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+            except Exception as e:
+                got = type(e).__name__
+            if got != want:
+                return "the chat template renders differently"
+    return None

@@ -1,5 +1,6 @@
-"""A model's tokenizer (`load_tokenizer`), loaded the fast way on every run after the first;
-a GGUF's tokenizer saved once as a folder's (`gguf_tokenizer`).
+"""A plan's tokenizers (`load_tokenizers`: the target's, the draft's checked against it); a
+model's tokenizer (`load_tokenizer`), loaded the fast way on every run after the first; a GGUF's
+tokenizer saved once as a folder's (`gguf_tokenizer`).
 
 transformers loads a tokenizer whose class has its own `__init__` (Qwen2's, Llama's, ...)
 by parsing the whole tokenizer.json in Python and rebuilding the backend from its vocab and
@@ -25,8 +26,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specgen.errors import ModelError
 from specgen.loading import cache
-from specgen.loading.plain_tokenizer import SETTINGS, PlainTokenizer, settings_of
+from specgen.loading.plain_tokenizer import PROBES, TURNS, PlainTokenizer, load_plain, save_plain
+from specgen.loading.plan import FROM_THE_FILE, PairPlan, RolePlan
 from specgen.loading.sources import ModelFiles, from_pretrained
 from specgen.paths import cache_dir
 
@@ -50,11 +53,7 @@ PLAIN_CLASS_NAMES = {"__init__", "__module__", "__qualname__", "__doc__", "__ann
 SET_APART = {"_tokenizer", "_vocab", "_merges", "init_kwargs", "name_or_path"}
 PATH_KWARGS = {"name_or_path", "is_local", "local_files_only", "vocab", "merges", "vocab_file",
                "merges_file", "tokenizer_file", "added_tokens_decoder"}
-PROBES = ["write quicksort in python", "  two  spaces\tand\ttabs\n\nnew lines\r\n",
-          "e\u0301 \u00e9 \ufb01 \u2163 \u00bd", "\u4f60\u597d\uff0c\u4e16\u754c \U0001f600 \u05e9\u05dc\u05d5\u05dd",
-          "def f(x):\n    return x ** 2  # comment", "<|endoftext|> <|im_start|>user<|im_end|> <s></s>"]
-TURNS = [{"role": "system", "content": PROBES[0]}, {"role": "user", "content": PROBES[2]},
-         {"role": "assistant", "content": PROBES[4]}, {"role": "user", "content": PROBES[5]}]
+
 
 
 def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bool = False
@@ -193,7 +192,7 @@ def load(folder: Path, plain: bool = False):
         return None  # a damaged or older copy is made again by the slow load's `store`
     try:
         if plain and manifest.get("plain"):
-            return _load_plain(entry, folder)
+            return load_plain(entry, folder)
         tok = _load_generic(entry)
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -212,7 +211,7 @@ def store(folder: Path, tok) -> bool:
     try:
         with cache.building(entry_dir(name)) as tmp:
             problem = _save(tok, tmp)
-            plain = _save_plain(tok, tmp) if problem is None else problem
+            plain = save_plain(tok, tmp) if problem is None else problem
             if problem is not None:
                 for child in tmp.iterdir():
                     cache.remove(child)
@@ -222,15 +221,6 @@ def store(folder: Path, tok) -> bool:
         return problem is None
     except (OSError, ValueError, TypeError, RuntimeError):
         return False
-
-
-def _load_plain(entry: Path, folder: Path) -> PlainTokenizer | None:
-    try:
-        tok = PlainTokenizer(entry)
-    except Exception:  # the tokenizers library raises a bare Exception on a file it cannot read
-        return None
-    tok.name_or_path = str(folder)
-    return tok
 
 
 def _load_generic(folder: Path):
@@ -293,49 +283,66 @@ def difference(slow, fast) -> str | None:
     return None
 
 
-def _save_plain(tok, folder: Path) -> str | None:
-    """Record what a PlainTokenizer needs beside the copy in `folder`; None when it answers as
-    `tok` does, else what differs (and the record is removed)."""
-    settings = settings_of(tok)
-    if settings is None:
-        return "transformers' tokenizer does more than a plain one"
-    (folder / SETTINGS).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
-    try:
-        problem = plain_difference(tok, PlainTokenizer(folder))
-    except Exception as e:  # a template jinja2 cannot compile here, a backend it cannot read
-        problem = f"the plain tokenizer fails: {e}"
-    if problem is not None:
-        (folder / SETTINGS).unlink()
-    return problem
+def check_tokenizers(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
+                     target_name: str = "target", draft_name: str = "draft") -> None:
+    """Refuse a draft whose tokenizer differs from the target's: the same token must have the
+    same id over the ids both know (one may have a few extra tokens), and the special tokens
+    that end and start text must be the same."""
+    id_t = {i: t for t, i in target.get_vocab().items()}
+    id_d = {i: t for t, i in draft.get_vocab().items()}
+    shared = min(len(id_t), len(id_d))
+    for i in range(shared):
+        if id_t.get(i) != id_d.get(i):
+            raise ModelError(
+                f"The draft {draft_name} does not share the target {target_name}'s tokenizer: "
+                f"token id {i} is {id_t.get(i)!r} for the target and {id_d.get(i)!r} for the "
+                "draft. Pick a draft from the target's model family.")
+    for attr in ("eos_token", "bos_token", "unk_token"):
+        t, d = getattr(target, attr, None), getattr(draft, attr, None)
+        if t != d:
+            raise ModelError(
+                f"The draft {draft_name} and the target {target_name} disagree on the special "
+                f"token {attr}: {d!r} vs {t!r}. Pick a draft from the target's model family.")
 
 
-def plain_difference(tok, plain: PlainTokenizer) -> str | None:
-    """What a PlainTokenizer answers differently from transformers' `tok` (None when nothing)."""
-    if plain.get_vocab() != tok.get_vocab():
-        return "the vocabularies differ"
-    for attr in ("bos_token", "eos_token", "unk_token", "pad_token", "eos_token_id"):
-        if getattr(plain, attr) != getattr(tok, attr, None):
-            return f"{attr} differs"
-    for text in PROBES:
-        for special in (True, False):
-            ids = tok(text, add_special_tokens=special)["input_ids"]
-            if plain(text, add_special_tokens=special)["input_ids"] != ids:
-                return "an encoding differs"
-            for skip in (False, True):
-                if plain.decode(ids, skip_special_tokens=skip) != tok.decode(ids, skip_special_tokens=skip):
-                    return "a decoding differs"
-    if tok.chat_template is None:
-        return None
-    for messages in (TURNS[1:2], TURNS[:2], TURNS[1:], TURNS):
-        for prompt in (True, False):
-            try:
-                want = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
-            except Exception as e:  # a template that refuses these roles must refuse them here too
-                want = type(e).__name__
-            try:
-                got = plain.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
-            except Exception as e:
-                got = type(e).__name__
-            if got != want:
-                return "the chat template renders differently"
-    return None
+def same_tokenizer_files(a: ModelFiles, b: ModelFiles) -> bool:
+    """Whether two cache entries hold byte-identical tokenizer files (their manifests' sha256;
+    the chat template aside, which only the target's tokenizer uses)."""
+    if a.gguf or b.gguf:
+        return False
+    ma, mb = cache.current(a.path), cache.current(b.path)
+    if ma is None or mb is None or "tokenizer.json" not in ma["files"]:
+        return False
+    return all((ma["files"].get(f) or {}).get("sha256") == (mb["files"].get(f) or {}).get("sha256")
+               for f in FILES)
+
+
+def _tokenizer_files(role: RolePlan) -> ModelFiles:
+    """Where the role's tokenizer is read: a GGUF run as stored, from its saved copy (the
+    file's tokenizer, saved once as a folder's); else its files (a GGUF not converted yet,
+    from the file)."""
+    if role.runtime == "stored":
+        return ModelFiles(role.files.name, gguf_tokenizer(role.files))
+    return role.files
+
+
+def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) -> bool:
+    """The draft's tokenizer is the target's: the same files, or (a GGUF read as it is) one
+    found to match on an earlier run."""
+    if same_tokenizer_files(target.files, draft.files):
+        return True
+    return draft.runtime in FROM_THE_FILE and matched(target_folder, draft.files.gguf_path)
+
+
+def load_tokenizers(plan: PairPlan) -> PreTrainedTokenizerBase | PlainTokenizer:
+    """The target's tokenizer, the draft's checked against it (read once where they share it)."""
+    target, draft = plan.target, plan.draft
+    folder = _tokenizer_files(target)
+    tokenizer = load_tokenizer(folder, target.spec.trust_remote_code, plan.lean)
+    if draft is None or _shares_tokenizer(target, folder.path, draft):
+        return tokenizer
+    other = load_tokenizer(_tokenizer_files(draft), draft.spec.trust_remote_code, plan.lean)
+    check_tokenizers(tokenizer, other, target.files.name, draft.files.name)
+    if draft.runtime in FROM_THE_FILE:
+        remember_match(folder.path, draft.files.gguf_path)
+    return tokenizer
