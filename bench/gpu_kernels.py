@@ -132,8 +132,8 @@ def render(table: list[dict]) -> str:
         "compiles; fp16 at 2^10 with a packed subtract (q - 8: fp16's sums have fewer bits "
         "to spare). The exponent's bits are read from memory once a program, not written as "
         "a literal: ptxas otherwise rematerializes the literal in a register before each "
-        "LOP3 under the kernel's register pressure (about 40 IMADs a trip, measured when it "
-        "held 230 registers).",
+        "LOP3 under the kernel's register pressure (33 IMADs a trip more, measured at its 220 "
+        "registers).",
         "- **Instructions per weight: 2.37, under the 2.5 aimed at.** An int4 program is "
         "256 outputs on 8 warps, 3 stages (128 weights of a group a thread). One row tile's "
         "trip through the loop runs 303 instructions for 128 weights in every int4 linear "
