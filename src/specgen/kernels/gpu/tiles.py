@@ -251,15 +251,29 @@ def _rows_in(x_ptr, rows, kk, M, K, GATED: tl.constexpr):
     """A row tile's inputs kk: x's, or (GATED) silu(gate) * up of x = [gate | up] [M, 2K],
     rounded exactly as `_silu_mul` rounds (the MLP's SiLU kernel, folded into the down
     projection's loads)."""
-    inside = (rows[:, None] < M) & (kk[None, :] < K)
+    return _loaded_rows(x_ptr, rows, kk, K, (rows[:, None] < M) & (kk[None, :] < K), GATED)
+
+
+@triton.jit
+def _loaded_rows(x_ptr, rows, kk, K, inside, GATED: tl.constexpr):
+    """`_rows_in` where `inside` says which inputs exist (None: all of them)."""
     if GATED:
         at = x_ptr + rows[:, None] * 2 * K + kk[None, :]
-        gate = tl.load(at, mask=inside, other=0.0).to(tl.float32)
-        up = tl.load(at + K, mask=inside, other=0.0).to(tl.float32)
+        gate = _masked_load(at, inside).to(tl.float32)
+        up = _masked_load(at + K, inside).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
         return (act * up).to(x_ptr.dtype.element_ty)
     else:
-        return tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=inside, other=0.0)
+        return _masked_load(x_ptr + rows[:, None] * K + kk[None, :], inside)
+
+
+@triton.jit
+def _masked_load(at, inside):
+    """Zeros where not `inside`; None: every element is."""
+    if inside is None:
+        return tl.load(at)
+    else:
+        return tl.load(at, mask=inside, other=0.0)
 
 
 @triton.jit
@@ -439,12 +453,42 @@ def _unpacked(words, bits, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, dtype: tl
 
 
 @triton.jit
-def _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, w, ones, scale,
-               shift, acc, GATED: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _normed_part(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, r0, first, last, M, K, scale0, scale1,
+                 scale2, write, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 GROUP: tl.constexpr):
+    """A program's rows' normalised inputs (`_normed_in`) over its groups first..last - 1,
+    stored to h_ptr [M, K] before its main loop, which then reads them as a plain linear's
+    inputs: each input normalised once a program, not once a row tile and group in the loop.
+    Every program that stores an input of h stores the same bits (the same code on the same
+    inputs), and a program reads back only inputs it stored itself, after a barrier."""
+    rows = r0 + tl.arange(0, BLOCK_M)
+    for step in range(first, last):
+        kk = step * GROUP + tl.arange(0, GROUP)
+        _store_normed(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, rows, kk, M, K, scale0, write,
+                      HAS_RESIDUAL)
+        if r0 + BLOCK_M < M:
+            _store_normed(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, rows + BLOCK_M, kk, M, K,
+                          scale1, write, HAS_RESIDUAL)
+        if r0 + 2 * BLOCK_M < M:
+            _store_normed(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, rows + 2 * BLOCK_M, kk, M, K,
+                          scale2, write, HAS_RESIDUAL)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _store_normed(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, rows, kk, M, K, scale, write,
+                  HAS_RESIDUAL: tl.constexpr):
+    h = _normed_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale, write, HAS_RESIDUAL)
+    tl.store(h_ptr + rows[:, None] * K + kk[None, :], h,
+             mask=(rows[:, None] < M) & (kk[None, :] < K))
+
+
+@triton.jit
+def _int4_tile(x_ptr, rows, kk, K, w, ones, scale, shift, acc, GATED: tl.constexpr):
     """A row tile's group: scale * (x . (q + c)) + shift * (x . 1), shift = zero - (c + 8) *
-    scale: x . ((q - 8) * scale + zero) without rounding a dequantized weight."""
-    x = _tile_in(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, GATED, NORM,
-                 HAS_RESIDUAL)
+    scale: x . ((q - 8) * scale + zero) without rounding a dequantized weight. `rows` all
+    exist (the caller's clamp)."""
+    x = _loaded_rows(x_ptr, rows, kk, K, None, GATED)
     part = tl.dot(x, tl.trans(w), input_precision="ieee")
     total = tl.dot(x, ones, input_precision="ieee")  # each row's sum, in every column
     return acc + part * scale[None, :] + total * shift[None, :]
@@ -452,7 +496,8 @@ def _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, row_scale, write, w,
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every width (above)
 def _linear_int4(x_ptr, q_ptr, sz_ptr, ex_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr,
-                 s_ptr, cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, KW, STEPS, eps, C,
+                 s_ptr, h_ptr, cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, M, N, K, KW, STEPS,
+                 eps, C,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr,
                  NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU: tl.constexpr,
@@ -464,12 +509,13 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, ex_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr
     `_offset`), multiplied into each row tile, and a row's group sum is scale * (x . (q + c))
     + (zero - (c + 8) * scale) * (x . 1) (`_int4_tile`): y = sum over groups of
     x . ((q - 8) * scale + zero), with no per-weight rounding of the dequantized value.
-    Programs, NORM, SILU and ROPE as `_linear`'s."""
+    Programs, NORM, SILU and ROPE as `_linear`'s, but NORM's inputs are normalised once a
+    program, before the loop, into h_ptr [M, K] (`_normed_part`), which the loop reads."""
     r0 = tl.program_id(2) * 3 * BLOCK_M
     split = tl.program_id(1)
     rows = r0 + tl.arange(0, BLOCK_M)
     rope = (cos_ptr, sin_ptr, kv_ptr, pos_ptr, tree_ptr, C, HQ, HKV, D, TREE, TW)
-    wrows, wok = _weight_rows(N, BLOCK_N, SILU, ROPE, D // 2)
+    wrows, _ = _weight_rows(N, BLOCK_N, SILU, ROPE, D // 2)
     write = K - K * tl.minimum(tl.program_id(0), 1)  # K in the first output tile, else 0
     scale0, scale1, scale2 = _row_scales(x_ptr, r_ptr, r0, M, K, eps, NORM, HAS_RESIDUAL,
                                          BLOCK_M, GROUP)
@@ -485,22 +531,30 @@ def _linear_int4(x_ptr, q_ptr, sz_ptr, ex_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for step in range(split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT):
-        words = tl.load(q_ptr + wrows[:, None] * KW + (step * (GROUP // 8) + js)[None, :],
-                        mask=wok[:, None], other=0)
+    first, last = split * STEPS // SPLIT, (split + 1) * STEPS // SPLIT
+    if NORM:
+        _normed_part(x_ptr, r_ptr, nw_ptr, s_ptr, h_ptr, r0, first, last, M, K, scale0, scale1,
+                     scale2, write, HAS_RESIDUAL, BLOCK_M, GROUP)
+        x_ptr = h_ptr
+    # Loads in the loop without masks: a weight row past N reads row N - 1, an input row
+    # past M row M - 1 (K is whole groups). Their products land only in outputs and rows that
+    # are never stored, and no row's sums depend on another row's inputs.
+    wrow = tl.minimum(wrows, N - 1)
+    in0 = tl.minimum(rows, M - 1)
+    in1 = tl.minimum(rows + BLOCK_M, M - 1)
+    in2 = tl.minimum(rows + 2 * BLOCK_M, M - 1)
+    for step in range(first, last):
+        words = tl.load(q_ptr + wrow[:, None] * KW + (step * (GROUP // 8) + js)[None, :])
         w = _unpacked(words, bits, BLOCK_N, GROUP, dtype)
-        at = sz_ptr + wrows * (K // GROUP) * 2 + step * 2
-        scale = tl.load(at, mask=wok, other=0.0).to(tl.float32)
-        shift = tl.load(at + 1, mask=wok, other=0.0).to(tl.float32) - offset8 * scale
+        at = sz_ptr + wrow * (K // GROUP) * 2 + step * 2
+        scale = tl.load(at).to(tl.float32)
+        shift = tl.load(at + 1).to(tl.float32) - offset8 * scale
         kk = step * GROUP + ks
-        acc0 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows, kk, M, K, scale0, write, w, ones,
-                          scale, shift, acc0, GATED, NORM, HAS_RESIDUAL)
+        acc0 = _int4_tile(x_ptr, in0, kk, K, w, ones, scale, shift, acc0, GATED)
         if r0 + BLOCK_M < M:
-            acc1 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + BLOCK_M, kk, M, K, scale1,
-                              write, w, ones, scale, shift, acc1, GATED, NORM, HAS_RESIDUAL)
+            acc1 = _int4_tile(x_ptr, in1, kk, K, w, ones, scale, shift, acc1, GATED)
         if r0 + 2 * BLOCK_M < M:
-            acc2 = _int4_tile(x_ptr, r_ptr, nw_ptr, s_ptr, rows + 2 * BLOCK_M, kk, M, K, scale2,
-                              write, w, ones, scale, shift, acc2, GATED, NORM, HAS_RESIDUAL)
+            acc2 = _int4_tile(x_ptr, in2, kk, K, w, ones, scale, shift, acc2, GATED)
     _finish(acc0, acc1, acc2, r0, out_ptr, b_ptr, part_ptr, cnt_ptr, M, N, HAS_BIAS,
             SPLIT, BLOCK_M, BLOCK_N, SILU, ROPE, rope)
 
@@ -547,8 +601,9 @@ def linear(x: Tensor, w, bias: Tensor | None, n: int, int4: bool,
     r = x if residual is None else residual.contiguous()
     epilogue = _rope_args(rope, out)
     if int4:
+        normed = torch.empty_like(x) if norm is not None else x  # `_normed_part`'s inputs
         _linear_int4[grid](x, w, scales_and_zeros, exponents(x.device), b, out, part, count, r,
-                           norm_w, summed,
+                           norm_w, summed, normed,
                            *epilogue[:5], m, n, k, k // 8, steps, eps, epilogue[5],
                            bias is not None, BLOCK_M, bn, GROUP, split, gated,
                            norm is not None, residual is not None, silu, *epilogue[6:],
