@@ -170,3 +170,12 @@ def test_a_command_that_is_done_leaves_without_the_interpreters_teardown(tmp_pat
         assert done.stdout == stdout
         assert done.stderr.splitlines()[-1] == "atexit ran" and "torn down" not in done.stderr
     assert done.stderr.count("error:") == 1
+
+
+def test_a_profiled_command_ends_the_usual_way_so_that_the_profile_is_written(tmp_path):
+    stats = tmp_path / "run.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "specgen",
+                           "profiles", "list"], env=env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert stats.stat().st_size > 0

@@ -39,8 +39,11 @@ def leave(code: int | None) -> NoReturn:
     and standard output and error are flushed, as at any exit, but the interpreter's teardown
     (every module's objects freed one by one, then PyTorch's C++ destructors) is skipped: it
     changes nothing a finished command leaves behind. A thread still working (one Python
-    would wait for), or output that cannot be flushed, ends the usual way."""
-    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+    would wait for), output that cannot be flushed, or a profiler or tracer watching (cProfile,
+    coverage, a debugger: each reports after the program returns) ends the usual way."""
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if watched or any(t is not threading.main_thread() and not t.daemon
+                      for t in threading.enumerate()):
         raise SystemExit(code)
     atexit._run_exitfuncs()  # what the interpreter runs first at exit (then clears)
     try:
