@@ -506,3 +506,22 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypat
     f.write_bytes(b"changed")
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert cache.remembered_sha256(f) == real(f) and len(hashed) == 2
+
+
+def test_a_file_put_in_place_of_a_remembered_one_is_hashed_again(tmp_path, monkeypatch):
+    """Another file of the same size renamed over the remembered one, its modification time
+    set to the old file's (as `cp -p` or `rsync -t` leave it): hashed again, not trusted."""
+    from specgen.loading import hashing
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    hashed, real = [], hashing.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
+    f, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
+    f.write_bytes(b"weights")
+    assert cache.remembered_sha256(f) == real(f) and len(hashed) == 1
+    other.write_bytes(b"damaged")
+    before = f.stat()
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, f)
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert cache.remembered_sha256(f) == real(f) == hashing.sha256_file(f) and len(hashed) == 2

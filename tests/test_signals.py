@@ -146,3 +146,36 @@ def test_sigterm_in_bench_keeps_the_figures_so_far(tiny_profile, tmp_path):
     assert doc["config"]["complete"] is False and doc["measurements"]
     assert b"summary" in stdout
     assert load_runs(tmp_path / "h.db") == []  # bench measurements stay out of the history
+
+
+def test_a_command_that_is_done_leaves_without_the_interpreters_teardown(tmp_path):
+    """The console entry point: the output whole, the atexit handlers run, the exit code the
+    command's (0, and 2 for an error), and no teardown (an object's finalizer never runs)."""
+    code = ("import atexit, sys\n"
+            "from specgen.cli import main\n"
+            "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+            "class Late:\n"
+            "    def __del__(self):\n"
+            "        print('torn down', file=sys.stderr)\n"
+            "late = Late()\n"
+            "sys.argv = ['specgen', *sys.argv[1:]]\n"
+            "main()\n")
+    listed = CliRunner().invoke(app, ["profiles", "list"])
+    assert listed.exit_code == 0 and listed.stdout
+    for args, status, stdout in ((["profiles", "list"], 0, listed.stdout),
+                                 (["run", "-p", "no-such-profile", "hi"], 2, "")):
+        done = subprocess.run([sys.executable, "-c", code, *args], env=env(tmp_path),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == status, done.stderr[-2000:]
+        assert done.stdout == stdout
+        assert done.stderr.splitlines()[-1] == "atexit ran" and "torn down" not in done.stderr
+    assert done.stderr.count("error:") == 1
+
+
+def test_a_profiled_command_ends_the_usual_way_so_that_the_profile_is_written(tmp_path):
+    stats = tmp_path / "run.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "specgen",
+                           "profiles", "list"], env=env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert stats.stat().st_size > 0

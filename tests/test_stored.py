@@ -5,8 +5,12 @@ decoding."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -14,11 +18,12 @@ from typer.testing import CliRunner
 from specgen.cli import app
 from specgen.decoding.lean import LeanDecoder
 from specgen.errors import ConfigError, ModelError
-from specgen.kernels import prepare
+from specgen.kernels import gguf as kernels, prepare
 from specgen.loading import cache, stored
 from specgen.profiles import load_profile
 
 IDS = [5, 9, 17, 3, 40, 41, 12, 8, 33, 21]
+SRC = str(Path(stored.__file__).parents[2])
 
 
 def write(tiny_gguf, folder: Path, **kwargs) -> Path:
@@ -54,6 +59,48 @@ def test_the_config_comes_from_the_files_metadata(tmp_path, tiny_gguf):
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
     assert (config.vocab_size, config.num_hidden_layers, config.eos_token_id) == (64, 2, 2)
     assert not config.tie_word_embeddings
+
+
+def test_the_files_layout_is_read_as_ggufs_own_reader_reads_it(tmp_path, tiny_gguf):
+    """Every scalar and string of the metadata, and every tensor's type, shape and bytes, as
+    the gguf package's reader finds them: the tokenizer's arrays (strings, integers, floats)
+    skipped between them without a byte out of place."""
+    import gguf
+
+    path = write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0", merges=("a a", "b b", "aa b"))
+    ours = stored.File(path)
+    reader = gguf.GGUFReader(path)
+    scalars = {name: field.contents() for name, field in reader.fields.items()
+               if field.types[0] != gguf.GGUFValueType.ARRAY and not name.startswith("GGUF.")}
+    assert ours.fields == pytest.approx(scalars) and "tokenizer.ggml.model" in ours.fields
+    assert set(ours.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = ours.tensors[t.name]
+        assert (mine.kind, mine.k, mine.n) == (t.tensor_type.name, int(t.shape[0]),
+                                               int(np.prod(t.shape[1:])))
+        assert mine.data.tobytes() == np.asarray(t.data).tobytes()
+
+
+def test_ggmls_type_ids_for_the_kernels_formats_are_the_gguf_packages():
+    import gguf
+
+    for type_id, name in stored._KINDS.items():
+        kind = gguf.GGMLQuantizationType(type_id)
+        assert kind.name == name
+        fmt = kernels.FORMATS[name]
+        assert gguf.GGML_QUANT_SIZES[kind] == (fmt.block_weights, fmt.block_bytes)
+    assert set(stored._KINDS.values()) == set(kernels.FORMATS)
+
+
+def test_a_file_of_the_kernels_formats_opens_without_the_gguf_package(tmp_path, tiny_gguf):
+    """The package's import (YAML and more) is left to files of other types."""
+    path = write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")
+    code = ("import sys\nfrom pathlib import Path\nfrom specgen.loading import stored\n"
+            f"assert stored.File(Path({str(path)!r})).tensors\nprint('gguf' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
 
 
 def test_every_row_of_a_verify_pass_is_a_one_token_pass(tmp_path, tiny_gguf):

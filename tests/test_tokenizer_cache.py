@@ -202,3 +202,28 @@ def test_a_copy_of_an_older_format_lists_as_older_and_is_pruned():
     kinds = {e.path: e.kind for e in cache_listing.entries()}
     assert kinds[old] == "older" and kinds[current] == "tokenizer"
     assert old in {e.path for e in cache_listing.prune(dry_run=True)}
+
+
+def test_a_folders_key_is_hashed_once_until_one_of_its_files_changes(tmp_path, monkeypatch):
+    """A load asks for the same folder's key twice (its copy; whether a GGUF draft matched it):
+    its files are read and hashed once, and again once one changes, even to a file of the same
+    size and time put in its place."""
+    import os
+
+    digests = []
+    real = tokenizer_cache._digest
+    monkeypatch.setattr(tokenizer_cache, "_digest", lambda *a: digests.append(a) or real(*a))
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"a": 1}')
+    (folder / "tokenizer_config.json").write_text("{}")
+    first = tokenizer_cache.key(folder)
+    assert tokenizer_cache.key(folder) == first and len(digests) == 1
+    other = tmp_path / "other.json"
+    other.write_text('{"b": 2}')  # the same size
+    before = (folder / "tokenizer.json").stat()
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, folder / "tokenizer.json")
+    changed = tokenizer_cache.key(folder)
+    assert changed != first and len(digests) == 2
+    assert tokenizer_cache.key(folder) == changed and len(digests) == 2

@@ -74,6 +74,11 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: a command that is done leaves at once (signals.leave)."""
     triton_gate.install()
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            signals.leave(e.code)
+        raise  # a message to print: the interpreter prints it

@@ -1,5 +1,6 @@
 """How the command line ends when it is told to: SIGTERM is handled like Ctrl-C, and a
-closed stdout (`specgen run ... | head -1`) ends the work quietly.
+closed stdout (`specgen run ... | head -1`) ends the work quietly; and once a command is done
+(`leave`): without the interpreter's teardown.
 
 While a command runs, SIGTERM raises errors.Terminated (a KeyboardInterrupt) wherever the
 process is, once: every path that keeps the output of a Ctrl-C'd run (the answer so far, the
@@ -10,6 +11,7 @@ Ctrl-C, 143 for SIGTERM, and 141 for a closed pipe, as if SIGPIPE had ended the 
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -17,6 +19,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from specgen.errors import SpecgenWarning, Terminated
 
@@ -29,6 +32,26 @@ def exit_code(stop: BaseException) -> int:
     if isinstance(stop, BrokenPipeError):
         return PIPE_CLOSED
     return getattr(stop, "exit_code", INTERRUPTED)
+
+
+def leave(code: int | None) -> NoReturn:
+    """End the process of a command that is done, with its exit code: the atexit handlers run
+    and standard output and error are flushed, as at any exit, but the interpreter's teardown
+    (every module's objects freed one by one, then PyTorch's C++ destructors) is skipped: it
+    changes nothing a finished command leaves behind. A thread still working (one Python
+    would wait for), output that cannot be flushed, or a profiler or tracer watching (cProfile,
+    coverage, a debugger: each reports after the program returns) ends the usual way."""
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if watched or any(t is not threading.main_thread() and not t.daemon
+                      for t in threading.enumerate()):
+        raise SystemExit(code)
+    atexit._run_exitfuncs()  # what the interpreter runs first at exit (then clears)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # the interpreter reports it, and says so in the exit code
+        raise SystemExit(code) from None
+    os._exit(code or 0)
 
 
 def silence_stdout() -> None:

@@ -131,22 +131,29 @@ def weights_sha256(folder: Path) -> str:
 
 
 def remembered_sha256(path: Path) -> str:
-    """The sha256 of a file's contents, hashed once and remembered by its path, size and time
-    in `hashes.json` (a file changed since is hashed again)."""
+    """The sha256 of a file's contents, hashed once and remembered by its path and stamp in
+    `hashes.json` (a file changed since is hashed again)."""
     memo_path = cache_dir() / "hashes.json"
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
     real = path.resolve()
-    st = real.stat()
-    stamp = [st.st_size, st.st_mtime_ns]
+    stamp = file_stamp(real)
     known = memo.get(str(real)) if isinstance(memo, dict) else None
-    if not known or known[:2] != stamp:
+    if not known or known[:-1] != stamp:
         memo = memo if isinstance(memo, dict) else {}
         memo[str(real)] = known = [*stamp, sha256_file(real)]
         write_json(memo_path, memo)
-    return known[2]
+    return known[-1]
+
+
+def file_stamp(path: Path) -> list[int]:
+    """What a remembered hash is kept by: a write changes the size or the modification time,
+    a file put in its place (a rename, a copy that keeps the time) has another inode, and
+    either moves the change time, which no program can set back."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 # --- manifests and checks -----------------------------------------------------------------------

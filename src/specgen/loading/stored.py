@@ -98,12 +98,17 @@ class StoredTensor:
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")  # a string's byte count, before its bytes
+
+# ggml's type ids (ggml.h) of the types the kernels read, so that a file of those names its
+# tensors without the `gguf` package (whose import reads YAML and more); a file with another
+# type asks the package for the name (then refused by File.weight, which lists FORMATS).
+_KINDS = {0: "F32", 1: "F16", 2: "Q4_0", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
+          14: "Q6_K", 30: "BF16"}
 
 
 def _parse(buf: np.ndarray) -> tuple[dict, dict[str, StoredTensor]]:
     """The metadata's scalars and strings, and every tensor's place, of a GGUF file."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     raw = memoryview(buf)
     at = 0
 
@@ -122,12 +127,15 @@ def _parse(buf: np.ndarray) -> tuple[dict, dict[str, StoredTensor]]:
     def skip_value(vtype: int) -> None:
         nonlocal at
         if vtype == _STRING:
-            n = read("<Q")  # read first: `at += read(...)` would add to the old `at`
-            at += n
+            at += _LENGTH.size + _LENGTH.unpack_from(raw, at)[0]
         elif vtype == _ARRAY:
             etype, count = read("<I"), read("<Q")
             if etype in _SCALARS:
                 at += struct.calcsize(_SCALARS[etype]) * count
+            elif etype == _STRING:  # a vocabulary's tokens and merges: the loop that counts
+                length, size = _LENGTH.unpack_from, _LENGTH.size
+                for _ in range(count):
+                    at += size + length(raw, at)[0]
             else:
                 for _ in range(count):
                     skip_value(etype)
@@ -159,14 +167,24 @@ def _parse(buf: np.ndarray) -> tuple[dict, dict[str, StoredTensor]]:
     start = -(-at // align) * align
     tensors = {}
     for name, shape, type_id, offset in infos:
-        kind = GGMLQuantizationType(type_id)
-        block, size = GGML_QUANT_SIZES[kind]
+        kind, block, size = _block_of(type_id)
         k = shape[0]
         n = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
         row = k // block * size
         data = buf[start + offset:start + offset + n * row].reshape(n, row)
-        tensors[name] = StoredTensor(kind.name, n, k, data)
+        tensors[name] = StoredTensor(kind, n, k, data)
     return fields, tensors
+
+
+def _block_of(type_id: int) -> tuple[str, int, int]:
+    """A ggml type's name, weights per block and bytes per block."""
+    if type_id in _KINDS:
+        fmt = kernels.FORMATS[_KINDS[type_id]]
+        return _KINDS[type_id], fmt.block_weights, fmt.block_bytes
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    kind = GGMLQuantizationType(type_id)
+    return (kind.name, *GGML_QUANT_SIZES[kind])
 
 
 def read_config(file: File) -> config_values.Config:

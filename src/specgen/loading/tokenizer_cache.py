@@ -102,17 +102,30 @@ def eligible(path: Path) -> bool:
                for root in (cache_dir(), constants.HF_HUB_CACHE))
 
 
+# key() per folder and the stamps of the files it read: a load reads the same folder's key
+# twice (its copy, then whether a GGUF draft was found to match it), and hashes it once.
+_KEYS: dict[tuple, str] = {}
+
+
 def key(folder: Path) -> str | None:
     """The entry name for the tokenizer in `folder` (None when it has no tokenizer.json)."""
-    from importlib.metadata import version  # not transformers.__version__: no import
-
     if not (folder / "tokenizer.json").is_file():
         return None
-    h = hashlib.sha256(f"v{FORMAT}|{version('transformers')}|{version('tokenizers')}".encode())
     names = sorted({*(n for n in FILES if (folder / n).is_file()),
                     *(p.name for p in folder.glob("chat_template*") if p.is_file()),
                     *(f"additional_chat_templates/{p.name}"
                       for p in (folder / "additional_chat_templates").glob("*") if p.is_file())})
+    read = [*names, "config.json"] if (folder / "config.json").is_file() else names
+    known = (str(folder.resolve()), *((n, *cache.file_stamp(folder / n)) for n in read))
+    if known not in _KEYS:
+        _KEYS[known] = _digest(folder, names)
+    return _KEYS[known]
+
+
+def _digest(folder: Path, names: list[str]) -> str:
+    from importlib.metadata import version  # not transformers.__version__: no import
+
+    h = hashlib.sha256(f"v{FORMAT}|{version('transformers')}|{version('tokenizers')}".encode())
     for name in names:
         data = (folder / name).read_bytes()
         h.update(f"\n{name}:{len(data)}\n".encode())
