@@ -5,6 +5,7 @@ costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per sc
     python bench/kernel_costs.py model [--schemes gguf none int8-dyn int4-dyn] [--rounds 5]
     python bench/kernel_costs.py prompt [--tokens 100] [--rounds 5] [--threads 2]
     python bench/kernel_costs.py pieces [--widths 1 5] [--rounds 15] [--threads 2]
+    python bench/kernel_costs.py kquants [--widths 1 2 3 5 8 9 16 17] [--rounds 7]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
@@ -22,6 +23,9 @@ counts its warm-up run and model load too: an upper bound).
 linear shape (all its calls in a pass), the attention (rotary, cache write, attention), the
 RMSNorms and everything else, per width, interleaved rounds, each piece's minimum over rounds
 (wall clock, and the calling thread's CPU time, which a one-thread run makes the work itself).
+`kquants`: what `gguf.c` costs per 512 weights (a pair of super-blocks) and pass on each path
+this CPU has, per K-quant and width, weights hot in L2 (the work, without the memory), one
+thread, CPU time, minimum over interleaved rounds: a pass's fixed cost and each token's.
 Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benchmarks.md.
 """
 
@@ -238,6 +242,51 @@ def prompt(tokens: int, rounds: int, threads: int) -> None:
     print(table(["engine / GGUF path", "wall ms", "CPU ms", "tokens/s (best)"], rows))
 
 
+def random_blocks(kind: str, n: int, k: int) -> object:
+    """A GGUF weight [n, k] of `kind` from random bytes (every value the format holds), its
+    fp16 scales finite."""
+    import numpy as np
+
+    from specgen.kernels import gguf
+
+    fmt = gguf.FORMATS[kind]
+    nb = k // fmt.block_weights
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (n, nb, fmt.block_bytes), dtype=np.uint8)
+    for at in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[kind]:
+        half = (rng.standard_normal((n, nb)) * 0.01).astype(np.float16)
+        raw[:, :, at:at + 2] = half.view(np.uint8).reshape(n, nb, 2)
+    return gguf.wrap(kind, raw.reshape(n, -1), n, k)
+
+
+def kquants(widths: list[int], rounds: int) -> None:
+    from specgen.kernels import gguf
+
+    torch.set_num_threads(1)
+    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
+    rows = []
+    for kind, k in (("Q4_K", 1536), ("Q4_K", 8960), ("Q5_K", 1536), ("Q6_K", 1536), ("Q6_K", 8960)):
+        n = 512 * 1536 // k  # 768 K weights: the layer stays in L2
+        w = random_blocks(kind, n, k)
+        for p in gguf.paths():
+            best: dict[int, float] = {}
+            for r in range(rounds + 1):  # the first round warms up
+                for m in widths[:: 1 if r % 2 else -1]:
+                    x = torch.randn(m, k)
+                    c = time.thread_time()
+                    for _ in range(20):
+                        gguf.linear(x, w, None, p)
+                    if r:
+                        spent = (time.thread_time() - c) / 20
+                        best[m] = min(best.get(m, spent), spent)
+            rows.append([f"{kind} K={k}", names[p] if p != gguf.AMX else
+                         f"AMX (VNNI below {gguf.amx_rows()} rows)",
+                         *(f"{1e9 * best[m] / (n * k / 512):.1f}" for m in widths)])
+            print(" | ".join(rows[-1]), flush=True)
+    print(f"ns per 512 weights and pass, 1 thread, weights hot in L2, minimum over {rounds} rounds")
+    print(table(["format", "path", *(f"M={m}" for m in widths)], rows))
+
+
 @dataclass(frozen=True)
 class PieceTimes:
     wall: dict[str, float]  # seconds by label
@@ -319,8 +368,8 @@ def pieces(widths: list[int], rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["layers", "model", "prompt", "pieces"])
-    ap.add_argument("--widths", nargs="+", type=int, default=[1, 5])
+    ap.add_argument("what", choices=["layers", "model", "prompt", "pieces", "kquants"])
+    ap.add_argument("--widths", nargs="+", type=int, help="pieces: 1 5; kquants: 1 2 3 5 8 9 16 17")
     ap.add_argument("--schemes", nargs="+", default=["gguf", "none", "int8-dyn", "int4-dyn"])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
@@ -333,7 +382,9 @@ def main() -> None:
     elif args.what == "prompt":
         prompt(args.tokens, args.rounds, args.threads)
     elif args.what == "pieces":
-        pieces(args.widths, args.rounds)
+        pieces(args.widths or [1, 5], args.rounds)
+    elif args.what == "kquants":
+        kquants(args.widths or [1, 2, 3, 5, 8, 9, 16, 17], args.rounds)
     else:
         model(args.schemes, args.rounds)
 
