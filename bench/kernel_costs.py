@@ -4,6 +4,8 @@ costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per sc
     python bench/kernel_costs.py layers [--reps 15]
     python bench/kernel_costs.py model [--schemes gguf none int8-dyn int4-dyn] [--rounds 5]
     python bench/kernel_costs.py prompt [--tokens 100] [--rounds 5] [--threads 2]
+    python bench/kernel_costs.py pieces [--widths 1 5] [--rounds 15] [--threads 2]
+    python bench/kernel_costs.py kquants [--widths 1 2 3 5 8 9 16 17] [--rounds 7]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
@@ -17,6 +19,13 @@ N tokens, logits of the last) on each GGUF kernel path this CPU has, beside llam
 prompt evaluation of the same file (llama-bench -p N -n 0 at the same thread count), rounds
 alternating between them; wall clock and CPU time (llama-bench's CPU time per evaluation
 counts its warm-up run and model load too: an upper bound).
+`pieces`: where a wider pass of the demo target as stored spends its extra time: each GGUF
+linear shape (all its calls in a pass), the attention (rotary, cache write, attention), the
+RMSNorms and everything else, per width, interleaved rounds, each piece's minimum over rounds
+(wall clock, and the calling thread's CPU time, which a one-thread run makes the work itself).
+`kquants`: what `gguf.c` costs per 512 weights (a pair of super-blocks) and pass on each path
+this CPU has, per K-quant and width, weights hot in L2 (the work, without the memory), one
+thread, CPU time, minimum over interleaved rounds: a pass's fixed cost and each token's.
 Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benchmarks.md.
 """
 
@@ -233,9 +242,134 @@ def prompt(tokens: int, rounds: int, threads: int) -> None:
     print(table(["engine / GGUF path", "wall ms", "CPU ms", "tokens/s (best)"], rows))
 
 
+def random_blocks(kind: str, n: int, k: int) -> object:
+    """A GGUF weight [n, k] of `kind` from random bytes (every value the format holds), its
+    fp16 scales finite."""
+    import numpy as np
+
+    from specgen.kernels import gguf
+
+    fmt = gguf.FORMATS[kind]
+    nb = k // fmt.block_weights
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (n, nb, fmt.block_bytes), dtype=np.uint8)
+    for at in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[kind]:
+        half = (rng.standard_normal((n, nb)) * 0.01).astype(np.float16)
+        raw[:, :, at:at + 2] = half.view(np.uint8).reshape(n, nb, 2)
+    return gguf.wrap(kind, raw.reshape(n, -1), n, k)
+
+
+def kquants(widths: list[int], rounds: int) -> None:
+    from specgen.kernels import gguf
+
+    torch.set_num_threads(1)
+    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
+    rows = []
+    for kind, k in (("Q4_K", 1536), ("Q4_K", 8960), ("Q5_K", 1536), ("Q6_K", 1536), ("Q6_K", 8960)):
+        n = 512 * 1536 // k  # 768 K weights: the layer stays in L2
+        w = random_blocks(kind, n, k)
+        for p in gguf.paths():
+            best: dict[int, float] = {}
+            for r in range(rounds + 1):  # the first round warms up
+                for m in widths[:: 1 if r % 2 else -1]:
+                    x = torch.randn(m, k)
+                    c = time.thread_time()
+                    for _ in range(20):
+                        gguf.linear(x, w, None, p)
+                    if r:
+                        spent = (time.thread_time() - c) / 20
+                        best[m] = min(best.get(m, spent), spent)
+            rows.append([f"{kind} K={k}", names[p] if p != gguf.AMX else
+                         f"AMX (VNNI below {gguf.amx_rows()} rows)",
+                         *(f"{1e9 * best[m] / (n * k / 512):.1f}" for m in widths)])
+            print(" | ".join(rows[-1]), flush=True)
+    print(f"ns per 512 weights and pass, 1 thread, weights hot in L2, minimum over {rounds} rounds")
+    print(table(["format", "path", *(f"M={m}" for m in widths)], rows))
+
+
+@dataclass(frozen=True)
+class PieceTimes:
+    wall: dict[str, float]  # seconds by label
+    cpu: dict[str, float]  # the calling thread's CPU seconds by label
+
+
+class PieceClock:
+    """Wall and calling-thread CPU seconds spent inside wrapped functions, by label, since
+    the last `take()`."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def wrap(self, fn: Callable, label: Callable[..., str]) -> Callable:
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter(), time.thread_time()
+            out = fn(*args, **kwargs)
+            name = label(*args, **kwargs)
+            self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - c
+            return out
+        return timed
+
+    def take(self) -> PieceTimes:
+        out = PieceTimes(self.wall, self.cpu)
+        self.wall, self.cpu = {}, {}
+        return out
+
+
+@torch.inference_mode()
+def pieces(widths: list[int], rounds: int) -> None:
+    from specgen.decoding import make_decoder
+    from specgen.kernels import gguf, rows
+
+    target = demo_target("gguf")
+    decoder = make_decoder(target, exact=True)
+    vocab = target.config.vocab_size
+    decoder.reset()
+    decoder.logits(torch.randint(0, vocab, (64,)), 1)
+    clock = PieceClock()
+    saved = gguf.linear, rows.rope_attend, rows.rms_norm
+    gguf.linear = clock.wrap(gguf.linear, lambda x, w, *a, **k: f"{w.kind} {w.n}x{w.k}")
+    rows.rope_attend = clock.wrap(rows.rope_attend, lambda *a, **k: "attention (rows.c)")
+    rows.rms_norm = clock.wrap(rows.rms_norm, lambda *a, **k: "RMSNorm (rows.c)")
+    wall: dict[int, dict[str, list[float]]] = {m: {} for m in widths}
+    cpu: dict[int, dict[str, list[float]]] = {m: {} for m in widths}
+    try:
+        for r in range(rounds + 1):  # the first round warms up
+            for m in widths[:: 1 if r % 2 else -1]:
+                ids = torch.randint(0, vocab, (m,))
+                clock.take()
+                t, c = time.perf_counter(), time.thread_time()
+                decoder.logits(ids, m)
+                total, total_cpu = time.perf_counter() - t, time.thread_time() - c
+                decoder.crop(64)
+                got = clock.take()
+                w, cp = got.wall, got.cpu
+                w["everything else"] = total - sum(w.values())
+                cp["everything else"] = total_cpu - sum(cp.values())
+                w["the pass"], cp["the pass"] = total, total_cpu
+                for name in w if r else ():
+                    wall[m].setdefault(name, []).append(1e3 * w[name])
+                    cpu[m].setdefault(name, []).append(1e3 * cp[name])
+    finally:
+        gguf.linear, rows.rope_attend, rows.rms_norm = saved
+    lo, hi = widths[0], widths[-1]
+    names = sorted(wall[lo], key=lambda n: (n == "the pass", n == "everything else", n))
+    extra = {n: min(wall[hi][n]) - min(wall[lo][n]) for n in names}
+    extra_cpu = {n: min(cpu[hi][n]) - min(cpu[lo][n]) for n in names}
+    rows_out = [[n, *(f"{min(wall[m][n]):.1f} / {min(cpu[m][n]):.1f}" for m in widths),
+                 f"{extra[n]:+.1f} / {extra_cpu[n]:+.1f}",
+                 f"{100 * extra_cpu[n] / extra_cpu['the pass']:.0f}%"] for n in names]
+    print(f"ms per pass, wall / calling thread's CPU, minimum over {rounds} rounds; "
+          f"{torch.get_num_threads()} threads")
+    print(table(["piece", *(f"M={m}" for m in widths), f"M={hi} - M={lo}",
+                 "share of the extra CPU time"], rows_out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["layers", "model", "prompt"])
+    ap.add_argument("what", choices=["layers", "model", "prompt", "pieces", "kquants"])
+    ap.add_argument("--widths", nargs="+", type=int, help="pieces: 1 5; kquants: 1 2 3 5 8 9 16 17")
     ap.add_argument("--schemes", nargs="+", default=["gguf", "none", "int8-dyn", "int4-dyn"])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
@@ -247,6 +381,10 @@ def main() -> None:
         layers(args.reps)
     elif args.what == "prompt":
         prompt(args.tokens, args.rounds, args.threads)
+    elif args.what == "pieces":
+        pieces(args.widths or [1, 5], args.rounds)
+    elif args.what == "kquants":
+        kquants(args.widths or [1, 2, 3, 5, 8, 9, 16, 17], args.rounds)
     else:
         model(args.schemes, args.rounds)
 
