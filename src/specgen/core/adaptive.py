@@ -36,7 +36,10 @@ FIRST_REACH = 2  # a draft's widest K while no speculative pass is measured (the
 FIRST_STOP = 0.5  # a self-ended draft's stop while its pass is unmeasured: as likely wrong as right
 TRIAL_STEPS = 4  # steps a guesser new to the answer (or back after a kept probe) is measured for
 PRIOR_ALPHA = 0.7  # an untried guesser's acceptance, where nothing better is known
-PRIOR_WEIGHT = 1.0  # draft tokens the prior acceptance counts for
+PRIOR_WEIGHT = 1.0  # draft tokens the target's confidence counts for, as a model's prior
+# ... and PRIOR_ALPHA, the prior of a guesser without a stop of its own (prompt lookup): its
+# misses come in streaks between long copies, so a few of them say less about the next.
+ALPHA_WEIGHT = 2.0
 DECAY = 0.9  # per step: the text changes, so old steps count for less
 MAX_WAIT = 128  # switched-off steps between probes, at most
 READ_SAMPLE = 32  # a read at least this long measures the seconds per token read
@@ -131,7 +134,7 @@ class Estimate:
 
     ends_own: bool
     prior: float = PRIOR_ALPHA
-    weight: float = PRIOR_WEIGHT
+    weight: float = 0.0  # 0: PRIOR_WEIGHT, or ALPHA_WEIGHT for a guesser without its own stop
     kept: float = 0.0
     lost: float = 0.0
     draft_cost: float | None = None
@@ -146,6 +149,7 @@ class Estimate:
 
     def __post_init__(self) -> None:
         self.wait = self.wait or self.every
+        self.weight = self.weight or (PRIOR_WEIGHT if self.ends_own else ALPHA_WEIGHT)
 
     @property
     def every(self) -> int:
