@@ -128,6 +128,21 @@ def test_drafts_widen_in_doublings_of_the_widest_pass_measured():
     assert self_ended[1].k == 16  # its stop decides its width
 
 
+def test_a_lookup_guess_goes_wider_than_measured_only_where_its_acceptance_pays_for_it():
+    """Beyond the widest pass measured, prompt lookup's width is priced as the curve rose to
+    there: one rejected draft (acceptance near its prior's half) keeps the next at 2 on a CPU
+    whose passes grow with their rows, where a flat guess took 4 and paid a wide pass for
+    nothing; drafts kept whole still widen (the doubling test above)."""
+    planner = Planner(16)
+    verify = {0: 0.052, 2: 0.061}
+    observe(planner, PLAIN, 0, 0, 0.0, verify[0])
+    plan = planner.plan(Guesser(), None, 100)
+    assert plan.k == 2
+    observe(planner, plan, 2, 0, 0.0, verify[2])  # rejected at its first token
+    assert 0.4 < planner.estimates["lookup-3"].alpha < 0.5
+    assert planner.plan(Guesser(), None, 100).k == 2
+
+
 def test_speculation_switches_off_when_the_draft_is_too_dear_for_its_acceptance():
     plans = drive(Planner(6), Guesser(), 40, kept=lambda plan: 0, draft=0.08,
                   verify=lambda k: 0.18 if k else 0.17)

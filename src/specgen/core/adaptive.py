@@ -5,8 +5,9 @@ its acceptance (draft tokens kept and rejected, over a prior), its draft pass's 
 guesser that ends its own drafts, the measured yield of such drafts; beside them the measured
 cost of a target pass per width (`verify_cost`, the target's whoever drafted) and a `Book` of
 costs that outlive an answer. One rule decides each step: of a plain step and every offered
-guesser at every K (at most twice the widest pass measured, for a guesser that does not end its
-own drafts), the one with the most expected tokens per second; a guesser that must read
+guesser at every K (for a guesser that does not end its own drafts, at most twice the widest
+pass measured, and priced beyond it as the curve rose to there), the one with the most
+expected tokens per second; a guesser that must read
 context first qualifies only once the time it would have saved so far pays for the reading (the
 ski-rental rule), and one this answer has not timed yet qualifies whatever its rate (the Book's
 price may be stale). One exploration rule measures what the estimates cannot know: a guesser
@@ -61,7 +62,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 def verify_curve(costs: dict[int, float], k: int) -> float:
     """A pass over k+1 tokens from the measured widths: linear between measured neighbours,
     flat beyond the ends. The shape is the hardware's, so it is measured, never assumed; flat
-    beyond the widest is optimistic, which gets wider drafts measured."""
+    beyond the widest is optimistic, which gets a self-ended draft's wider passes measured."""
     below, above = [m for m in costs if m < k], [m for m in costs if m > k]
     if k in costs or not below or not above:
         return costs[k if k in costs else max(below) if below else min(above)]
@@ -294,8 +295,13 @@ class Planner:
                                   drafter.size)
 
     def rate(self, est: Estimate, k: int) -> float:
-        """Expected tokens per second of k drafts at the estimate's acceptance and costs."""
-        cost = verify_curve(self.verify_cost, k) + k * est.pass_cost
+        """Expected tokens per second of k drafts at the estimate's acceptance and costs. A
+        guesser that does not end its own drafts pays for a width beyond the widest measured
+        as the curve rose to there (verify_bound): it goes that wide only where its acceptance
+        says so, not because an unmeasured width looks free. A self-ended draft's K is its
+        stop's, so the flat guess only gets its wider passes measured."""
+        curve = verify_curve if est.ends_own else verify_bound
+        cost = curve(self.verify_cost, k) + k * est.pass_cost
         return expected_tokens(est.alpha, k) / max(cost, 1e-9)
 
     def option(self, guesser: str, drafter: Drafter, top: int, tokens: Tensor | None = None
