@@ -141,22 +141,6 @@ static inline int block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q5_0 ?
 static inline int vnni_block(int p) { return 4 * (p % 4) + p / 4; }
 static inline int avx2_block(int p) { return p < 8 ? (p < 4 ? 2 * p : 2 * p - 7) : 8 + avx2_block(p - 8); }
 
-// Q5_0's 32 high bits -> 0x10 in byte j where bit j is set (ggml's bytes_from_bits_32).
-AI __m256i high_bits32(uint32_t h) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    b = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
-}
-
-AI uint32_t u16at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
-
 AI __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 
 // Two blocks' weights (b1 NULL: none, zeros) as the halves of `lo` (inputs 0-15 of b0, then
@@ -174,11 +158,17 @@ AI void pair_avx2(int fmt, const uint8_t *b0, const uint8_t *b1, __m256i *lo, __
     const __m256i low = _mm256_set1_epi8(0x0F);
     *lo = _mm256_and_si256(w, low);
     *hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-    if (fmt == Q5_0) {
-        uint32_t l0 = u16at(b0 + 2), h0 = u16at(b0 + 4);
-        uint32_t l1 = b1 ? u16at(b1 + 2) : 0, h1 = b1 ? u16at(b1 + 4) : 0;
-        *lo = _mm256_or_si256(*lo, high_bits32(l0 | l1 << 16));
-        *hi = _mm256_or_si256(*hi, high_bits32(h0 | h1 << 16));
+    if (fmt == Q5_0) {  // byte j of a half: bit j of its block's 16 bits (ggml's bytes_from_bits_32)
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, b0 + 2, 4);
+        if (b1) memcpy(&h1, b1 + 2, 4);
+        __m256i both = _mm256_set1_epi64x((int64_t)((uint64_t)h1 << 32 | h0));
+        const __m256i pick = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
+        const __m256i bits = _mm256_set1_epi64x(0x8040201008040201), bit = _mm256_set1_epi8(0x10);
+        __m256i l = _mm256_and_si256(_mm256_shuffle_epi8(both, pick), bits);
+        __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(both, _mm256_add_epi8(pick, _mm256_set1_epi8(2))), bits);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, bits), bit));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, bits), bit));
     }
 }
 
@@ -201,9 +191,8 @@ AI void b32_eight_avx2(int fmt, const uint8_t *wr, int b, int cnt, int half, con
                        int t0, int nt, __m256 *acc) {
     const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
     const uint8_t *blk = wr + (int64_t)b * bb;
-    _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + PREFETCH_BYTES + 64, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + PREFETCH_BYTES + 128, _MM_HINT_T0);
+    for (int i = 0; i < 8 * bb; i += 64)
+        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; i++) {
         if (2 * i < cnt)
@@ -244,18 +233,21 @@ AI float b32_finish_avx2(__m256 e, __m256 o) {
 AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
     __m256 even[TILE], odd[TILE];
     for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b += 16) {
-        int left = nb - b;
-        b32_eight_avx2(fmt, wr, b, left < 8 ? left : 8, 0, A, t0, nt, even);
-        if (left > 8) b32_eight_avx2(fmt, wr, b + 8, left - 8 < 8 ? left - 8 : 8, 1, A, t0, nt, odd);
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        b32_eight_avx2(fmt, wr, b, 8, 0, A, t0, nt, even);
+        b32_eight_avx2(fmt, wr, b + 8, 8, 1, A, t0, nt, odd);
     }
+    int left = nb - b;
+    if (left > 0) b32_eight_avx2(fmt, wr, b, left < 8 ? left : 8, 0, A, t0, nt, even);
+    if (left > 8) b32_eight_avx2(fmt, wr, b + 8, left - 8, 1, A, t0, nt, odd);
     for (int t = 0; t < nt; t++) out[t] = b32_finish_avx2(even[t], odd[t]);
 }
 
 // A set of 4 blocks' weights (cnt 1..4 of them there, the rest zeros) as VNNI's unsigned
 // bytes: lo the inputs 0-15 of each, hi 16-31, a block a 128-bit lane (Q8_0: q + 128, Acts.c16
-// taking 128 sum(a) off).
-VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i *lo, __m512i *hi) {
+// taking 128 sum(a) off). Q5_0: qh holds the 4 blocks' high bits in each 128-bit lane.
+VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i qh, __m512i *lo, __m512i *hi) {
     const int bb = block_bytes(fmt);
     const int at = fmt == Q4_0 ? 2 : fmt == Q5_0 ? 6 : 2;
     __m512i w = _mm512_setzero_si512(), w2 = _mm512_setzero_si512();
@@ -283,13 +275,15 @@ VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i *lo, 
     const __m512i low = _mm512_set1_epi8(0x0F);
     *lo = _mm512_and_si512(w, low);
     *hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
-    if (fmt == Q5_0) {
-        uint64_t l = 0, h = 0;
-        for (int i = 0; i < cnt; i++) {
-            l |= (uint64_t)u16at(blk + i * bb + 2) << 16 * i;
-            h |= (uint64_t)u16at(blk + i * bb + 4) << 16 * i;
-        }
-        const __m512i bit = _mm512_set1_epi8(0x10);
+    if (fmt == Q5_0) {  // qh: the 4 blocks' in each 128-bit lane; lane i takes block i's bits
+        const __m512i bits = _mm512_set1_epi64(0x8040201008040201);
+        const __m512i lo_bytes = _mm512_setr_epi64(0, 0x0101010101010101, 0x0404040404040404,
+                                                   0x0505050505050505, 0x0808080808080808,
+                                                   0x0909090909090909, 0x0C0C0C0C0C0C0C0C,
+                                                   0x0D0D0D0D0D0D0D0D);
+        const __m512i two = _mm512_set1_epi8(2), bit = _mm512_set1_epi8(0x10);
+        __mmask64 l = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, lo_bytes), bits);
+        __mmask64 h = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lo_bytes, two)), bits);
         *lo = _mm512_mask_add_epi8(*lo, l, *lo, bit);
         *hi = _mm512_mask_add_epi8(*hi, h, *hi, bit);
     }
@@ -310,10 +304,16 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
     const uint8_t *blk = wr + (int64_t)b * bb;
     for (int i = 0; i < 16 * bb; i += 64)
         _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
-    __m512i lo[4], hi[4];
+    __m512i lo[4], hi[4], qh = _mm512_setzero_si512();
+    if (fmt == Q5_0)  // the blocks' qh in order, absent ones 0
+        qh = _mm512_mask_i32gather_epi32(
+            qh, cnt == 16 ? 0xFFFF : (__mmask16)((1u << cnt) - 1),
+            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                               _mm512_set1_epi32(bb)), blk + 2, 1);
     for (int s = 0; s < 4; s++) {
         if (4 * s < cnt)
-            set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4, &lo[s], &hi[s]);
+            set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4,
+                     _mm512_shuffle_i32x4(qh, qh, 0x55 * s), &lo[s], &hi[s]);
         else
             lo[s] = hi[s] = _mm512_setzero_si512();
     }
@@ -346,8 +346,9 @@ VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, 
                              float *out) {
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b += 16)
-        b32_group_vnni(fmt, wr, b, nb - b < 16 ? nb - b : 16, A, t0, nt, acc);
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) b32_group_vnni(fmt, wr, b, 16, A, t0, nt, acc);
+    if (b < nb) b32_group_vnni(fmt, wr, b, nb - b, A, t0, nt, acc);
     // back to lane order (vnni_block is its own inverse), then hsum8(E + O)
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (int t = 0; t < nt; t++) {
