@@ -191,10 +191,10 @@ AI void b32_eight_avx2(int fmt, const uint8_t *wr, int b, int cnt, int half, con
                        int t0, int nt, __m256 *acc) {
     const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
     const uint8_t *blk = wr + (int64_t)b * bb;
-    for (int i = 0; i < 8 * bb; i += 64)
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 2 * bb; j += 64)  // spread: a burst stalls on full fill buffers
+            _mm_prefetch((const char *)blk + 2 * i * bb + PREFETCH_BYTES + j, _MM_HINT_T0);
         if (2 * i < cnt)
             pair_avx2(fmt, blk + 2 * i * bb, 2 * i + 1 < cnt ? blk + (2 * i + 1) * bb : NULL, &lo[i], &hi[i]);
         else
@@ -302,8 +302,6 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
                                    int nt, __m512 *acc) {
     const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
     const uint8_t *blk = wr + (int64_t)b * bb;
-    for (int i = 0; i < 16 * bb; i += 64)
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
     __m512i lo[4], hi[4], qh = _mm512_setzero_si512();
     if (fmt == Q5_0)  // the blocks' qh in order, absent ones 0
         qh = _mm512_mask_i32gather_epi32(
@@ -311,6 +309,8 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
             _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                _mm512_set1_epi32(bb)), blk + 2, 1);
     for (int s = 0; s < 4; s++) {
+        for (int i = 0; i < 4 * bb; i += 64)  // spread over the group: a burst stalls on full fill buffers
+            _mm_prefetch((const char *)blk + 4 * s * bb + PREFETCH_BYTES + i, _MM_HINT_T0);
         if (4 * s < cnt)
             set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4,
                      _mm512_shuffle_i32x4(qh, qh, 0x55 * s), &lo[s], &hi[s]);
