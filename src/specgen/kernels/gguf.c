@@ -791,7 +791,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
 // times their scale: one tile product of K = 32 if the tokens' inputs are taken in that order
 // (Acts.qa) and the weights times their scales, w = sc q (at most 16 bits), are split into
 // bytes: isum = a . low bytes + 256 (a . high bytes).
-#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8,prfchw")))
 #define AMX_ROWS 16  // tokens from which a K-quant pass takes the tiles (a tile of them)
 #define RB 16        // weight rows a tile product takes
 
@@ -1094,14 +1094,17 @@ AMX_INT8 static void btile_decode(int fmt, const uint8_t *w, const int32_t *rows
 }
 
 // Block b's sums for the token tile at qt (its rows k bytes apart) into C (tile C, with
-// tiles QT, WT for the inputs and weights).
-#define BTILE_PRODUCT(C, QT, WT, b)                          \
-    do {                                                      \
-        _tile_loadd(QT, qt + 32 * (b), k);                    \
-        _tile_loadd(WT, B + 512 * (b), 64);                   \
-        _tile_zero(C);                                        \
-        _tile_dpbssd(C, QT, WT);                              \
-        _tile_stored(C, sums + 256 * (b), 64);                \
+// tiles QT, WT for the inputs and weights). The sums of block b + 2 are asked for in write
+// state first: the tile stores are what a pass waits on most, their lines being out of L1.
+#define BTILE_PRODUCT(C, QT, WT, b)                                                        \
+    do {                                                                                    \
+        _tile_loadd(QT, qt + 32 * (b), k);                                                  \
+        _tile_loadd(WT, B + 512 * (b), 64);                                                 \
+        _tile_zero(C);                                                                      \
+        _tile_dpbssd(C, QT, WT);                                                            \
+        for (int line = 0; line < 16; line++)                                               \
+            _mm_prefetch((const char *)(sums + 256 * ((b) + 2) + 16 * line), _MM_HINT_ET0); \
+        _tile_stored(C, sums + 256 * (b), 64);                                              \
     } while (0)
 
 // Weight rows r0 .. r0 + nr - 1 (nr <= RB), decoded in B and D, against all m tokens; sums:
@@ -1158,7 +1161,7 @@ AMX_INT8 static void btile_linear(int fmt, const uint8_t *w, int64_t row_bytes, 
         tiles_on(&before, &B32_TILES);
         int8_t *B = aligned_alloc(64, (size_t)nb * 512);
         float *D = aligned_alloc(64, sizeof(float) * 16 * nb);
-        int32_t *sums = aligned_alloc(64, sizeof(int32_t) * 256 * nb);
+        int32_t *sums = aligned_alloc(64, sizeof(int32_t) * 256 * (nb + 2));  // + 2: prefetched
 #pragma omp for schedule(guided)
         for (int bl = 0; bl < blocks; bl++) {
             int r0 = bl * RB, nr = n - r0 < RB ? n - r0 : RB;
