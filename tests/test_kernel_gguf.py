@@ -1,7 +1,7 @@
 """gguf.c: GGUF's block formats computed from their bytes as stored. Each format against a
 float64 reference (gguf's own dequantizer, int8 activations); dequantize gives gguf's values
 exactly; each row of a pass of any width has the bits of a one-row pass; AVX2, AVX512-VNNI and
-the AMX tiles (the K-quants' wide passes) give the same bits; 1 and 2 threads too."""
+the AMX tiles (the wide passes) give the same bits; 1 and 2 threads too."""
 
 from __future__ import annotations
 
@@ -133,17 +133,27 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
 
 
 # Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and
-# the rows either side (the AMX path takes the K-quants from amx_rows() = 16 tokens on).
-WIDE = list(range(1, 34)) + [47, 48, 64, 100, 129]
+# the rows either side (the AMX path takes the passes from amx_rows() = 16 tokens on), and a
+# prompt's 136.
+WIDE = list(range(1, 34)) + [47, 48, 64, 100, 129, 136]
+
+
+def takes_the_tiles(kind: str, m: int, p: int) -> bool:
+    """Whether a pass of m tokens asked of path p runs on the tiles (and says so)."""
+    on = gguf.pass_path(kind, m, p) == gguf.AMX
+    assert on == (p == gguf.AMX and m >= gguf.amx_rows()), (kind, m, p)
+    return on
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", K_QUANTS)
-def test_a_wide_pass_gives_each_row_its_one_row_bits(kind):
+@pytest.mark.parametrize("kind,k", [(kind, 768) for kind in K_QUANTS]
+                         + [("Q4_0", 896), ("Q5_0", 4864), ("Q8_0", 96), ("Q5_0", 160)])
+def test_a_wide_pass_gives_each_row_its_one_row_bits(kind, k):
     """Each path's rows against one-row passes on AVX2: 35 weight rows (two tiles of 16 and
-    3 more), 3 super-blocks (an odd last one), a row of zeros and a row with one block far
-    larger than the rest; with and without a bias."""
-    w, _ = weight(kind, 35, 768, seed=3)
+    3 more), 3 super-blocks (an odd last one) or 32-blocks by groups of 16 with a part-filled
+    last one, a row of zeros and a row with one block far larger than the rest; with and
+    without a bias."""
+    w, _ = weight(kind, 35, k, seed=3)
     x = torch.randn(max(WIDE), w.k) * 3
     x[7] = 0
     x[20, :50] *= 1000
@@ -151,22 +161,28 @@ def test_a_wide_pass_gives_each_row_its_one_row_bits(kind):
         alone = torch.cat([gguf.linear(x[i:i + 1], w, bias, gguf.AVX2) for i in range(len(x))])
         for p in gguf.paths():
             for m in WIDE:
+                takes_the_tiles(kind, m, p)
                 assert torch.equal(gguf.linear(x[:m], w, bias, p), alone[:m]), (kind, p, m)
             assert torch.equal(gguf.linear(x[5:45], w, bias, p), alone[5:45]), (kind, p)
 
 
 @needs_amx
-@pytest.mark.parametrize("kind,k", [("Q4_K", 1536), ("Q5_K", 512), ("Q6_K", 8960), ("Q6_K", 256)])
+@pytest.mark.parametrize("kind,k", [
+    ("Q4_K", 1536), ("Q5_K", 512), ("Q6_K", 8960), ("Q6_K", 256),
+    ("Q4_0", 896), ("Q4_0", 96), ("Q5_0", 896), ("Q5_0", 4864), ("Q8_0", 896), ("Q8_0", 4864)])
 def test_the_tiles_give_the_vnni_paths_bits(kind, k):
-    """The demo target's shapes (the MLP's K = 8960 included) and a single super-block; a
-    row of zeros, a row with one block far larger than the rest; a last tile of 1 to 15."""
-    w, _ = weight(kind, 48, k, seed=k)
-    x = torch.randn(40, k) * 5
+    """The demo target's shapes (the MLP's K = 8960 included) and a single super-block; the
+    draft's 32-blocks (K = 896 and 4864 = 152 blocks, not whole groups of 16) and 3 blocks; 37
+    weight rows (a last tile of 5); a row of zeros, a row with one block far larger than the
+    rest; a last tile of tokens of 1 to 15, and a prompt's 136 tokens."""
+    w, _ = weight(kind, 37, k, seed=k)
+    x = torch.randn(136, k) * 5
     x[3] = 0
     x[30, :50] *= 1000
-    bias = torch.randn(48)
-    assert gguf.amx_rows() <= 33  # the widths below take the tiles from there on
-    for m in (gguf.amx_rows(), 31, 32, 33, 40):
+    bias = torch.randn(37)
+    assert gguf.amx_rows() <= 16  # the widths below take the tiles from there on
+    for m in (gguf.amx_rows(), 17, 31, 32, 33, 40, 136):
+        assert takes_the_tiles(kind, m, gguf.AMX)
         assert torch.equal(gguf.linear(x[:m], w, bias, gguf.AMX),
                            gguf.linear(x[:m], w, bias, gguf.VNNI)), (kind, m)
 

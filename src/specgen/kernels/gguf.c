@@ -14,14 +14,18 @@
 // of 32 (the 32-blocks) or per super-block of 256 (the K-quants), rounded to nearest even.
 //
 // The bit contract. Every integer sum is exact, so its value never depends on the order or
-// the instructions. The float work is one fixed sequence of 8-lane operations per token and
-// weight row, the same on both paths and whatever the number of tokens in the pass (see "The
-// order of the float work" below): lane i of a unit's (block's or super-block's) integer sums
-// holds inputs 4i..4i+3 of each 32 of the unit (K-quants: times their sub-block's scale), on
-// AVX2 by construction, on AVX512-VNNI by adding lanes i and i + 8 of its 64-input registers
-// (K-quants: a register holds the same 32 inputs of two super-blocks, lanes 0-7 the first's).
-// Each weight block is unpacked once per tile of up to TILE tokens; a token's result never
-// depends on the tile it is in.
+// the instructions. The float work is one fixed sequence of operations per token and weight
+// row, the same on every path (AVX2, AVX512-VNNI, AMX tiles) and whatever the number of tokens
+// in the pass (see "The order of the float work" of each family below):
+//   32-blocks: each block's exact sum of its 32 products is scaled into one of 16 lanes,
+//   lane b mod 16, by one fused multiply-add; the lanes are summed in a fixed order.
+//   K-quants: lane i of a super-block's integer sums holds inputs 4i..4i+3 of each 32 of it
+//   times their sub-block's scale, on AVX2 by construction, on AVX512-VNNI by a register
+//   holding the same 32 inputs of two super-blocks (lanes 0-7 the first's), on the tiles by
+//   taking the inputs in that order; even and odd super-blocks add into two 8-lane
+//   accumulators.
+// Each weight block is unpacked once per tile of tokens; a token's result never depends on
+// the tile it is in.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,17 +45,21 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml
 // rows is one tile).
 #define TILE 8
 
-// One call's activations. Token t's: q + t k, ex + 8 t k / group (group: 32 or 256 inputs, a
-// unit), s16 + t k / 16, c + t k / 4.
+// One call's activations. Token t's: q + t k, ex + 8 t k / 256, s16 + t k / 16, e + t k / 32;
+// the 32-blocks' q4 + 512 t ng, e16 and c16 + 16 t ng (ng: groups of 16 blocks).
 typedef struct {
-    const int8_t *q;     // int8, inputs in order
-    const float *ex;     // each unit's (block's or super-block's) scale 8 times: a vector's lanes
+    const int8_t *q;     // int8, inputs in order (the 32-blocks on AMX: zeros up to a whole
+                         // tile of 16 tokens)
+    const float *ex;     // K-quants: each super-block's scale 8 times, a vector's lanes
     const int16_t *s16;  // K-quants: sum of each 16 values (minimums, Q6_K's offset)
     const float *s32;    // K-quants: each 32 values' sum as a float, [token][super-block][8]
-    const int32_t *c;    // 32-blocks: -offset times the sum of each 4 values (q - offset)
     const int8_t *qp;    // K-quants on VNNI: q with each pair of super-blocks interleaved by
                          // 32 (s's inputs 32j.., then s + 1's), an odd last one in order
     const int8_t *qa;    // K-quants on AMX: q by tiles of tokens, lane by lane (lanes_by_tile)
+    const float *e;      // 32-blocks on AMX: each block's scale
+    const int8_t *q4;    // 32-blocks on AVX2, VNNI: q by sets of 4 blocks (sets_of_4)
+    const float *e16;    // 32-blocks on AVX2, VNNI: the blocks' scales and the offsets'
+    const int32_t *c16;  // share, -offset sum(a), per group of 16 at the path's lanes
     int k;
 } Acts;
 
@@ -113,152 +121,264 @@ static void quantize_acts(const float *x, int m, int k, int group, int8_t *q, fl
 
 static inline int block_bytes(int fmt) { return fmt == Q4_0 ? 18 : fmt == Q5_0 ? 22 : 34; }
 
-// 16 bytes of nibbles -> 32 bytes 0..15 in input order (low nibbles, then high).
-AI __m256i nibbles32(const uint8_t *p) {
-    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    both = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+// The order of the float work of the 32-blocks, every path: a token's dot product with a
+// weight row is, per block b, the exact integer sum isum_b of its 32 products a (q - offset),
+// then 16 accumulators, lane L taking the blocks b = L mod 16 in order:
+//     acc[b % 16] = fma(float(isum_b), d_b e_b, acc[b % 16])
+// (a lane no block reaches stays +0), and the result is hsum8(E + O), E the lanes 0-7 and O
+// the lanes 8-15. The paths hold the lanes in registers in their own order (below) and put
+// them back in lane order before the sum. So the float work is one fused multiply-add per 16
+// blocks on VNNI, per 8 on AVX2, and one per 16 weight rows on the tiles.
+//
+// AVX2 and VNNI take the blocks in sets of 4 from Acts.q4 (see sets_of_4): one register's
+// bytes hold the inputs 0-15 of its blocks, another's the inputs 16-31 (the nibbles of Q4_0
+// and Q5_0 as stored), so each block's sum collects in one 128-bit lane, then the lanes of
+// several blocks add up by pairwise (hadd) steps to one block a lane.
+
+// Where a group of 16 blocks' sums land: VNNI's register lane p holds block 4 (p % 4) + p / 4;
+// AVX2 holds the group in two registers of 8, E's lane p block p < 4 ? 2p : 2p - 7 (O's the
+// same + 8).
+static inline int vnni_block(int p) { return 4 * (p % 4) + p / 4; }
+static inline int avx2_block(int p) { return p < 8 ? (p < 4 ? 2 * p : 2 * p - 7) : 8 + avx2_block(p - 8); }
+
+AI __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+// Two blocks' weights (b1 NULL: none, zeros) as the halves of `lo` (inputs 0-15 of b0, then
+// of b1) and `hi` (inputs 16-31): q in 0..15 or 0..31 (the offset taken off through Acts.c16),
+// or Q8_0's int8.
+AI void pair_avx2(int fmt, const uint8_t *b0, const uint8_t *b1, __m256i *lo, __m256i *hi) {
+    const __m128i z = _mm_setzero_si128();
+    if (fmt == Q8_0) {
+        *lo = _mm256_set_m128i(b1 ? load16(b1 + 2) : z, load16(b0 + 2));
+        *hi = _mm256_set_m128i(b1 ? load16(b1 + 18) : z, load16(b0 + 18));
+        return;
+    }
+    int at = fmt == Q4_0 ? 2 : 6;
+    __m256i w = _mm256_set_m128i(b1 ? load16(b1 + at) : z, load16(b0 + at));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    *lo = _mm256_and_si256(w, low);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    if (fmt == Q5_0) {  // byte j of a half: bit j of its block's 16 bits (ggml's bytes_from_bits_32)
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, b0 + 2, 4);
+        if (b1) memcpy(&h1, b1 + 2, 4);
+        __m256i both = _mm256_set1_epi64x((int64_t)((uint64_t)h1 << 32 | h0));
+        const __m256i pick = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0404040404040404, 0x0505050505050505);
+        const __m256i bits = _mm256_set1_epi64x(0x8040201008040201), bit = _mm256_set1_epi8(0x10);
+        __m256i l = _mm256_and_si256(_mm256_shuffle_epi8(both, pick), bits);
+        __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(both, _mm256_add_epi8(pick, _mm256_set1_epi8(2))), bits);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, bits), bit));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, bits), bit));
+    }
 }
 
-// Q5_0's 32 high bits -> 0x10 in byte j where bit j is set (ggml's bytes_from_bits_32).
-AI __m256i high_bits32(const uint8_t *p) {
-    uint32_t h;
-    memcpy(&h, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    b = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
-}
-
-// A block's 32 weights as bytes in input order: q in 0..15 or 0..31 (unsigned, the offset
-// taken off through Acts.c), or Q8_0's int8.
-AI __m256i weights32(int fmt, const uint8_t *b) {
-    if (fmt == Q4_0) return nibbles32(b + 2);
-    if (fmt == Q5_0) return _mm256_or_si256(nibbles32(b + 6), high_bits32(b + 2));
-    return _mm256_loadu_si256((const __m256i *)(b + 2));
-}
-
-// The order of the float work, both paths, every format: a token's dot product with a weight
-// row is split into units (a block of 32, or a super-block of 256), each giving exact 8-lane
-// integer sums; even units add into accumulator E, odd ones into O, lane by lane:
-//     acc = fma(float(isum), d e, acc)   [K4: then acc = fnma(float(msum), dmin e, acc)]
-// and the result is hsum8(E + O). The VNNI path holds E and O as the halves of one 512-bit
-// register and steps two units at once; AVX2 steps them one by one, into E or O.
-
-// One block of 32 (AVX2) against nt tokens, into acc (E or O).
-AI void b32_unit_avx2(int fmt, const uint8_t *blk, int b, int nb, const Acts *A, int t0, int nt,
-                      __m256 *acc) {
-    const int k = A->k;
+// A pair's sums for one token (a: its set's bytes, the pair's at a and a + 64): 4 lanes per
+// block, b0's in the low 128 bits.
+AI __m256i pair_sums_avx2(int fmt, __m256i lo, __m256i hi, const int8_t *a) {
     const __m256i ones = _mm256_set1_epi16(1);
-    _mm_prefetch((const char *)blk + PREFETCH_BYTES, _MM_HINT_T0);
-    __m256 d = _mm256_set1_ps(f16(blk));
-    __m256i w = weights32(fmt, blk);
-    __m256i wa = _mm256_sign_epi8(w, w);  // |q|, for Q8_0's sign trick
+    __m256i al = _mm256_loadu_si256((const __m256i *)a), ah = _mm256_loadu_si256((const __m256i *)(a + 64));
+    if (fmt == Q8_0)  // |q| * (a with q's sign): pairs within int16 (|q| <= 128, |a| <= 127)
+        return _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(al, lo)), ones),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ah, hi)), ones));
+    // q <= 31: two pairs of products stay within int16
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah)), ones);
+}
+
+// Blocks b .. b + cnt - 1 (cnt 1..8: one of AVX2's registers of a group) against nt tokens:
+// their sums at avx2_block's lanes (absent blocks 0, their scale 0), into acc.
+AI void b32_eight_avx2(int fmt, const uint8_t *wr, int b, int cnt, int half, const Acts *A,
+                       int t0, int nt, __m256 *acc) {
+    const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
+    const uint8_t *blk = wr + (int64_t)b * bb;
+    __m256i lo[4], hi[4];
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 2 * bb; j += 64)  // spread: a burst stalls on full fill buffers
+            _mm_prefetch((const char *)blk + 2 * i * bb + PREFETCH_BYTES + j, _MM_HINT_T0);
+        if (2 * i < cnt)
+            pair_avx2(fmt, blk + 2 * i * bb, 2 * i + 1 < cnt ? blk + (2 * i + 1) * bb : NULL, &lo[i], &hi[i]);
+        else
+            lo[i] = hi[i] = _mm256_setzero_si256();
+    }
+    // d at avx2_block's lanes: blocks 0 2 4 6 1 3 5 7, absent ones 0
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), _mm256_set1_epi32(bb));
+    __m256i there = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)blk, idx, there, 1);
+    h = _mm256_shuffle_epi8(h, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0x08)));
+    int g = b / 16;
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
-        __m256i a = _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32));
-        __m256i p;
-        if (fmt == Q8_0)  // |q| * (a with q's sign): pairs within int16 (|q| <= 128, |a| <= 127)
-            p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)), ones);
-        else
-            p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones),
-                                 _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)));
-        acc[t] = step(acc[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
+        const int8_t *a = A->q4 + (tok * ng + g) * 512 + (b % 16) * 32;  // the set of b
+        __m256i p0 = pair_sums_avx2(fmt, lo[0], hi[0], a), p1 = pair_sums_avx2(fmt, lo[1], hi[1], a + 32);
+        __m256i p2 = _mm256_setzero_si256(), p3 = _mm256_setzero_si256();
+        if (cnt > 4) {
+            p2 = pair_sums_avx2(fmt, lo[2], hi[2], a + 128);
+            p3 = pair_sums_avx2(fmt, lo[3], hi[3], a + 160);
+        }
+        __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+        int64_t at = (tok * ng + g) * 16 + 8 * half;
+        s = _mm256_add_epi32(s, _mm256_loadu_si256((const __m256i *)(A->c16 + at)));
+        acc[t] = step(acc[t], s, _mm256_mul_ps(d, _mm256_loadu_ps(A->e16 + at)));
     }
+}
+
+// hsum8(E + O) of E and O at avx2_block's lanes.
+AI float b32_finish_avx2(__m256 e, __m256 o) {
+    return hsum8(_mm256_permutevar8x32_ps(_mm256_add_ps(e, o), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
 // One weight row against nt tokens t0 .. t0 + nt - 1 (nt a constant after inlining).
 AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt, float *out) {
-    const int bb = block_bytes(fmt);
     __m256 even[TILE], odd[TILE];
     for (int t = 0; t < nt; t++) even[t] = odd[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b += 2) {
-        b32_unit_avx2(fmt, wr + (int64_t)b * bb, b, nb, A, t0, nt, even);
-        if (b + 1 < nb) b32_unit_avx2(fmt, wr + (int64_t)(b + 1) * bb, b + 1, nb, A, t0, nt, odd);
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        b32_eight_avx2(fmt, wr, b, 8, 0, A, t0, nt, even);
+        b32_eight_avx2(fmt, wr, b + 8, 8, 1, A, t0, nt, odd);
     }
-    for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
+    int left = nb - b;
+    if (left > 0) b32_eight_avx2(fmt, wr, b, left < 8 ? left : 8, 0, A, t0, nt, even);
+    if (left > 8) b32_eight_avx2(fmt, wr, b + 8, left - 8, 1, A, t0, nt, odd);
+    for (int t = 0; t < nt; t++) out[t] = b32_finish_avx2(even[t], odd[t]);
 }
 
-// Two blocks' weights in one register, each block's 32 bytes in input order.
-VNNI_TARGET AI __m512i weights64(int fmt, const uint8_t *ba, const uint8_t *bb) {
-    if (fmt == Q8_0)
-        return _mm512_xor_si512(
-            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ba + 2))),
-                               _mm256_loadu_si256((const __m256i *)(bb + 2)), 1),
-            _mm512_set1_epi8((char)0x80));  // q + 128, unsigned; Acts.c takes 128 sum(a) off
-    int at = fmt == Q4_0 ? 2 : 6;
-    __m256i y = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ba + at))),
-        _mm_loadu_si128((const __m128i *)(bb + at)), 1);
-    __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                                         _mm512_castsi256_si512(y));
-    z = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
-                         _mm512_set1_epi8(0x0F));
-    if (fmt == Q5_0) {
-        uint32_t ha, hb;
-        memcpy(&ha, ba + 2, 4);
-        memcpy(&hb, bb + 2, 4);
-        z = _mm512_or_si512(z, _mm512_maskz_mov_epi8(ha | (uint64_t)hb << 32, _mm512_set1_epi8(0x10)));
+// A set of 4 blocks' weights (cnt 1..4 of them there, the rest zeros) as VNNI's unsigned
+// bytes: lo the inputs 0-15 of each, hi 16-31, a block a 128-bit lane (Q8_0: q + 128, Acts.c16
+// taking 128 sum(a) off). Q5_0: qh holds the 4 blocks' high bits in each 128-bit lane.
+VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i qh, __m512i *lo, __m512i *hi) {
+    const int bb = block_bytes(fmt);
+    const int at = fmt == Q4_0 ? 2 : fmt == Q5_0 ? 6 : 2;
+    __m512i w = _mm512_setzero_si512(), w2 = _mm512_setzero_si512();
+    if (cnt == 4) {
+        w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(load16(blk + bb + at), load16(blk + at))),
+                               _mm256_set_m128i(load16(blk + 3 * bb + at), load16(blk + 2 * bb + at)), 1);
+        if (fmt == Q8_0)
+            w2 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set_m128i(load16(blk + bb + 18), load16(blk + 18))),
+                _mm256_set_m128i(load16(blk + 3 * bb + 18), load16(blk + 2 * bb + 18)), 1);
+    } else {
+        for (int i = 0; i < cnt; i++) {
+            w = _mm512_mask_broadcast_i32x4(w, (__mmask16)(0xF << 4 * i), load16(blk + i * bb + at));
+            if (fmt == Q8_0)
+                w2 = _mm512_mask_broadcast_i32x4(w2, (__mmask16)(0xF << 4 * i), load16(blk + i * bb + 18));
+        }
     }
-    return z;
+    if (fmt == Q8_0) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        __mmask8 there = (__mmask8)((1u << 2 * cnt) - 1);  // absent blocks stay 0, not 128
+        *lo = _mm512_maskz_xor_epi64(there, w, flip);
+        *hi = _mm512_maskz_xor_epi64(there, w2, flip);
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(w, low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+    if (fmt == Q5_0) {  // qh: the 4 blocks' in each 128-bit lane; lane i takes block i's bits
+        const __m512i bits = _mm512_set1_epi64(0x8040201008040201);
+        const __m512i lo_bytes = _mm512_setr_epi64(0, 0x0101010101010101, 0x0404040404040404,
+                                                   0x0505050505050505, 0x0808080808080808,
+                                                   0x0909090909090909, 0x0C0C0C0C0C0C0C0C,
+                                                   0x0D0D0D0D0D0D0D0D);
+        const __m512i two = _mm512_set1_epi8(2), bit = _mm512_set1_epi8(0x10);
+        __mmask64 l = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, lo_bytes), bits);
+        __mmask64 h = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lo_bytes, two)), bits);
+        *lo = _mm512_mask_add_epi8(*lo, l, *lo, bit);
+        *hi = _mm512_mask_add_epi8(*hi, h, *hi, bit);
+    }
 }
 
-// [a x 8 | b x 8] from the fp16 at a and at b, by one conversion
-VNNI_TARGET AI __m512 two_halves(const uint8_t *a, const uint8_t *b) {
-    uint16_t ha, hb;
-    memcpy(&ha, a, 2);
-    memcpy(&hb, b, 2);
-    __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(ha | (int)hb << 16)));
-    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1), f);
+// [a0+a1, a2+a3, b0+b1, b2+b3] in each 128-bit lane
+VNNI_TARGET AI __m512i hadd512(__m512i a, __m512i b) {
+    __m512 x = _mm512_castsi512_ps(a), y = _mm512_castsi512_ps(b);
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(x, y, 0x88)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0xDD)));
 }
 
-// E and O at the end of a row: an odd last unit has gone into `last` (E's lanes).
-VNNI_TARGET AI float finish(__m512 acc, __m256 last) {
-    return hsum8(_mm256_add_ps(last, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+// Blocks b .. b + cnt - 1 (cnt 1..16, a group of 16) against nt tokens, into acc at
+// vnni_block's lanes (an absent block adds 0 times scale 0).
+VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, const Acts *A, int t0,
+                                   int nt, __m512 *acc) {
+    const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
+    const uint8_t *blk = wr + (int64_t)b * bb;
+    __m512i lo[4], hi[4], qh = _mm512_setzero_si512();
+    if (fmt == Q5_0)  // the blocks' qh in order, absent ones 0
+        qh = _mm512_mask_i32gather_epi32(
+            qh, cnt == 16 ? 0xFFFF : (__mmask16)((1u << cnt) - 1),
+            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                               _mm512_set1_epi32(bb)), blk + 2, 1);
+    for (int s = 0; s < 4; s++) {
+        for (int i = 0; i < 4 * bb; i += 64)  // spread over the group: a burst stalls on full fill buffers
+            _mm_prefetch((const char *)blk + 4 * s * bb + PREFETCH_BYTES + i, _MM_HINT_T0);
+        if (4 * s < cnt)
+            set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4,
+                     _mm512_shuffle_i32x4(qh, qh, 0x55 * s), &lo[s], &hi[s]);
+        else
+            lo[s] = hi[s] = _mm512_setzero_si512();
+    }
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __mmask16 there = cnt == 16 ? 0xFFFF : _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(cnt), order);
+    __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), there,
+                                            _mm512_mullo_epi32(order, _mm512_set1_epi32(bb)), blk, 1);
+    __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    int g = b / 16;
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        const int8_t *a = A->q4 + (tok * ng + g) * 512;
+        __m512i p[4];
+        for (int s = 0; s < 4; s++) {
+            if (4 * s < cnt)
+                p[s] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[s],
+                                                               _mm512_loadu_si512(a + 128 * s)),
+                                           hi[s], _mm512_loadu_si512(a + 128 * s + 64));
+            else
+                p[s] = _mm512_setzero_si512();
+        }
+        __m512i sum = hadd512(hadd512(p[0], p[1]), hadd512(p[2], p[3]));
+        sum = _mm512_add_epi32(sum, _mm512_loadu_si512(A->c16 + (tok * ng + g) * 16));
+        __m512 de = _mm512_mul_ps(d, _mm512_loadu_ps(A->e16 + (tok * ng + g) * 16));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), de, acc[t]);
+    }
 }
 
 VNNI_TARGET AI void b32_vnni(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int nt,
                              float *out) {
-    const int bb = block_bytes(fmt), k = A->k;
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     int b = 0;
-    for (; b + 2 <= nb; b += 2) {  // block b into E, b + 1 into O
-        const uint8_t *ba = wr + (int64_t)b * bb;
-        _mm_prefetch((const char *)ba + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)ba + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512 d = two_halves(ba, ba + bb);
-        __m512i w = weights64(fmt, ba, ba + bb);
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m512i p = _mm512_dpbusd_epi32(
-                _mm512_loadu_si512(A->c + tok * (k / 4) + b * 8), w,
-                _mm512_loadu_si512(A->q + tok * k + b * 32));
-            __m512 de = _mm512_mul_ps(d, _mm512_loadu_ps(A->ex + (tok * nb + b) * 8));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), de, acc[t]);
-        }
+    for (; b + 16 <= nb; b += 16) b32_group_vnni(fmt, wr, b, 16, A, t0, nt, acc);
+    if (b < nb) b32_group_vnni(fmt, wr, b, nb - b, A, t0, nt, acc);
+    // back to lane order (vnni_block is its own inverse), then hsum8(E + O)
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int t = 0; t < nt; t++) {
+        __m512 v = _mm512_permutexvar_ps(order, acc[t]);
+        out[t] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(v),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
     }
-    __m256 last[TILE];
-    for (int t = 0; t < nt; t++) last[t] = _mm512_castps512_ps256(acc[t]);
-    if (b < nb) {  // an odd last block (an even unit), on 256 bits
-        const uint8_t *blk = wr + (int64_t)b * bb;
-        __m256 d = _mm256_set1_ps(f16(blk));
-        __m256i w = weights32(fmt, blk);
-        if (fmt == Q8_0) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m256i p = _mm256_dpbusd_epi32(
-                _mm256_loadu_si256((const __m256i *)(A->c + tok * (k / 4) + b * 8)), w,
-                _mm256_loadu_si256((const __m256i *)(A->q + tok * k + b * 32)));
-            last[t] = step(last[t], p, _mm256_mul_ps(d, _mm256_loadu_ps(A->ex + (tok * nb + b) * 8)));
+}
+
+// q [m, k] -> Acts.q4: per token, groups of 16 blocks (512 bytes, zeros past the last block),
+// each 4 sets of 4 blocks: the 4 blocks' inputs 0-15, then their inputs 16-31.
+static void sets_of_4(const int8_t *q, int m, int k, int8_t *q4) {
+    int nb = k / 32, ng = (nb + 15) / 16;
+    memset(q4, 0, (size_t)m * ng * 512);
+    for (int64_t r = 0; r < m; r++)
+        for (int b = 0; b < nb; b++) {
+            int8_t *to = q4 + r * ng * 512 + (b / 4) * 128 + (b % 4) * 16;
+            memcpy(to, q + r * k + 32 * b, 16);
+            memcpy(to + 64, q + r * k + 32 * b + 16, 16);
         }
-    }
-    for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
 }
 
 // ---- K-quants: Q4_K, Q5_K, Q6_K ------------------------------------------------------------
+
+// The order of the float work of the K-quants, every path: a token's dot product with a
+// weight row is split into super-blocks of 256, each giving exact 8-lane integer sums; even
+// super-blocks add into accumulator E, odd ones into O, lane by lane:
+//     acc = fma(float(isum), d e, acc)   [K4: then acc = fnma(float(msum), dmin e, acc)]
+// and the result is hsum8(E + O). The VNNI path holds E and O as the halves of one 512-bit
+// register and steps two super-blocks at once; AVX2 steps them one by one, into E or O.
 
 // Q4_K/Q5_K's 12 bytes -> 8 scales and 8 mins of 6 bits (ggml's get_scale_min_k4).
 static inline void scales_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
@@ -395,6 +515,20 @@ AI void kq_avx2(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int n
         else k4_unit_avx2(fmt == Q5_K, wr + (int64_t)s * bb, s, ns, A, t0, nt, acc);
     }
     for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
+}
+
+// [a x 8 | b x 8] from the fp16 at a and at b, by one conversion
+VNNI_TARGET AI __m512 two_halves(const uint8_t *a, const uint8_t *b) {
+    uint16_t ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(ha | (int)hb << 16)));
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1), f);
+}
+
+// E and O at the end of a row: an odd last unit has gone into `last` (E's lanes).
+VNNI_TARGET AI float finish(__m512 acc, __m256 last) {
+    return hsum8(_mm256_add_ps(last, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
 }
 
 // word indices: lanes 0-7 a, 8-15 b, 16-23 c, 24-31 d
@@ -657,7 +791,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
 // times their scale: one tile product of K = 32 if the tokens' inputs are taken in that order
 // (Acts.qa) and the weights times their scales, w = sc q (at most 16 bits), are split into
 // bytes: isum = a . low bytes + 256 (a . high bytes).
-#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define AMX_INT8 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8,prfchw")))
 #define AMX_ROWS 16  // tokens from which a K-quant pass takes the tiles (a tile of them)
 #define RB 16        // weight rows a tile product takes
 
@@ -909,6 +1043,141 @@ static int8_t *lanes_by_tile(const int8_t *q, int m, int k) {
     return qa;
 }
 
+// ---- AMX: wide passes of the 32-blocks ------------------------------------------------------
+// A pass of AMX_ROWS tokens or more takes each block's exact sums for 16 tokens by 16 weight
+// rows from one tile product of K = 32 (the tokens' int8 inputs of the block times the rows'
+// weights q - offset as int8, signed by signed), then does the float work of the 32-blocks'
+// order (above) token by token, the 16 rows in the lanes of a 512-bit register and the 16
+// lanes of the order in 16 registers.
+
+// Tiles: 0 a block's sums (16 tokens x RB rows), 1 the tokens' 32 inputs, 2 the rows' 32
+// weights (VNNI layout: 8 rows of [RB rows][4 inputs]); 3, 4 and 5, 6, 7 the same again,
+// so two blocks' products are under way at once.
+static const tile_config B32_TILES = {
+    .palette = 1,
+    .colsb = {64, 32, 64, 64, 32, 64},
+    .rows = {16, 16, 8, 16, 16, 8},
+};
+
+// 4 weights of 4 bits a lane (bits 4 .. 7 of each byte free) -> 0x10 in byte i where bit i is set
+AMX_INT8 AI __m512i spread4(__m512i bits) {
+    __m512i x = _mm512_mullo_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0xF)), _mm512_set1_epi32(0x00204081));
+    return _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x01010101)), 4);
+}
+
+// Block b of the RB rows at `rows` (byte offsets from w) into B (512 bytes: [input quad][row]
+// [4 inputs], as int8 q - offset) and D (the rows' d).
+AMX_INT8 static void btile_decode(int fmt, const uint8_t *w, const int32_t *rows, int b, int8_t *B,
+                                  float *D) {
+    const int bb = block_bytes(fmt);
+    const uint8_t *base = w + (int64_t)b * bb;
+    const __m512i at = _mm512_loadu_si512(rows);
+    _mm512_storeu_ps(D, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(at, base, 1))));
+    if (fmt == Q8_0) {
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_si512(B + 64 * j, _mm512_i32gather_epi32(at, base + 2 + 4 * j, 1));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i off = _mm512_set1_epi8(fmt == Q4_0 ? 8 : 16);
+    __m512i qh = fmt == Q5_0 ? _mm512_i32gather_epi32(at, base + 2, 1) : _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) {  // nibble bytes 4j .. 4j + 3: inputs 4j .., 16 + 4j ..
+        __m512i g = _mm512_i32gather_epi32(at, base + (fmt == Q5_0 ? 6 : 2) + 4 * j, 1);
+        __m512i l = _mm512_and_si512(g, low), h = _mm512_and_si512(_mm512_srli_epi32(g, 4), low);
+        if (fmt == Q5_0) {
+            l = _mm512_or_si512(l, spread4(_mm512_srli_epi32(qh, 4 * j)));
+            h = _mm512_or_si512(h, spread4(_mm512_srli_epi32(qh, 16 + 4 * j)));
+        }
+        _mm512_storeu_si512(B + 64 * j, _mm512_sub_epi8(l, off));
+        _mm512_storeu_si512(B + 64 * (4 + j), _mm512_sub_epi8(h, off));
+    }
+}
+
+// Block b's sums for the token tile at qt (its rows k bytes apart) into C (tile C, with
+// tiles QT, WT for the inputs and weights). The sums of block b + 2 are asked for in write
+// state first: the tile stores are what a pass waits on most, their lines being out of L1.
+#define BTILE_PRODUCT(C, QT, WT, b)                                                        \
+    do {                                                                                    \
+        _tile_loadd(QT, qt + 32 * (b), k);                                                  \
+        _tile_loadd(WT, B + 512 * (b), 64);                                                 \
+        _tile_zero(C);                                                                      \
+        _tile_dpbssd(C, QT, WT);                                                            \
+        for (int line = 0; line < 16; line++)                                               \
+            _mm_prefetch((const char *)(sums + 256 * ((b) + 2) + 16 * line), _MM_HINT_ET0); \
+        _tile_stored(C, sums + 256 * (b), 64);                                              \
+    } while (0)
+
+// Weight rows r0 .. r0 + nr - 1 (nr <= RB), decoded in B and D, against all m tokens; sums:
+// a block's 16 x RB sums per block.
+AMX_INT8 static void btile_rows(const int8_t *B, const float *D, int nb, const Acts *A, int m,
+                                int r0, int nr, const float *bias, float *y, int n, int32_t *sums) {
+    const int k = A->k;
+    const __mmask16 valid = (__mmask16)((1u << nr) - 1);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(valid, bias + r0) : _mm512_setzero_ps();
+    for (int t0 = 0; t0 < m; t0 += 16) {
+        int nt = m - t0 < 16 ? m - t0 : 16;
+        const int8_t *qt = A->q + (int64_t)t0 * k;  // zeros past the last token
+        int b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            BTILE_PRODUCT(0, 1, 2, b);
+            BTILE_PRODUCT(3, 4, 5, b + 1);
+        }
+        if (b < nb) BTILE_PRODUCT(0, 1, 2, b);
+        for (int t = 0; t < nt; t++) {
+            const float *e = A->e + (int64_t)(t0 + t) * nb;
+            __m512 acc[16];
+            for (int L = 0; L < 16; L++) acc[L] = _mm512_setzero_ps();
+            for (int b0 = 0; b0 < nb; b0 += 16) {
+#pragma GCC unroll 16
+                for (int L = 0; L < 16; L++) {
+                    int bl = b0 + L;
+                    if (bl < nb) {
+                        __m512 de = _mm512_mul_ps(_mm512_loadu_ps(D + 16 * bl), _mm512_set1_ps(e[bl]));
+                        __m512 s = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums + 256 * bl + 16 * t));
+                        acc[L] = _mm512_fmadd_ps(s, de, acc[L]);
+                    }
+                }
+            }
+            __m512 v[8];
+            for (int L = 0; L < 8; L++) v[L] = _mm512_add_ps(acc[L], acc[L + 8]);
+            __m512 s0 = _mm512_add_ps(v[0], v[4]), s1 = _mm512_add_ps(v[1], v[5]);
+            __m512 s2 = _mm512_add_ps(v[2], v[6]), s3 = _mm512_add_ps(v[3], v[7]);
+            __m512 out = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+            if (bias) out = _mm512_add_ps(out, bv);
+            _mm512_mask_storeu_ps(y + (int64_t)(t0 + t) * n + r0, valid, out);
+        }
+    }
+}
+#undef BTILE_PRODUCT
+
+// The 32-block pass on the tiles: each thread takes RB weight rows at a time, decodes them
+// once and runs every token against them.
+AMX_INT8 static void btile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
+                                  float *y, int m, int n, const Acts *A, int threads) {
+    int nb = A->k / 32, blocks = (n + RB - 1) / RB;
+#pragma omp parallel num_threads(threads)
+    {
+        tile_config before;
+        tiles_on(&before, &B32_TILES);
+        int8_t *B = aligned_alloc(64, (size_t)nb * 512);
+        float *D = aligned_alloc(64, sizeof(float) * 16 * nb);
+        int32_t *sums = aligned_alloc(64, sizeof(int32_t) * 256 * (nb + 2));  // + 2: prefetched
+#pragma omp for schedule(guided)
+        for (int bl = 0; bl < blocks; bl++) {
+            int r0 = bl * RB, nr = n - r0 < RB ? n - r0 : RB;
+            int32_t rows[RB];
+            for (int r = 0; r < RB; r++) rows[r] = (int32_t)((r < nr ? r : nr - 1) * row_bytes);
+            for (int b = 0; b < nb; b++)
+                btile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, b, B + 512 * b, D + 16 * b);
+            btile_rows(B, D, nb, A, m, r0, nr, bias, y, n, sums);
+        }
+        free(B);
+        free(D);
+        free(sums);
+        tiles_off(&before);
+    }
+}
+
 // ---- dispatch ------------------------------------------------------------------------------
 
 // One row against nt tokens on AVX2; nt a constant in each call so the token loops unroll.
@@ -953,7 +1222,7 @@ int gguf_path(void) {
     return __builtin_cpu_supports("amx-int8") && tiles_allowed() ? AMX : VNNI;
 }
 
-// The narrowest K-quant pass the AMX path computes on the tiles (narrower ones take VNNI).
+// The narrowest pass the AMX path computes on the tiles (narrower ones take VNNI).
 int gguf_amx_rows(void) { return AMX_ROWS; }
 
 // Bytes of a row of k inputs, 0 for an unknown format or a k that is not whole blocks.
@@ -983,32 +1252,69 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
     }
 }
 
+// The path a pass of m tokens of format fmt takes when `path` is asked for: AMX takes the
+// passes of AMX_ROWS tokens or more, VNNI the narrower ones.
+int gguf_pass_path(int fmt, int m, int path) {
+    (void)fmt;
+    return path == AMX && m < AMX_ROWS ? VNNI : path;
+}
+
+// The 32-blocks' activations on AVX2 or VNNI: q by sets of 4 blocks, and per group of 16
+// blocks their scales and offsets' share at the path's lanes (absent blocks 0).
+static void b32_acts(int fmt, const int8_t *q, const float *e, int m, int k, int path, Acts *A,
+                     int8_t **q4, float **e16, int32_t **c16) {
+    int nb = k / 32, ng = (nb + 15) / 16;
+    // q - offset: Q4_0 8, Q5_0 16; Q8_0 on VNNI takes q + 128 (AVX2 uses none)
+    int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
+    *q4 = malloc((size_t)m * ng * 512 + 64);
+    *e16 = calloc((size_t)m * ng * 16, sizeof(float));
+    *c16 = calloc((size_t)m * ng * 16, sizeof(int32_t));
+    sets_of_4(q, m, k, *q4);
+    for (int64_t r = 0; r < m; r++)
+        for (int g = 0; g < ng; g++)
+            for (int p = 0; p < 16; p++) {
+                int b = 16 * g + (path == VNNI ? vnni_block(p) : avx2_block(p));
+                if (b >= nb) continue;
+                int sum = 0;
+                for (int j = 0; j < 32; j++) sum += q[r * k + 32 * b + j];
+                (*e16)[(r * ng + g) * 16 + p] = e[r * nb + b];
+                (*c16)[(r * ng + g) * 16 + p] = -off * sum;
+            }
+    A->q4 = *q4;
+    A->e16 = *e16;
+    A->c16 = *c16;
+}
+
 // y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
-// `path` (AVX2, or VNNI or AMX where gguf_path() says so; AMX takes the K-quants' passes of
-// AMX_ROWS tokens or more, VNNI the rest). Threads take weight rows as they finish.
+// `path` (AVX2, or VNNI or AMX where gguf_path() says so; gguf_pass_path says which a pass
+// takes). Threads take weight rows as they finish.
 void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
                  float *y, int m, int k, int n, int path, int threads) {
     int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K, group = kq ? 256 : 32;
-    if (path == AMX && !(kq && m >= AMX_ROWS)) path = VNNI;
-    int8_t *q = malloc((size_t)m * k + 64);
+    path = gguf_pass_path(fmt, m, path);
+    int rows = path == AMX && !kq ? (m + 15) / 16 * 16 : m;  // the tiles read whole tiles of tokens
+    int8_t *q = calloc((size_t)rows * k + 64, 1);
     float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
-    int16_t *s16 = kq ? malloc(sizeof(int16_t) * ((size_t)m * k / 16)) : NULL;
-    int32_t *c = kq ? NULL : malloc(sizeof(int32_t) * ((size_t)m * k / 4));
-    float *ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
     quantize_acts(x, m, k, group, q, e);
-    if (kq)
+    Acts A = {.q = q, .e = e, .k = k};
+    int16_t *s16 = NULL;
+    float *ex = NULL, *s32 = NULL, *e16 = NULL;
+    int8_t *qp = NULL, *qa = NULL, *q4 = NULL;
+    int32_t *c16 = NULL;
+    if (kq) {
+        s16 = malloc(sizeof(int16_t) * ((size_t)m * k / 16));
         for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
             int sum = 0;
             for (int j = 0; j < 16; j++) sum += q[16 * i + j];
             s16[i] = (int16_t)sum;
         }
-    else {  // q - offset: Q4_0 8, Q5_0 16; Q8_0 on VNNI takes q + 128 (AVX2 uses none)
-        int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
-        for (int64_t i = 0; i < (int64_t)m * k / 4; i++)
-            c[i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
-    }
-    for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-    int8_t *qp = NULL;
+        ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
+        for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
+        s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
+        for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
+        A.s16 = s16, A.ex = ex, A.s32 = s32;
+    } else if (path != AMX)
+        b32_acts(fmt, q, e, m, k, path, &A, &q4, &e16, &c16);
     if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
         qp = malloc((size_t)m * k + 64);
         int ns = k / 256;
@@ -1022,16 +1328,13 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
                 }
             if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
         }
+        A.qp = qp;
     }
-    int8_t *qa = path == AMX ? lanes_by_tile(q, m, k) : NULL;
-    float *s32 = NULL;
-    if (kq) {
-        s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
-        for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
-    }
-    Acts A = {q, ex, s16, s32, c, qp, qa, k};
-    if (path == AMX)
+    if (kq && path == AMX) A.qa = qa = lanes_by_tile(q, m, k);
+    if (path == AMX && kq)
         ktile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
+    else if (path == AMX)
+        btile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
     else {
@@ -1041,11 +1344,13 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     free(q);
     free(e);
     free(s16);
-    free(c);
     free(ex);
+    free(s32);
     free(qp);
     free(qa);
-    free(s32);
+    free(q4);
+    free(e16);
+    free(c16);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------

@@ -5,8 +5,7 @@
 `gguf.c`, which reads ggml's blocks in place (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) and
 quantizes the activations to int8 per token inside the kernel. Each token of a pass of up to
 FP32_ROWS rows gets exactly the bits of a one-token pass, on every path (AVX2, AVX512-VNNI,
-and AMX tiles for the K-quants' wide passes),
-which is what keeps speculative decoding exact (docs/cpu-kernels.md, the bit contract).
+and AMX tiles for the wide passes), which is what keeps speculative decoding exact (docs/cpu-kernels.md, the bit contract).
 F32 and BF16 tensors take `linear.py`'s row-alone kernels; F16 ones are converted once to
 float32 when wrapped (rare in GGUF files).
 """
@@ -44,7 +43,7 @@ FORMATS: dict[str, Format] = {
 FLOATS = ("F32", "F16", "BF16")
 _IDS = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # gguf.c's (ggml's)
 
-AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (gguf.c); AMX: the K-quants' wide passes
+AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (gguf.c); AMX: the wide passes
 
 
 def declare(lib: ctypes.CDLL) -> None:
@@ -57,6 +56,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.gguf_row_bytes.restype = i64
     lib.gguf_amx_rows.argtypes = []
     lib.gguf_amx_rows.restype = i
+    lib.gguf_pass_path.argtypes = [i, i, i]
+    lib.gguf_pass_path.restype = i
 
 
 def check_cpu() -> None:
@@ -82,8 +83,13 @@ def best_path() -> int:
 
 
 def amx_rows() -> int:
-    """The narrowest K-quant pass the AMX path computes on its tiles (narrower: VNNI)."""
+    """The narrowest pass the AMX path computes on its tiles (narrower: VNNI)."""
     return library().gguf_amx_rows()
+
+
+def pass_path(kind: str, m: int, path: int) -> int:
+    """The path a pass of `m` tokens of block format `kind` runs on when `path` is asked."""
+    return library().gguf_pass_path(_IDS[kind], m, path)
 
 
 def paths() -> tuple[int, ...]:
