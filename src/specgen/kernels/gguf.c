@@ -1004,6 +1004,14 @@ AMX_INT8 static void ktile_rows(int fmt, const KTile *T, int ns, const Acts *A, 
 }
 #undef KTILE_PRODUCTS
 
+// The RB weight rows from r0 as the gathers read them: byte offsets of rows r0 .. r0 + nr - 1,
+// the last repeated past n (those lanes are never stored); returns nr.
+AI int row_group(int r0, int n, int64_t row_bytes, int32_t *rows) {
+    int nr = n - r0 < RB ? n - r0 : RB;
+    for (int r = 0; r < RB; r++) rows[r] = (int32_t)((r < nr ? r : nr - 1) * row_bytes);
+    return nr;
+}
+
 // The K-quant pass on the tiles: each thread takes RB weight rows at a time, decodes them
 // once and runs every token against them.
 AMX_INT8 static void ktile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
@@ -1016,9 +1024,8 @@ AMX_INT8 static void ktile_linear(int fmt, const uint8_t *w, int64_t row_bytes, 
         KTile *T = aligned_alloc(64, sizeof(KTile) * ns);
 #pragma omp for schedule(guided)
         for (int bl = 0; bl < blocks; bl++) {
-            int r0 = bl * RB, nr = n - r0 < RB ? n - r0 : RB;
             int32_t rows[RB];
-            for (int r = 0; r < RB; r++) rows[r] = (int32_t)((r < nr ? r : nr - 1) * row_bytes);
+            int r0 = bl * RB, nr = row_group(r0, n, row_bytes, rows);
             for (int s = 0; s < ns; s++) ktile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, s, T + s);
             ktile_rows(fmt, T, ns, A, m, r0, nr, bias, y, n);
         }
@@ -1138,11 +1145,7 @@ AMX_INT8 static void btile_rows(const int8_t *B, const float *D, int nb, const A
                     }
                 }
             }
-            __m512 v[8];
-            for (int L = 0; L < 8; L++) v[L] = _mm512_add_ps(acc[L], acc[L + 8]);
-            __m512 s0 = _mm512_add_ps(v[0], v[4]), s1 = _mm512_add_ps(v[1], v[5]);
-            __m512 s2 = _mm512_add_ps(v[2], v[6]), s3 = _mm512_add_ps(v[3], v[7]);
-            __m512 out = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+            __m512 out = ktile_finish(acc, acc + 8);  // lanes 0-7 plus 8-15, hsum8's order
             if (bias) out = _mm512_add_ps(out, bv);
             _mm512_mask_storeu_ps(y + (int64_t)(t0 + t) * n + r0, valid, out);
         }
@@ -1164,9 +1167,8 @@ AMX_INT8 static void btile_linear(int fmt, const uint8_t *w, int64_t row_bytes, 
         int32_t *sums = aligned_alloc(64, sizeof(int32_t) * 256 * (nb + 2));  // + 2: prefetched
 #pragma omp for schedule(guided)
         for (int bl = 0; bl < blocks; bl++) {
-            int r0 = bl * RB, nr = n - r0 < RB ? n - r0 : RB;
             int32_t rows[RB];
-            for (int r = 0; r < RB; r++) rows[r] = (int32_t)((r < nr ? r : nr - 1) * row_bytes);
+            int r0 = bl * RB, nr = row_group(r0, n, row_bytes, rows);
             for (int b = 0; b < nb; b++)
                 btile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, b, B + 512 * b, D + 16 * b);
             btile_rows(B, D, nb, A, m, r0, nr, bias, y, n, sums);
