@@ -84,6 +84,23 @@ def test_lean_target_decoder_is_bit_identical_to_transformers(family, quantizati
         assert got.shape == reference.shape and torch.equal(got, reference)
 
 
+@torch.inference_mode()
+def test_a_drafts_lean_pass_attends_in_one_c_call(tiny_model, monkeypatch):
+    """A draft's bits are its own (only a target's must be transformers'), so its lean
+    passes take rows.c's one call for rotary, cache write and attention, as a target's do,
+    not PyTorch's dozen ops a layer."""
+    model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
+    lean = make_decoder(model)
+    assert isinstance(lean, LeanDecoder) and not lean.rows and rows.library() is not None
+    calls = []
+    real = rows.rope_attend
+    monkeypatch.setattr(rows, "rope_attend", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    reference = HFDecoder(model)
+    for ids in (torch.arange(5), torch.tensor([7]), torch.tensor([9, 3])):
+        torch.testing.assert_close(lean.hidden(ids), reference.hidden(ids), atol=1e-5, rtol=1e-5)
+    assert calls == [5, 5, 1, 1, 2, 2]  # each pass, each of the 2 layers
+
+
 def test_targets_without_row_attention_keep_transformers_forward(tiny_model):
     """Elsewhere the lean decoder's attention is not transformers' to the bit: a float
     target keeps transformers' forward, while a draft of the same model goes lean."""

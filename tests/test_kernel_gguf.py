@@ -280,6 +280,10 @@ def test_the_layer_keeps_no_copy_of_the_weight():
     assert y.shape == (2, 3, 16) and y.dtype == torch.bfloat16
     want = gguf.linear(x.reshape(6, 256).float(), w, layer.bias).to(torch.bfloat16)
     assert torch.equal(y.reshape(6, 16), want)
+    flat = torch.randn(3, 256)  # the lean decoder's rows, called without linear's checks
+    assert torch.equal(layer(flat), gguf.linear(flat, w, layer.bias))
+    with pytest.raises(ValueError, match="features"):  # never read past the input's end
+        layer(torch.randn(3, 128))
 
 
 def test_an_unknown_type_is_a_config_error_naming_the_supported_ones():

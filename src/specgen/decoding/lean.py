@@ -221,7 +221,10 @@ class LeanDecoder(Decoder):
         x = self.embed(ids)  # [m, hidden]
         self._reserve(start + int(depths.max()) + 1, x)
         cos, sin = self.rotary(x[None], (start + depths)[None])
-        in_c = self.rows and c_rows.usable(x, self.head_dim)  # rotary, cache and attention
+        # Rotary, cache write and attention in one C call: for a target, row_attention's
+        # bits; for a draft, whose bits are its own, the cheaper way (PyTorch's SDPA and
+        # rotary dispatch a dozen ops per layer).
+        in_c = c_rows.usable(x, self.head_dim)
         # Row r of a run sees the cache below the run and the run up to its own row; one
         # token sees everything.
         masks = [None if hi - lo == 1 or self.rows or in_c else

@@ -165,20 +165,20 @@ def linear(x: Tensor, w: GGUFWeight, bias: Tensor | None = None, path: int | Non
             y = torch.mm(x, w.data.t())
             return y if bias is None else y + bias
         return dense.linear(x.contiguous(), w.data, bias)
-    lib = library()
     build.check_path(path, paths(), "GGUF kernel")
-    if path is None:
-        path = best_path()
-    m, k = x.shape
-    if k != w.k:
-        raise ValueError(f"input has {k} features, the weight {w.k}")
-    x = x.float().contiguous()
-    y = torch.empty(m, w.n)
-    if bias is not None:
-        bias = bias.float().contiguous()
-    lib.gguf_linear(_IDS[w.kind], x.data_ptr(), w.data.data_ptr(), w.data.shape[1],
-                    None if bias is None else bias.data_ptr(), y.data_ptr(), m, k, w.n, path,
-                    torch.get_num_threads())
+    if x.shape[1] != w.k:
+        raise ValueError(f"input has {x.shape[1]} features, the weight {w.k}")
+    return _blocks(x.float().contiguous(), w, None if bias is None else bias.float().contiguous(),
+                   best_path() if path is None else path)
+
+
+def _blocks(x: Tensor, w: GGUFWeight, bias: Tensor | None, path: int) -> Tensor:
+    """`linear` of a block format, its arguments checked: x [M, K] float32 contiguous, bias
+    float32 contiguous or None."""
+    y = torch.empty(x.shape[0], w.n)
+    library().gguf_linear(_IDS[w.kind], x.data_ptr(), w.data.data_ptr(), w.data.shape[1],
+                          None if bias is None else bias.data_ptr(), y.data_ptr(), x.shape[0],
+                          w.k, w.n, path, torch.get_num_threads())
     return y
 
 
@@ -209,12 +209,18 @@ class GGUFLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = weight.k, weight.n
         self.weight = weight
-        self.bias = None if bias is None else bias.float()
+        self.bias = None if bias is None else bias.float().contiguous()
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        y = linear(rows.float(), self.weight, self.bias)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if x.shape[-1] != self.in_features:  # the kernel would read past x's end
+            raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
+        flat = x.dim() == 2 and x.dtype == torch.float32  # the lean decoder's [m, hidden]
+        rows = x.contiguous() if flat else x.reshape(-1, self.in_features).float().contiguous()
+        if self.weight.kind in FLOATS:
+            y = linear(rows, self.weight, self.bias)
+        else:  # every layer of every pass: its checks were made once, when it was built
+            y = _blocks(rows, self.weight, self.bias, best_path())
+        return y if flat else y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
