@@ -295,6 +295,18 @@ def test_device_override_leaves_a_llama_cpp_draft_on_the_cpu(tmp_path):
         with_overrides(load_profile("llama3-8b"), draft_runtime="llama.cpp")
 
 
+def test_the_default_cuts_its_drafts_vocabulary_but_not_when_llama_cpp_drafts():
+    """The default drafts over part of the vocabulary; its llama.cpp-draft variants, and
+    --draft-runtime llama.cpp on the command line, draft over all of it (llama.cpp's draft
+    cannot be cut) instead of refusing a cut the user never wrote."""
+    default = load_profile("qwen-coder-demo")
+    assert default.speculation.draft_vocab > 0
+    assert load_profile("qwen-coder-demo-llamacpp").speculation.draft_vocab == 0
+    assert load_profile("qwen-coder-demo-int8-llamacpp").speculation.draft_vocab == 0
+    switched = with_overrides(default, draft_runtime="llama.cpp")
+    assert switched.draft.runtime == "llama.cpp" and switched.speculation.draft_vocab == 0
+
+
 # --- overrides ---------------------------------------------------------------------------------------
 
 def test_overrides_apply_and_none_is_ignored():

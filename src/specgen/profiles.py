@@ -394,9 +394,10 @@ def _validate(p: Profile, where: Any) -> None:
             _check_llama_runtime(spec, role, where)
     s, g = p.speculation, p.generation
     if p.draft is not None and p.draft.runtime == "llama.cpp" and s.draft_vocab:
-        raise ConfigError(f"{where}: speculation.draft_vocab trims a transformers draft's output "
-                          "layer; a llama.cpp draft always drafts over its whole vocabulary. "
-                          "Remove draft_vocab, or set draft.runtime = \"transformers\".")
+        raise ConfigError(f"{where}: speculation.draft_vocab trims the output layer of a "
+                          "draft specgen runs; a llama.cpp draft always drafts over its whole "
+                          "vocabulary. Set speculation.draft_vocab = 0 (a profile this one "
+                          "extends may set it), or draft.runtime = \"transformers\".")
     _choice(s.method, METHODS, "speculation.method", where)
     if (p.draft is None or not p.draft.has_model) and s.method == "draft-model":
         raise ConfigError(f"{where}: speculation.method = {s.method!r} needs a [draft] model. "
@@ -565,4 +566,6 @@ def with_overrides(profile: Profile, *, where: str = "command line", **overrides
                 raise ConfigError(f"Cannot set {name}: profile {profile.name!r} has no [{section}].")
     if overrides.get("device") and data.get("draft", {}).get("runtime") == "llama.cpp":
         data["draft"]["device"] = "cpu"  # --device moves what it can; llama.cpp drafts on the CPU
+    if overrides.get("draft_runtime") == "llama.cpp" and "speculation" in data:
+        data["speculation"]["draft_vocab"] = 0  # llama.cpp drafts over the whole vocabulary
     return _build(data, name=profile.name, path=profile.path)
