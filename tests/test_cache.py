@@ -493,10 +493,8 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypat
     """A demo GGUF is checked against its sha256 on every run that uses it (llama.cpp reads it
     as it is): the hash is computed once and remembered by path, size and time, and computed
     again once the file changes."""
-    from specgen.loading import hashing
-
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    hashed, real = [], hashing.sha256_file
+    hashed, real = [], cache.sha256_file
     monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     f = tmp_path / "model.gguf"
     f.write_bytes(b"weights")
@@ -511,10 +509,8 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypat
 def test_a_file_put_in_place_of_a_remembered_one_is_hashed_again(tmp_path, monkeypatch):
     """Another file of the same size renamed over the remembered one, its modification time
     set to the old file's (as `cp -p` or `rsync -t` leave it): hashed again, not trusted."""
-    from specgen.loading import hashing
-
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    hashed, real = [], hashing.sha256_file
+    hashed, real = [], cache.sha256_file
     monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     f, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
     f.write_bytes(b"weights")
@@ -524,4 +520,4 @@ def test_a_file_put_in_place_of_a_remembered_one_is_hashed_again(tmp_path, monke
     os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
     os.replace(other, f)
     assert (f.stat().st_size, f.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    assert cache.remembered_sha256(f) == real(f) == hashing.sha256_file(f) and len(hashed) == 2
+    assert cache.remembered_sha256(f) == real(f) and len(hashed) == 2

@@ -13,7 +13,7 @@ import torch
 
 from specgen.errors import ModelError
 from specgen.loading import cache
-from specgen.loading.devices import dtype_name
+from specgen.loading.plan import dtype_name
 from specgen.loading.sources import ModelFiles, Progress, pretrained, say
 from specgen.loading.tokenizer_cache import load_tokenizer
 
