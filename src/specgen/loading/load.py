@@ -107,11 +107,9 @@ def _pretrained(files: ModelFiles, **kwargs) -> PreTrainedModel:
 
 def _packed(plan: RolePlan, folder: Path, progress: Progress | None, lean: bool):
     """A CPU scheme's model, mapped packed from its cache entry."""
-    from specgen.loading import packed
-
     say(progress, f"Loading {plan.role} {plan.files.name} in {plan.spec.quantization} on cpu")
-    return packed.load(folder, plan.dtype, plan.role == "target", plan.spec.trust_remote_code,
-                       plan.spec.quantization if lean else None)
+    return mapped.load_packed(folder, plan.dtype, plan.role == "target", plan.spec.trust_remote_code,
+                              plan.spec.quantization if lean else None)
 
 
 def _streamed_int4(plan: RolePlan, folder: Path, progress: Progress | None, lean: bool):

@@ -5,7 +5,7 @@ first, if any. A `PairPlan` holds the roles and the draft head's checked folder;
 carries a plan out.
 
 The runtimes: "stored" (a GGUF's blocks mapped, loading/stored.py), "llama.cpp" (a GGUF
-draft on llama.cpp), "packed" (a CPU scheme's packed entry, loading/packed.py), "int4-gpu"
+draft on llama.cpp), "packed" (a CPU scheme's packed entry, loading/mapped.py), "int4-gpu"
 (quantized tensor by tensor onto a GPU, loading/streamed.py), "transformers" (everything
 else: float, bitsandbytes, a GGUF's converted copy)."""
 
