@@ -1,4 +1,4 @@
-"""The model cache (loading/cache.py, loading/packed.py): packed models mapped onto a meta
+"""The model cache (loading/cache.py, loading/mapped.py): packed models mapped onto a meta
 skeleton with no unquantized weights built, entries keyed by content, checks on load (damaged
 copies rebuilt or refused), `specgen cache list / prune / verify`, and conversions that
 leave nothing behind when interrupted."""
@@ -22,7 +22,7 @@ from specgen.choices import CPU_SCHEMES
 from specgen.cli import app
 from specgen.kernels import build, int8, quantize
 from specgen.kernels.quantize import QuantLinear
-from specgen.loading import cache, cache_listing, demo, packed
+from specgen.loading import cache, cache_listing, demo, mapped
 from specgen.loading.load import load_pair
 from specgen.profiles import load_profile
 
@@ -83,20 +83,20 @@ def no_unquantized_model(monkeypatch):
 def test_packed_round_trip_is_bit_identical_and_mapped(tmp_path, monkeypatch, scheme, tiny_model):
     model = quantize.apply(tiny_model("qwen2", hidden=64), scheme)
     model.config.save_pretrained(tmp_path)
-    packed.save(model, tmp_path)
+    mapped.save_packed(model, tmp_path)
     no_unquantized_model(monkeypatch)
-    again = packed.load(tmp_path, torch.float32, verifier=True)
+    again = mapped.load_packed(tmp_path, torch.float32, verifier=True)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, again(ids).logits)
     assert not any(t.is_meta for t in [*again.parameters(), *again.buffers()])
     # the weights it runs with are the file's pages, not a copy
-    assert mapped_from(again.model.embed_tokens.weight, packed.WEIGHTS)
+    assert mapped_from(again.model.embed_tokens.weight, mapped.PACKED_WEIGHTS)
     q = again.model.layers[0].self_attn.q_proj
     if scheme == "int4-dyn":
-        assert q.joined is not None and mapped_from(q.joined.packed, packed.WEIGHTS)
+        assert q.joined is not None and mapped_from(q.joined.packed, mapped.PACKED_WEIGHTS)
     else:
-        assert mapped_from(q.weight, packed.WEIGHTS) and getattr(q, "packed", None) is None
+        assert mapped_from(q.weight, mapped.PACKED_WEIGHTS) and getattr(q, "packed", None) is None
 
 
 def refuse_fbgemm(monkeypatch):
@@ -113,10 +113,10 @@ def test_an_int8_dyn_load_packs_nothing_and_computes_fbgemms_bits(tmp_path, monk
     (the fallback where the kernel cannot be built)."""
     model = quantize.apply(tiny_model("qwen2", hidden=64, layers=2), "int8-dyn", verifier=verifier)
     model.config.save_pretrained(tmp_path)
-    packed.save(model, tmp_path)
+    mapped.save_packed(model, tmp_path)
     with pytest.MonkeyPatch.context() as patch:
         refuse_fbgemm(patch)
-        again = packed.load(tmp_path, torch.float32, verifier=verifier)
+        again = mapped.load_packed(tmp_path, torch.float32, verifier=verifier)
         ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
         with torch.no_grad():
             own = again(ids).logits
@@ -137,14 +137,14 @@ def test_an_int8_dyn_draft_joins_its_projections_without_packing(tmp_path, monke
 
     model = quantize.apply(tiny_model("qwen2", hidden=64, layers=2), "int8-dyn")
     model.config.save_pretrained(tmp_path)
-    packed.save(model, tmp_path)
+    mapped.save_packed(model, tmp_path)
     refuse_fbgemm(monkeypatch)
-    draft = packed.load(tmp_path, torch.float32, verifier=False, lean="int8-dyn")
+    draft = mapped.load_packed(tmp_path, torch.float32, verifier=False, lean="int8-dyn")
     prepare(draft, "draft", "int8-dyn")
     qkv = layer_projections(draft)[0][0]
     assert qkv.joined and qkv.layer.out_features == sum(qkv.sizes)
     monkeypatch.undo()
-    eager = packed.load(tmp_path, torch.float32, verifier=False)  # transformers' skeleton
+    eager = mapped.load_packed(tmp_path, torch.float32, verifier=False)  # transformers' skeleton
     for m in eager.modules():
         if isinstance(m, quantize.QuantLinear):
             m.fbgemm_weight()  # every layer packed alone, as before
@@ -258,7 +258,7 @@ def test_a_damaged_packed_model_is_rebuilt(tmp_path, gguf_file):
     path = write_profile(tmp_path, f'model = "{gguf_file}"\nquantization = "int8-wo"')
     expected = logits(load_pair(load_profile(str(path))))
     (entry,) = (tmp_path / "cache" / "quantized").iterdir()
-    with (entry / packed.WEIGHTS).open("r+b") as f:
+    with (entry / mapped.PACKED_WEIGHTS).open("r+b") as f:
         f.seek(200)
         f.write(b"\x00" * 64)
     seen = []
@@ -493,10 +493,8 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypat
     """A demo GGUF is checked against its sha256 on every run that uses it (llama.cpp reads it
     as it is): the hash is computed once and remembered by path, size and time, and computed
     again once the file changes."""
-    from specgen.loading import hashing
-
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    hashed, real = [], hashing.sha256_file
+    hashed, real = [], cache.sha256_file
     monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     f = tmp_path / "model.gguf"
     f.write_bytes(b"weights")
@@ -511,10 +509,8 @@ def test_a_files_sha256_is_remembered_until_the_file_changes(tmp_path, monkeypat
 def test_a_file_put_in_place_of_a_remembered_one_is_hashed_again(tmp_path, monkeypatch):
     """Another file of the same size renamed over the remembered one, its modification time
     set to the old file's (as `cp -p` or `rsync -t` leave it): hashed again, not trusted."""
-    from specgen.loading import hashing
-
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    hashed, real = [], hashing.sha256_file
+    hashed, real = [], cache.sha256_file
     monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     f, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
     f.write_bytes(b"weights")
@@ -524,4 +520,4 @@ def test_a_file_put_in_place_of_a_remembered_one_is_hashed_again(tmp_path, monke
     os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
     os.replace(other, f)
     assert (f.stat().st_size, f.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    assert cache.remembered_sha256(f) == real(f) == hashing.sha256_file(f) and len(hashed) == 2
+    assert cache.remembered_sha256(f) == real(f) and len(hashed) == 2

@@ -13,7 +13,7 @@ from specgen.choices import DYNAMIC_SCHEMES
 from specgen.errors import ConfigError, ModelError, ResourceError
 from specgen.loading import demo, devices, memory
 from specgen.loading import load as models
-from specgen.loading.devices import resolve_device, resolve_dtype
+from specgen.loading.plan import resolve_device, resolve_dtype
 from specgen.loading.load import load_pair
 from specgen.loading.tokenizer_cache import check_tokenizers
 from specgen.loading.memory import estimate_bytes

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from specgen.decoding import HFDecoder, LeanDecoder, make_decoder
 from specgen.errors import ModelError
 from specgen.kernels import prepare
-from specgen.loading import mapped, packed
+from specgen.loading import mapped
 from specgen.models import config as config_values, llama
 
 
@@ -84,9 +84,9 @@ def test_a_packed_model_maps_onto_the_tree_and_computes_what_transformers_skelet
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
     model.config.save_pretrained(tmp_path)
     prepare(model, "target", scheme)
-    packed.save(model, tmp_path)
-    tree = packed.load(tmp_path, torch.float32, True, lean=scheme)
-    plain = packed.load(tmp_path, torch.float32, True)
+    mapped.save_packed(model, tmp_path)
+    tree = mapped.load_packed(tmp_path, torch.float32, True, lean=scheme)
+    plain = mapped.load_packed(tmp_path, torch.float32, True)
     assert isinstance(tree, llama.CausalLM) and not isinstance(plain, llama.CausalLM)
     assert tree.generation_config is not None
     for m in (tree, plain):
@@ -153,7 +153,7 @@ def test_what_the_tree_does_not_compute_keeps_transformers(tiny_model, tmp_path)
     read = mapped.Reader(weights)
     kept = {n: read(n).clone() for n in read.names() if n != "model.norm.weight"}
     del read
-    packed.write_tensors(weights, kept)
+    mapped.write_tensors(weights, kept)
     assert mapped.load(folder, model.config, torch.float32) is None
 
 

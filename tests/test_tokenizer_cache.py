@@ -137,7 +137,7 @@ def test_a_lean_load_is_a_plain_tokenizer_that_answers_as_transformers_does(monk
     on texts and conversations other than those compared when the copy was kept."""
     from transformers import AutoTokenizer
 
-    from specgen.loading.plain_tokenizer import PlainTokenizer
+    from specgen.loading.tokenizer_cache import PlainTokenizer
 
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")
     slow = load_tokenizer(ModelFiles("tiny", folder))
@@ -165,7 +165,7 @@ def test_a_lean_load_is_a_plain_tokenizer_that_answers_as_transformers_does(monk
 def test_a_plain_tokenizer_that_would_answer_otherwise_is_never_used(monkeypatch):
     """Where the plain tokenizer differs from transformers' in anything compared (here its
     decoding), the copy is kept without it and a lean load gets transformers' tokenizer."""
-    from specgen.loading.plain_tokenizer import PlainTokenizer
+    from specgen.loading.tokenizer_cache import PlainTokenizer
 
     monkeypatch.setattr(PlainTokenizer, "decode", lambda self, ids, skip_special_tokens=False: "")
     folder = tiny_qwen_tokenizer(cache.cache_dir() / "converted" / "tiny-float32")

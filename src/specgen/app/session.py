@@ -87,8 +87,8 @@ def session_of(profile: Profile, pair: LoadedPair) -> Session:
     if pair.draft is not None:
         check_pair(pair.target, pair.draft)
     spec = profile.speculation
-    skip = (skipsets.resolve(profile, pair) if skipsets.self_drafts(profile, pair.draft is not None)
-            else None)
+    self_drafts = spec.method == "self" or (spec.method == "hybrid" and pair.draft is None)
+    skip = skipsets.resolve(profile, pair) if self_drafts else None  # the target drafts itself
     drafter = make_drafter(
         spec.method,
         pair.draft,

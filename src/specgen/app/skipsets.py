@@ -28,12 +28,6 @@ if TYPE_CHECKING:
 ORIGINS = ("profile", "tuned", "default")
 
 
-def self_drafts(profile: Profile, has_draft: bool) -> bool:
-    """Whether the profile's method drafts with the target itself."""
-    method = profile.speculation.method
-    return method == "self" or (method == "hybrid" and not has_draft)
-
-
 def skip_text(skip: Skip) -> str:
     return format_skip_layers(skip.attention, skip.mlp)
 

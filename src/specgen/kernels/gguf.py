@@ -97,10 +97,6 @@ def paths() -> tuple[int, ...]:
     return tuple(range(best_path() + 1))
 
 
-def supported(kind: str) -> bool:
-    return kind in FORMATS
-
-
 def _format(kind: str) -> Format:
     if kind not in FORMATS:
         raise ConfigError(f"GGUF tensor type {kind!r} is not supported; specgen computes "

@@ -107,9 +107,8 @@ def use_decode_linears(model: nn.Module) -> int:
     are left as they are. Returns how many layers were switched."""
     switched = 0
     for module in model.modules():
-        w = getattr(module, "weight", None)
-        if (type(module) is nn.Linear and w.device.type == "cpu"
-                and w.dtype in (torch.float32, torch.bfloat16)):
+        if (type(module) is nn.Linear and module.weight.device.type == "cpu"
+                and module.weight.dtype in (torch.float32, torch.bfloat16)):
             module.__class__ = DecodeLinear
             switched += 1
     return switched

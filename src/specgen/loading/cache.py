@@ -37,7 +37,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specgen.errors import ModelError
-from specgen.loading.hashing import sha256_file
 from specgen.paths import cache_dir
 
 FORMAT = 2  # of an entry (its manifest and layout)
@@ -87,6 +86,19 @@ def entry_for(sha256: str, dtype: str, scheme: str | None) -> Path:
 
 
 # --- hashing ----------------------------------------------------------------------------------
+
+HASH_CHUNK = 1 << 24  # 16 MiB reads
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a whole file: the manifests, `specgen cache verify`, a GGUF's check against
+    its profile's, the demo files' checks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(HASH_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
 
 def sampled_hash(path: Path) -> str:
     """sha256 of the size and SAMPLES blocks spread evenly over the file (the whole file

@@ -13,7 +13,8 @@ import torch
 
 from specgen.errors import ModelError
 from specgen.loading import cache
-from specgen.loading.devices import dtype_name
+from specgen.loading.mapped import save_packed
+from specgen.loading.plan import dtype_name
 from specgen.loading.sources import ModelFiles, Progress, pretrained, say
 from specgen.loading.tokenizer_cache import load_tokenizer
 
@@ -92,7 +93,6 @@ def pack(source: ModelFiles, origin: ModelFiles, scheme: str, dtype: torch.dtype
     from `origin` (the GGUF's converted copy where one is cached, else `source` itself);
     returns the entry. A hub model's weights are downloaded by then (its key is their hash)."""
     from specgen.kernels import quantize
-    from specgen.loading import packed
 
     sha = source.sha256 if source.gguf else cache.weights_sha256(source.path)
 
@@ -100,7 +100,7 @@ def pack(source: ModelFiles, origin: ModelFiles, scheme: str, dtype: torch.dtype
         model, tokenizer = _float_model(origin, dtype, trust_remote_code, progress)
         say(progress, f"Quantizing {source.name} to {scheme} (first run only)")
         quantize.apply(model, scheme)
-        packed.save(model, tmp)
+        save_packed(model, tmp)
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)

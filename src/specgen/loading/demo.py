@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.errors import ModelError
-from specgen.loading.hashing import sha256_file
+from specgen.loading.cache import sha256_file
 
 CHUNK = 1 << 24  # 16 MiB reads while copying
 

@@ -22,9 +22,9 @@ from specgen.errors import ModelError
 from specgen.kernels import cuda_int4, prepare
 from specgen.loading import mapped, stored, tokenizer_cache
 from specgen.loading.convert import convert_gguf, pack
-from specgen.loading.devices import dtype_name
 from specgen.loading.memory import check_memory, check_pair, estimate_bytes
-from specgen.loading.plan import HeadPlan, PairPlan, RolePlan, bnb_config, plan_pair, resolve_role, runtime_of
+from specgen.loading.plan import (HeadPlan, PairPlan, RolePlan, bnb_config, dtype_name, plan_pair,
+                                  resolve_role, runtime_of)
 from specgen.loading.sources import (ModelFiles, Progress, fetch_weights, load_config, pretrained,
                                      refused_code, say)
 from specgen.loading.tokenizer_cache import load_tokenizer
@@ -107,11 +107,9 @@ def _pretrained(files: ModelFiles, **kwargs) -> PreTrainedModel:
 
 def _packed(plan: RolePlan, folder: Path, progress: Progress | None, lean: bool):
     """A CPU scheme's model, mapped packed from its cache entry."""
-    from specgen.loading import packed
-
     say(progress, f"Loading {plan.role} {plan.files.name} in {plan.spec.quantization} on cpu")
-    return packed.load(folder, plan.dtype, plan.role == "target", plan.spec.trust_remote_code,
-                       plan.spec.quantization if lean else None)
+    return mapped.load_packed(folder, plan.dtype, plan.role == "target", plan.spec.trust_remote_code,
+                              plan.spec.quantization if lean else None)
 
 
 def _streamed_int4(plan: RolePlan, folder: Path, progress: Progress | None, lean: bool):

@@ -5,7 +5,7 @@ first, if any. A `PairPlan` holds the roles and the draft head's checked folder;
 carries a plan out.
 
 The runtimes: "stored" (a GGUF's blocks mapped, loading/stored.py), "llama.cpp" (a GGUF
-draft on llama.cpp), "packed" (a CPU scheme's packed entry, loading/packed.py), "int4-gpu"
+draft on llama.cpp), "packed" (a CPU scheme's packed entry, loading/mapped.py), "int4-gpu"
 (quantized tensor by tensor onto a GPU, loading/streamed.py), "transformers" (everything
 else: float, bitsandbytes, a GGUF's converted copy)."""
 
@@ -23,8 +23,7 @@ from specgen.choices import (BNB_SCHEMES, CPU_SCHEMES, GPU_SCHEMES, HEAD_KINDS, 
                              STORED_SCHEME)
 from specgen.decoding import llamacpp
 from specgen.errors import ConfigError, ModelError, ResourceError, SpecgenWarning
-from specgen.loading import cache
-from specgen.loading.devices import dtype_name, resolve_device, resolve_dtype
+from specgen.loading import cache, devices
 from specgen.loading.sources import (ModelFiles, Progress, find_checked, find_head, is_gguf,
                                      load_config)
 from specgen.profiles import ModelSpec, Profile
@@ -84,6 +83,38 @@ def runtime_of(role: str, spec: ModelSpec) -> str:
     if spec.quantization in GPU_SCHEMES:
         return "int4-gpu"
     return "transformers"
+
+
+def resolve_device(device: str, role: str = "target") -> str:
+    """"auto" is CUDA when present, else CPU; asking for CUDA without it is refused."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ResourceError(
+                f"{role}.device = {device!r}, but this PyTorch sees no CUDA GPU. Use "
+                "--device cpu (or device = \"auto\" in the profile), or install a CUDA build "
+                "of PyTorch (https://pytorch.org/get-started/locally/)."
+            )
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ResourceError(f"{role}.device = {device!r}, but only "
+                                f"{torch.cuda.device_count()} GPU(s) are visible.")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """"auto": bf16 where it is fast (CUDA with bf16, AVX2/AVX-512/Arm-bf16 CPUs), else fp16
+    on GPU and fp32 on CPU."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if devices.cpu_has_bf16() else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def resolve_role(role: str, spec: ModelSpec, progress: Progress | None = None,
@@ -163,7 +194,7 @@ def plan_pair(profile: Profile, progress: Progress | None = None, lean: bool = F
     target's config before any weights load. `lean`: see load.load_pair."""
     base = profile.path.parent if profile.path else None
     specs = [("target", profile.target)]
-    if (profile.draft is not None and profile.draft.has_model
+    if (profile.draft is not None and profile.draft.model  # a draft model, not a head alone
             and profile.speculation.method in MODEL_METHODS):
         specs.append(("draft", profile.draft))
     for role, spec in specs:

@@ -105,7 +105,7 @@ def check_sha256(files: ModelFiles, progress: Progress | None = None) -> ModelFi
         return files
     declared, file = files.sha256, files.gguf_path
     say(progress, f"Checking the sha256 of {files.gguf}")
-    actual = demo.sha256_file(file)
+    actual = cache.sha256_file(file)
     if declared and actual != declared:
         raise ModelError(
             f"Refusing {file}: its sha256 is {actual}, the profile expects {declared}. The "

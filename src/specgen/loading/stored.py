@@ -73,7 +73,7 @@ class File:
     def weight(self, name: str):
         """The tensor as the kernels read it (kernels.gguf.GGUFWeight): no copy."""
         t = self.tensors[name]
-        if not kernels.supported(t.kind):
+        if t.kind not in kernels.FORMATS:
             raise ModelError(f"{self.path.name}: {name} is stored as {t.kind}, which specgen's "
                              f"kernels do not read ({', '.join(kernels.FORMATS)}). Run this "
                              "file with quantization = \"none\" (converted to float).")

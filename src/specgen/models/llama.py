@@ -2,7 +2,7 @@
 and no forward of its own: the lean decoder (decoding/lean.py) calls its layers directly.
 
 A packed model or a converted checkpoint is attached to this tree on the meta device
-(loading/packed.py, loading/load.py) when the lean decoder will serve it, so a command that
+(loading/mapped.py, loading/load.py) when the lean decoder will serve it, so a command that
 only generates never imports transformers' model code (a large share of every start). Each
 piece computes what transformers' own does, operation for operation: RMSNorm in float32,
 the rotary angles from the stored or computed inverse frequencies, SiLU; tests/test_models.py
@@ -152,7 +152,7 @@ class CausalLM(nn.Module):
     """The tree of transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM` (same parameter
     names), answering what specgen reads of a model: `config`, `generation_config`,
     `base_model`, `get_output_embeddings`, `device`, `dtype`. Built on the meta device, its
-    parameters in `dtype`: a loader attaches every tensor (loading/mapped.py, packed.py)."""
+    parameters in `dtype`: a loader attaches every tensor (loading/mapped.py)."""
 
     lean_only = True  # no forward: the lean decoder runs it (decoding.make_decoder)
 
