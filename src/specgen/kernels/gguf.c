@@ -1012,28 +1012,6 @@ AI int row_group(int r0, int n, int64_t row_bytes, int32_t *rows) {
     return nr;
 }
 
-// The K-quant pass on the tiles: each thread takes RB weight rows at a time, decodes them
-// once and runs every token against them.
-AMX_INT8 static void ktile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
-                                  float *y, int m, int n, const Acts *A, int threads) {
-    int ns = A->k / 256, blocks = (n + RB - 1) / RB;
-#pragma omp parallel num_threads(threads)
-    {
-        tile_config before;
-        tiles_on(&before, &KQ_TILES);
-        KTile *T = aligned_alloc(64, sizeof(KTile) * ns);
-#pragma omp for schedule(guided)
-        for (int bl = 0; bl < blocks; bl++) {
-            int32_t rows[RB];
-            int r0 = bl * RB, nr = row_group(r0, n, row_bytes, rows);
-            for (int s = 0; s < ns; s++) ktile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, s, T + s);
-            ktile_rows(fmt, T, ns, A, m, r0, nr, bias, y, n);
-        }
-        free(T);
-        tiles_off(&before);
-    }
-}
-
 // q [m, k] -> qa: per tile of 16 tokens (zero past the last) and super-block, lane by lane
 // (lane L: inputs 32j + 4L .. + 3 for j = 0 .. 7), the 16 tokens' 32 inputs of the lane one
 // after the other: [tile][super-block][L][16 tokens][32], a tile product's contiguous 512 bytes.
@@ -1153,26 +1131,35 @@ AMX_INT8 static void btile_rows(const int8_t *B, const float *D, int nb, const A
 }
 #undef BTILE_PRODUCT
 
-// The 32-block pass on the tiles: each thread takes RB weight rows at a time, decodes them
-// once and runs every token against them.
-AMX_INT8 static void btile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
-                                  float *y, int m, int n, const Acts *A, int threads) {
-    int nb = A->k / 32, blocks = (n + RB - 1) / RB;
+// A pass on the tiles: each thread takes RB weight rows at a time, decodes them once (a
+// K-quant's super-blocks into KTiles, a 32-block format's blocks into B and D) and runs
+// every token against them.
+AMX_INT8 static void tile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
+                                 float *y, int m, int n, const Acts *A, int threads) {
+    int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+    int ns = A->k / 256, nb = A->k / 32, blocks = (n + RB - 1) / RB;
 #pragma omp parallel num_threads(threads)
     {
         tile_config before;
-        tiles_on(&before, &B32_TILES);
-        int8_t *B = aligned_alloc(64, (size_t)nb * 512);
-        float *D = aligned_alloc(64, sizeof(float) * 16 * nb);
-        int32_t *sums = aligned_alloc(64, sizeof(int32_t) * 256 * (nb + 2));  // + 2: prefetched
+        tiles_on(&before, kq ? &KQ_TILES : &B32_TILES);
+        KTile *T = kq ? aligned_alloc(64, sizeof(KTile) * ns) : NULL;
+        int8_t *B = kq ? NULL : aligned_alloc(64, (size_t)nb * 512);
+        float *D = kq ? NULL : aligned_alloc(64, sizeof(float) * 16 * nb);
+        int32_t *sums = kq ? NULL : aligned_alloc(64, sizeof(int32_t) * 256 * (nb + 2));  // + 2: prefetched
 #pragma omp for schedule(guided)
         for (int bl = 0; bl < blocks; bl++) {
             int32_t rows[RB];
             int r0 = bl * RB, nr = row_group(r0, n, row_bytes, rows);
-            for (int b = 0; b < nb; b++)
-                btile_decode(fmt, w + (int64_t)r0 * row_bytes, rows, b, B + 512 * b, D + 16 * b);
-            btile_rows(B, D, nb, A, m, r0, nr, bias, y, n, sums);
+            const uint8_t *group = w + (int64_t)r0 * row_bytes;
+            if (kq) {
+                for (int s = 0; s < ns; s++) ktile_decode(fmt, group, rows, s, T + s);
+                ktile_rows(fmt, T, ns, A, m, r0, nr, bias, y, n);
+            } else {
+                for (int b = 0; b < nb; b++) btile_decode(fmt, group, rows, b, B + 512 * b, D + 16 * b);
+                btile_rows(B, D, nb, A, m, r0, nr, bias, y, n, sums);
+            }
         }
+        free(T);
         free(B);
         free(D);
         free(sums);
@@ -1333,10 +1320,8 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         A.qp = qp;
     }
     if (kq && path == AMX) A.qa = qa = lanes_by_tile(q, m, k);
-    if (path == AMX && kq)
-        ktile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
-    else if (path == AMX)
-        btile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
+    if (path == AMX)
+        tile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
     else {
