@@ -38,6 +38,16 @@ def check_path(path: int | None, have: tuple[int, ...], kernel: str) -> None:
         raise ValueError(f"this CPU has no {kernel} path {path} (it has {have})")
 
 
+# Set (to anything but 0): every kernel takes its AVX2 path, as on a CPU without AVX-512 or
+# AMX, so that one machine shows what an AVX2-only one would run (the same bits: each path
+# gives its own, and the paths' tests hold them to the contract).
+AVX2_ONLY = "SPECGEN_AVX2_ONLY"
+
+
+def avx2_only() -> bool:
+    return os.environ.get(AVX2_ONLY, "") not in ("", "0")
+
+
 def has_avx2() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 

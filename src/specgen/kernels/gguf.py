@@ -79,7 +79,7 @@ def library() -> ctypes.CDLL:
 
 @functools.cache
 def best_path() -> int:
-    return library().gguf_path()
+    return AVX2 if build.avx2_only() else library().gguf_path()
 
 
 def amx_rows() -> int:

@@ -66,7 +66,8 @@ DRAFT_TILE_ROWS = 16
 def best_path() -> int:
     """The fastest path this CPU runs: AMX-INT8 tiles (for wide passes), AVX512-VNNI
     `vpdpbusd`, or AVX2. Also where Linux is asked, once, to let this process use AMX tiles."""
-    return library().int4_path()
+    path = library().int4_path()  # asks for the tiles, whatever it returns
+    return AVX2 if build.avx2_only() else path
 
 
 def paths() -> tuple[int, ...]:

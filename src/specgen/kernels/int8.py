@@ -39,7 +39,7 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def best_path() -> int:
-    return library().int8_path()
+    return AVX2 if build.avx2_only() else library().int8_path()
 
 
 def paths() -> tuple[int, ...]:

@@ -51,7 +51,7 @@ AVX2, DOT, AMX = 0, 1, 2  # the kernel's bf16 paths (linear.c)
 def bf16_path() -> int:
     """The fastest bf16 path this CPU runs: AMX tiles, AVX512-BF16 `vdpbf16ps`, or AVX2."""
     lib = library()
-    return AVX2 if lib is None else lib.bf16_path()
+    return AVX2 if lib is None or build.avx2_only() else lib.bf16_path()
 
 
 @contextlib.contextmanager
