@@ -25,8 +25,6 @@ def test_a_changed_header_builds_a_new_library(monkeypatch, tmp_path):
 @pytest.fixture
 def avx2_only(monkeypatch):
     """SPECGEN_AVX2_ONLY set, the kernels' remembered best paths forgotten before and after."""
-    import torch
-
     from specgen.kernels import gguf, int4, int8, linear
 
     cached = (gguf.best_path, int4.best_path, int8.best_path, linear.bf16_path)
@@ -39,7 +37,7 @@ def avx2_only(monkeypatch):
         pytest.skip("needs an x86 CPU with AVX2 and a C compiler")
     monkeypatch.setenv(build.AVX2_ONLY, "1")
     forget()
-    yield torch
+    yield
     monkeypatch.delenv(build.AVX2_ONLY)
     forget()
 
@@ -48,10 +46,10 @@ def test_avx2_only_puts_every_kernel_on_its_avx2_path(avx2_only):
     """What an AVX2-only CPU runs, shown on this one: every kernel's best path is AVX2, and a
     GGUF layer computes the AVX2 path's bits."""
     import numpy as np
+    import torch
 
     from specgen.kernels import gguf, int4, int8, linear
 
-    torch = avx2_only
     assert gguf.best_path() == gguf.AVX2 and gguf.paths() == (gguf.AVX2,)
     assert int4.best_path() == int4.AVX2 and int8.best_path() == int8.AVX2
     assert linear.bf16_path() == linear.AVX2

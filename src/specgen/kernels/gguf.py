@@ -5,7 +5,8 @@
 `gguf.c`, which reads ggml's blocks in place (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) and
 quantizes the activations to int8 per token inside the kernel. Each token of a pass of up to
 FP32_ROWS rows gets exactly the bits of a one-token pass, on every path (AVX2, AVX512-VNNI,
-and AMX tiles for the wide passes), which is what keeps speculative decoding exact (docs/cpu-kernels.md, the bit contract).
+and AMX tiles for the wide passes), which is what keeps speculative decoding exact
+(docs/cpu-kernels.md, the bit contract).
 F32 and BF16 tensors take `linear.py`'s row-alone kernels; F16 ones are converted once to
 float32 when wrapped (rare in GGUF files).
 """
