@@ -107,6 +107,38 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
     assert written == {(f"w{w}", i) for w in range(workers) for i in range(per_worker)}
 
 
+class _CreatedBetweenReads:
+    """A connection to a fresh history across whose first read another process creates it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.conn, self.raced = path, sqlite3.connect(path, isolation_level=None), False
+
+    def execute(self, sql: str):
+        rows = self.conn.execute(sql).fetchall()
+        if not self.raced:
+            self.raced = True
+            store.connect(self.path).close()  # the other process: creates and migrates it
+        return _Rows(rows)
+
+
+class _Rows(list):
+    def fetchone(self):
+        return self[0] if self else None
+
+
+def test_a_history_created_between_two_reads_is_not_taken_for_a_foreign_file(tmp_path):
+    """Writers opening a fresh history together: one may create it while another checks
+    whose file it is; the check must read it as empty or as specgen's, never refuse it."""
+    db = tmp_path / "h.sqlite3"
+    db.touch()
+    racing = _CreatedBetweenReads(db)
+    try:
+        assert store._check_ours(racing, db) is True  # specgen's, created meanwhile
+    finally:
+        racing.conn.close()
+    assert racing.raced
+
+
 def test_corrupt_database_warns_and_does_not_raise(tmp_path):
     db = tmp_path / "h.sqlite3"
     garbage = b"this is not a database\x00" * 512

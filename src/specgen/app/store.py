@@ -179,9 +179,13 @@ def _create_private(path: Path) -> None:
 def _check_ours(conn: sqlite3.Connection, path: Path) -> bool:
     """Whether the database holds specgen's runs (False: empty, specgen may create them);
     SpecgenError for any other database, which is left untouched."""
+    # The version first, then the tables: each read is its own snapshot, and another process
+    # may create the history between them; in this order that reads as empty or as whole,
+    # never as tables missing under a set version (another application's file).
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables = [name for (name,) in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
-    if not tables and conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+    if not tables and version == 0:
         return False
     if "runs" in tables:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
