@@ -120,7 +120,7 @@ def test_an_int8_dyn_load_packs_nothing_and_computes_fbgemms_bits(tmp_path, monk
         ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
         with torch.no_grad():
             own = again(ids).logits
-    with build.swapped("int8", None, int8.declare), torch.no_grad():
+    with build.swapped("int8", None, int8.FUNCTIONS), torch.no_grad():
         fbgemm = model(ids).logits
     assert torch.equal(own, fbgemm)
     assert all(m.packed is not None for m in model.modules()

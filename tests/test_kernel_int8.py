@@ -69,7 +69,7 @@ def test_an_int8_dyn_layer_without_its_kernel_packs_for_fbgemm_and_gives_the_sam
     linear = nn.Linear(96, 40, bias=True)
     own, fallback = (quantize.QuantLinear.from_linear(linear, "int8-dyn") for _ in range(2))
     x = torch.randn(6, 96)
-    with build.swapped("int8", None, int8.declare):
+    with build.swapped("int8", None, int8.FUNCTIONS):
         want = fallback(x)
     assert fallback.packed is not None and fallback.weight is None  # fbgemm's copy, not ours too
     assert own.packed is None and torch.equal(own(x), want)

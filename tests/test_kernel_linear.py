@@ -99,14 +99,14 @@ def test_avx2_tiles_give_the_same_bits_in_16_and_32_registers(dtype, k, n):
 def test_same_result_as_nn_linear(kernel, dtype, bias, shape, monkeypatch):
     if kernel and linear.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
-    if not kernel:
-        monkeypatch.setattr(linear, "library", lambda: None)
     torch.manual_seed(0)
     layer = nn.Linear(24, 40, bias=bias).to(dtype)
     x = torch.randn(shape).to(dtype)
     want = reference(x, layer)
     use_decode_linears(layer)
     assert type(layer) is DecodeLinear
+    if not kernel:  # the library swapped out (build.swapped): PyTorch's products
+        monkeypatch.setattr(linear, "library", lambda: None)
     with torch.inference_mode():
         got = layer(x)
     assert got.shape == want.shape and got.dtype == dtype
@@ -138,6 +138,12 @@ def test_only_plain_fp32_and_bf16_cpu_layers_switch():
     assert type(model[1]) is DecodeLinear
     assert type(model[2]) is nn.Linear and type(model[3]) is QuantLinear
     assert use_decode_linears(model) == 0  # already switched
+
+
+def test_no_layer_switches_where_the_library_does_not_build(monkeypatch):
+    monkeypatch.setattr(linear, "library", lambda: None)
+    layer = nn.Linear(32, 32)
+    assert use_decode_linears(layer) == 0 and type(layer) is nn.Linear
 
 
 @pytest.mark.skipif(linear.bf16_path() == linear.AVX2,

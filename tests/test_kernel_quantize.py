@@ -141,7 +141,7 @@ def test_int8_dyn_without_its_kernel_or_fbgemm_says_what_to_use(monkeypatch, tin
 
     monkeypatch.setattr(quantize, "supported_engines", lambda: ["qnnpack"])
     quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")  # its own kernel needs no fbgemm
-    with build.swapped("int8", None, int8.declare):  # and without that kernel
+    with build.swapped("int8", None, int8.FUNCTIONS):  # and without that kernel
         with pytest.raises(ResourceError, match="int8-dyn needs specgen's int8 kernel.*or fbgemm"
                                                 ".*use int8-wo"):
             quantize.apply(tiny_model("qwen2", hidden=64), "int8-dyn")

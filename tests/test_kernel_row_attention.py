@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from specgen.kernels import linear, prepare, quantize, rows
-from specgen.kernels.row_attention import NAME, use_row_attention
+from specgen.kernels.rows import NAME, use_row_attention
 
 
 def many_vs_one(model, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ from copy import deepcopy
 import pytest
 import torch
 
-from specgen.kernels import row_attention, rows
+from specgen.kernels import rows
 
 
 def qkv(m: int, t: int, d: int, capacity: int, seed: int = 0):
@@ -24,10 +24,10 @@ def test_attention_matches_pytorchs_row_by_row(d, m, window, without_kernel):
     assert rows.library() is not None  # this machine builds it: the C path is tested
     q, k, v = qkv(m, 40, d, capacity=64)
     assert rows.attends(q, k, v)
-    got, _ = row_attention.row_attention(None, q, k, v, None, scaling=0.3, sliding_window=window)
+    got, _ = rows.row_attention(None, q, k, v, None, scaling=0.3, sliding_window=window)
     without_kernel("rows")  # as on a machine where rows.c cannot be built
     assert not rows.attends(q, k, v)
-    want, _ = row_attention.row_attention(None, q, k, v, None, scaling=0.3, sliding_window=window)
+    want, _ = rows.row_attention(None, q, k, v, None, scaling=0.3, sliding_window=window)
     assert got.shape == want.shape == (1, m, 6, d)
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 

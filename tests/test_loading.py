@@ -299,7 +299,7 @@ def test_cpu_quantization_is_applied_and_cached(tmp_path, pair_dirs, monkeypatch
     with torch.no_grad():
         assert torch.equal(first.target(ids).logits, second.target(ids).logits)
     if schemes[0] in DYNAMIC_SCHEMES:  # only the model that verifies needs batch-invariant attention
-        from specgen.kernels.row_attention import NAME
+        from specgen.kernels.rows import NAME
         assert first.target.config._attn_implementation == NAME
         assert first.draft.config._attn_implementation != NAME
 

@@ -197,7 +197,9 @@ def test_run_generates_without_importing_transformers(tiny_profile, tmp_path):
                               timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         lines = done.stdout.strip().splitlines()
-        answers.append(json.loads(lines[0])["tokens"])
+        # the ids: whether a token came drafted or as the bonus rides on the planner's
+        # timings, the ids do not
+        answers.append([t["id"] for t in json.loads(lines[0])["tokens"]])
         imported.append(json.loads(lines[-1]))
     assert "transformers" in imported[0]  # the first run compared the tokenizer's copy
     assert imported[1] == [] and answers[1] == answers[0] and answers[0]

@@ -22,8 +22,8 @@ from torch import Tensor
 from specgen.decoding.base import Decoder
 from specgen.decoding.capture import Capture, keep_branch_states
 from specgen.kernels import rows as c_rows
+from specgen.kernels.rows import NAME as ROW_ATTENTION, row_attention
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
-from specgen.kernels.row_attention import NAME as ROW_ATTENTION, row_attention
 from specgen.models.config import FAMILIES
 from specgen.models.llama import apply_rotary_pos_emb  # transformers' Llama and Qwen2 rotation
 
@@ -236,7 +236,7 @@ class LeanDecoder(Decoder):
                        run: int) -> Tensor:
             lo, hi, depth = runs[run]
             at = start + depth
-            if in_c:  # row_attention's C, with transformers' rotary to the bit
+            if in_c:  # rows.c's attention, with transformers' rotary to the bit
                 return c_rows.rope_attend(q[lo:hi], k[lo:hi], v[lo:hi], cos[0, lo:hi],
                                           sin[0, lo:hi], self.kv[i], at, attn.scaling)
             return self._attend(i, attn, q[lo:hi], k[lo:hi], v[lo:hi], cos[:, lo:hi],

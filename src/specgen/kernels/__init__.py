@@ -31,13 +31,12 @@ def prepare(model: nn.Module, role: Role = "target", quantization: str = "none")
     - plain fp32 and bf16 CPU linears compute each row alone (kernels.linear);
     - a dynamic scheme's float32 RMSNorms run in C (kernels.rows);
     - a target whose every linear computes each row alone also attends row by row
-      (kernels.row_attention): then a verify pass gives each token exactly the logits of a
+      (kernels.rows): then a verify pass gives each token exactly the logits of a
       one-token pass, and greedy speculation reproduces the target's own greedy output.
 
     A model on another device, or one whose layers are none of these, is left as it is."""
     from specgen.errors import ConfigError
     from specgen.kernels import linear, quantize, rows
-    from specgen.kernels.row_attention import use_row_attention
 
     if role not in ROLES:
         raise ConfigError(f"role must be 'target' or 'draft', got {role!r}.")
@@ -47,11 +46,10 @@ def prepare(model: nn.Module, role: Role = "target", quantization: str = "none")
         raise ConfigError(f"kernels.prepare quantizes with the CPU schemes "
                           f"({', '.join(CPU_SCHEMES)}), not {quantization!r}.")
     integer = quantization in (*DYNAMIC_SCHEMES, STORED_SCHEME)  # int8 activations, row alone
-    rows_alone = integer
-    if linear.use_decode_linears(model) and linear.library() is not None:
-        rows_alone = True
+    # An integer scheme leaves no float linear to switch (lm_head included).
+    rows_alone = integer or linear.use_decode_linears(model) > 0
     if integer:  # the small ops around integer matmuls are worth the C
         rows.use_row_norms(model)
     if role == "target" and rows_alone and hasattr(model, "set_attn_implementation"):
-        use_row_attention(model)
+        rows.use_row_attention(model)
     return model

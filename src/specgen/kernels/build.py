@@ -3,9 +3,9 @@ into the cache, keyed by their source, the header they share and the flags, and 
 through ctypes, which lets go of the GIL while they run. Their OpenMP runtime is the one
 PyTorch loaded (same soname).
 
-`load` is the one way a kernel module gets its library; `swapped` is the one hook that puts
-another build in its place (an A/B run against another revision's source, or PyTorch's ops
-with None)."""
+Each kernel module states its library's C functions as values (`C`); `load` is the one way
+it gets the library, declared by them; `swapped` is the one hook that puts another build in
+its place (an A/B run against another revision's source, or PyTorch's ops with None)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +30,28 @@ HERE = Path(__file__).parent
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
+
+# The C types the kernels' functions take and return.
+P, I, I64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+
+
+@dataclass(frozen=True)
+class C:
+    """A C function's signature, as its .c file declares it: argument types, result type
+    (None: void)."""
+
+    args: tuple = ()
+    returns: type | None = None
+
+
+Functions = Mapping[str, C]  # a library's C functions by name
+
+
+def declare(lib: ctypes.CDLL, functions: Functions) -> ctypes.CDLL:
+    for name, sig in functions.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = list(sig.args), sig.returns
+    return lib
 
 
 def check_path(path: int | None, have: tuple[int, ...], kernel: str) -> None:
@@ -88,10 +111,9 @@ def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-def load(stem: str, what: str, declare: Callable[[ctypes.CDLL], None],
-         instead: str | None = None) -> ctypes.CDLL | None:
-    """The kernel `stem`.c, built and loaded once per process with its argument types
-    declared. Where it cannot be built (no AVX2, no compiler, a failed compile) this is None
+def load(stem: str, what: str, functions: Functions, instead: str | None = None
+         ) -> ctypes.CDLL | None:
+    """The kernel `stem`.c, built and loaded once per process, its `functions` declared. Where it cannot be built (no AVX2, no compiler, a failed compile) this is None
     for kernels whose callers keep PyTorch's ops; a kernel with no such fallback names its
     alternative in `instead`, and the failure is raised as a ResourceError that says so."""
     if stem not in _loaded:
@@ -101,8 +123,7 @@ def load(stem: str, what: str, declare: Callable[[ctypes.CDLL], None],
                 raise ResourceError(
                     f"{what} needs an x86 CPU with AVX2; this one offers "
                     f"{torch.backends.cpu.get_cpu_capability()}. Use {instead} instead.")
-            lib = build(HERE / f"{stem}.c", what, instead or "PyTorch's")
-            declare(lib)
+            lib = declare(build(HERE / f"{stem}.c", what, instead or "PyTorch's"), functions)
         except ResourceError:
             if instead is not None:
                 raise
@@ -111,13 +132,12 @@ def load(stem: str, what: str, declare: Callable[[ctypes.CDLL], None],
 
 
 @contextmanager
-def swapped(stem: str, lib: ctypes.CDLL | None, declare: Callable[[ctypes.CDLL], None]
-            ) -> Iterator[None]:
-    """Within the block, kernel `stem` is `lib` (its argument types declared), or PyTorch's
+def swapped(stem: str, lib: ctypes.CDLL | None, functions: Functions) -> Iterator[None]:
+    """Within the block, kernel `stem` is `lib` (its `functions` declared), or PyTorch's
     ops where lib is None: for A/B runs, never for generation."""
     had, old = stem in _loaded, _loaded.get(stem)
     if lib is not None:
-        declare(lib)
+        declare(lib, functions)
     _loaded[stem] = lib
     try:
         yield

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from specgen.errors import ConfigError, ResourceError
 from specgen.kernels import build
+from specgen.kernels.build import C, I, I64, P
 from specgen.kernels import linear as dense
 
 STEM = "gguf"
@@ -47,18 +48,14 @@ _IDS = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # 
 AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (gguf.c); AMX: the wide passes
 
 
-def declare(lib: ctypes.CDLL) -> None:
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.gguf_linear.argtypes = [i, p, p, i64, p, p, i, i, i, i, i]
-    lib.gguf_linear.restype = None
-    lib.gguf_dequantize.argtypes = [i, p, i64, p, i, i, p, i]
-    lib.gguf_dequantize.restype = None
-    lib.gguf_row_bytes.argtypes = [i, i]
-    lib.gguf_row_bytes.restype = i64
-    lib.gguf_amx_rows.argtypes = []
-    lib.gguf_amx_rows.restype = i
-    lib.gguf_pass_path.argtypes = [i, i, i]
-    lib.gguf_pass_path.restype = i
+FUNCTIONS = {
+    "gguf_linear": C((I, P, P, I64, P, P, I, I, I, I, I)),
+    "gguf_dequantize": C((I, P, I64, P, I, I, P, I)),
+    "gguf_row_bytes": C((I, I), I64),
+    "gguf_amx_rows": C((), I),
+    "gguf_pass_path": C((I, I, I), I),
+    "gguf_path": C((), I),
+}
 
 
 def check_cpu() -> None:
@@ -74,7 +71,7 @@ def library() -> ctypes.CDLL:
     """The compiled kernel, loaded once per process; there is no PyTorch fallback, so a CPU
     without AVX2 or a missing compiler is a ResourceError that names the alternative."""
     check_cpu()
-    return build.load(STEM, "the GGUF kernel", declare,
+    return build.load(STEM, "the GGUF kernel", FUNCTIONS,
                       instead="the model's safetensors weights (Hugging Face)")
 
 

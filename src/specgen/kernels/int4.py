@@ -26,6 +26,7 @@ from torch import Tensor
 
 from specgen.errors import ResourceError
 from specgen.kernels import build
+from specgen.kernels.build import C, I, P
 from specgen.kernels.linear import FP32_ROWS
 
 BLOCK = 32  # inputs per 4-bit grid, and per activation scale
@@ -33,10 +34,10 @@ BLOCK = 32  # inputs per 4-bit grid, and per activation scale
 STEM = "int4"
 
 
-def declare(lib: ctypes.CDLL) -> None:
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.int4_linear.argtypes = [p, p, p, p, p, p, i, i, i, p, p, p, i, i]
-    lib.int4_linear.restype = None
+FUNCTIONS = {
+    "int4_linear": C((P, P, P, P, P, P, I, I, I, P, P, P, I, I)),
+    "int4_path": C((), I),
+}
 
 
 def check_cpu() -> None:
@@ -51,7 +52,7 @@ def library() -> ctypes.CDLL:
     """The compiled kernel, loaded once per process; int4-dyn has no PyTorch fallback, so a
     CPU without AVX2 or a missing compiler is a ResourceError that names the alternatives."""
     check_cpu()
-    return build.load(STEM, "the int4-dyn kernel", declare, instead="int8-dyn")
+    return build.load(STEM, "the int4-dyn kernel", FUNCTIONS, instead="int8-dyn")
 
 
 AVX2, VNNI, AMX, VNNI_TILES = 0, 1, 2, 3  # the kernel's paths (int4.c)

@@ -18,23 +18,24 @@ import torch
 from torch import Tensor
 
 from specgen.kernels import build
+from specgen.kernels.build import C, I, P
 
 STEM = "int8"
 AVX2, VNNI = 0, 1  # the kernel's paths (int8.c)
 CHUNK = 64  # activation rows are padded to a multiple of this many bytes
 
 
-def declare(lib: ctypes.CDLL) -> None:
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.int8_linear.argtypes = [p, p, p, p, i, i, i, p, p, i, i, i]
-    lib.int8_linear.restype = None
+FUNCTIONS = {
+    "int8_linear": C((P, P, P, P, I, I, I, P, P, I, I, I)),
+    "int8_path": C((), I),
+}
 
 
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, loaded once per process; None where it cannot be built (no AVX2,
     no C compiler): int8-dyn then packs its weights for fbgemm, as it did before (slower to
     load, the same bits)."""
-    return build.load(STEM, "the int8-dyn kernel", declare)
+    return build.load(STEM, "the int8-dyn kernel", FUNCTIONS)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specgen.kernels import build
+from specgen.kernels.build import C, I, P
 
 STEM = "linear"
 # fp32 passes up to this many rows go to the C kernel, wider ones (a prompt) to W @ x.T, which
@@ -33,15 +34,16 @@ STEM = "linear"
 FP32_ROWS = 48
 
 
-def declare(lib: ctypes.CDLL) -> None:
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.dense_linear.argtypes = [p, p, p, p, i, i, i, i, i, i]
-    lib.avx2_registers.argtypes = [i]
+FUNCTIONS = {
+    "dense_linear": C((P, P, P, P, I, I, I, I, I, I)),
+    "avx2_registers": C((I,), I),
+    "bf16_path": C((), I),
+}
 
 
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be built."""
-    return build.load(STEM, "specgen's linear kernel", declare)
+    return build.load(STEM, "specgen's linear kernel", FUNCTIONS)
 
 
 AVX2, DOT, AMX = 0, 1, 2  # the kernel's bf16 paths (linear.c)
@@ -103,8 +105,10 @@ class DecodeLinear(nn.Linear):
 
 def use_decode_linears(model: nn.Module) -> int:
     """Switch the model's plain fp32 and bf16 CPU nn.Linear layers to DecodeLinear in place
-    (no copy: the class changes, the parameters stay). Quantized and other subclassed layers
-    are left as they are. Returns how many layers were switched."""
+    (no copy: the class changes, the parameters stay) where the library builds. Quantized
+    and other subclassed layers are left as they are. Returns how many layers were switched."""
+    if library() is None:
+        return 0
     switched = 0
     for module in model.modules():
         if (type(module) is nn.Linear and module.weight.device.type == "cpu"

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from specgen.errors import ModelError
@@ -339,6 +340,29 @@ def problem_of(entry: Path) -> str | None:
     if not entry.exists():
         return ABSENT
     return check(entry)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A model's entry (`entry_for`) as found: `problem` None when intact, ABSENT when there
+    is none, else what is wrong with it."""
+
+    path: Path
+    problem: str | None
+
+    @property
+    def intact(self) -> bool:
+        return self.problem is None
+
+    @property
+    def damaged(self) -> bool:
+        return self.problem not in (None, ABSENT)
+
+
+def lookup(sha256: str, dtype: str, scheme: str | None) -> Found:
+    """The entry of a model with these source weights, dtype and scheme, checked."""
+    entry = entry_for(sha256, dtype, scheme)
+    return Found(entry, problem_of(entry))
 
 
 def ensure(entry: Path, build: Callable[[Path], dict],

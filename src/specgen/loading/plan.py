@@ -153,38 +153,35 @@ def _locate(spec: ModelSpec, role: str, dtype: str, progress: Progress | None,
     entry is rebuilt when the model's source can be found, and refused with one line naming
     its folder when not."""
     scheme = spec.quantization if spec.quantization in CPU_SCHEMES else None
-    damaged = None
+    declared = None
     if is_gguf(spec) and spec.sha256:
-        entry = cache.entry_for(spec.sha256, dtype, scheme)
-        problem = cache.problem_of(entry)
-        if problem is None:
-            return ModelFiles(spec.model, entry, sha256=spec.sha256, verified=True), None
-        if problem != cache.ABSENT:
-            damaged = (entry, problem)
+        declared = cache.lookup(spec.sha256, dtype, scheme)
+        if declared.intact:
+            return ModelFiles(spec.model, declared.path, sha256=spec.sha256, verified=True), None
     try:
         found = find_checked(spec, role, progress, base)
     except ModelError as e:
-        if damaged is None:
+        if declared is None or not declared.damaged:
             raise
         raise cache.DamagedCache(
-            f"The cached model in {damaged[0]} is damaged ({damaged[1]}) and its source cannot "
-            f"be found to rebuild it ({e}) Delete that folder and make the source available "
-            "again.") from None
+            f"The cached model in {declared.path} is damaged ({declared.problem}) and its source "
+            f"cannot be found to rebuild it ({e}) Delete that folder and make the source "
+            "available again.") from None
     if found.gguf:
-        entry = cache.entry_for(found.sha256, dtype, scheme)
-        if cache.problem_of(entry) is None:
-            return ModelFiles(found.name, entry, sha256=found.sha256, verified=True), None
+        entry = cache.lookup(found.sha256, dtype, scheme)
+        if entry.intact:
+            return ModelFiles(found.name, entry.path, sha256=found.sha256, verified=True), None
         origin = found
-        converted = cache.entry_for(found.sha256, dtype, None)
-        if scheme and cache.problem_of(converted) is None:  # packed from the float copy
-            origin = ModelFiles(found.name, converted, sha256=found.sha256, verified=True)
+        converted = cache.lookup(found.sha256, dtype, None) if scheme else None
+        if converted is not None and converted.intact:  # packed from the float copy
+            origin = ModelFiles(found.name, converted.path, sha256=found.sha256, verified=True)
         return found, Build("quantized" if scheme else "converted", origin)
     if scheme is None:
         return found, None
     if found.repo is None:  # a local folder: its weights are here to hash (a hub's: later)
-        entry = cache.entry_for(cache.weights_sha256(found.path), dtype, scheme)
-        if cache.problem_of(entry) is None:
-            return ModelFiles(found.name, entry), None
+        entry = cache.lookup(cache.weights_sha256(found.path), dtype, scheme)
+        if entry.intact:
+            return ModelFiles(found.name, entry.path), None
     return found, Build("quantized", found)
 
 

@@ -276,16 +276,10 @@ def load_gguf(path: str | Path, role: str = "target") -> llama.CausalLM:
     if not path.is_file():
         raise ModelError(f"GGUF file {path} does not exist.")
     model = load(path)
-    model.generation_config = generation_settings(model.config)
+    model.generation_config = config_values.GenerationSettings.implied_by(model.config)
     return prepare(model, role, STORED_SCHEME).eval()
 
 
 def _parameter(t: Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
-
-def generation_settings(config) -> config_values.GenerationSettings:
-    """What the file implies for generation (its end-of-sequence token), as transformers'
-    GenerationConfig.from_model_config gives a model saved without settings."""
-    return config_values.GenerationSettings(
-        {k: getattr(config, k) for k in config_values.FROM_MODEL if hasattr(config, k)})

@@ -78,6 +78,12 @@ class GenerationSettings:
         self.eos_token_id = None  # unless the settings name one
         self.__dict__.update(values)
 
+    @classmethod
+    def implied_by(cls, config) -> GenerationSettings:
+        """The settings a model saved without any has (as transformers'
+        GenerationConfig.from_model_config gives them)."""
+        return cls({k: getattr(config, k) for k in FROM_MODEL if hasattr(config, k)})
+
 
 def read(folder: Path) -> Config | None:
     """The config in `folder` as plain values, or None where transformers must read it."""
@@ -102,4 +108,4 @@ def generation_settings(folder: Path, config: Config) -> GenerationSettings:
     path = folder / "generation_config.json"
     if path.is_file():
         return GenerationSettings(json.loads(path.read_text()))
-    return GenerationSettings({k: getattr(config, k) for k in FROM_MODEL if hasattr(config, k)})
+    return GenerationSettings.implied_by(config)
