@@ -11,6 +11,8 @@ engine's construction (core/, decoding/) is left out: it follows the loaded mode
 imports (a module's top level).
 
     HF_HUB_OFFLINE=1 PYTHONPATH=src python scripts/trace_load.py [--sequence]
+
+With --sequence, each scenario's sequence of files and its calls into a file read before.
 """
 
 from __future__ import annotations
@@ -92,22 +94,23 @@ def counts(sequence: list[str]) -> tuple[int, int]:
     return len(set(sequence)), returns
 
 
-def reentries(reader: Reader) -> int:
+def reentries(reader: Reader) -> list[str]:
     """Calls into a file the reader had read and left (a return up the call stack to the
-    caller's file, where reading goes on, is not one): how often reading goes back."""
+    caller's file, where reading goes on, is not one): where reading goes back, as
+    "caller's file > callee's file:function"."""
     seen: set[str] = set()
-    count = 0
+    found = []
 
     def walk(node: Node) -> None:
-        nonlocal count
         for child in node.children:
             if child.file != node.file:
-                count += child.file in seen
+                if child.file in seen:
+                    found.append(f"{node.file} > {child.file}:{child.function}")
                 seen.add(child.file)
             walk(child)
 
     walk(reader.root)
-    return count
+    return found
 
 
 def scenarios(root: Path) -> dict[str, str]:
@@ -152,9 +155,10 @@ def trace(text: str, folder: Path, show: bool) -> tuple[tuple[int, int], tuple[i
     sequence = reader.sequence()
     if show:
         print("  " + " > ".join(reader.sequence(functions=True)))
+        print("  calls into a file read before: " + "; ".join(reentries(reader)))
     loading = [f for f in sequence if f.startswith("loading/")]
     loading = [f for i, f in enumerate(loading) if i == 0 or loading[i - 1] != f]
-    return counts(sequence), counts(loading), set(sequence), reentries(reader)
+    return counts(sequence), counts(loading), set(sequence), len(reentries(reader))
 
 
 def main() -> None:

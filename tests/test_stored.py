@@ -122,6 +122,17 @@ def test_the_weights_stay_in_the_files_mapping(tmp_path, tiny_gguf):
     assert start <= layer.weight.data.data_ptr() < start + path.stat().st_size
 
 
+def test_the_kernel_is_built_before_the_first_pass(tmp_path, tiny_gguf, monkeypatch):
+    """A first run compiles gguf.c (seconds): inside a pass, that time would stand in the
+    planner's costs as what the model's passes cost."""
+    from specgen.kernels import build
+
+    path = write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")
+    monkeypatch.setattr(build, "_loaded", {})  # as in a new process
+    stored.load_gguf(path)
+    assert build._loaded.get(kernels.STEM) is not None
+
+
 def test_a_model_the_tree_does_not_build_is_one_clear_line(tmp_path, tiny_gguf):
     import gguf
 

@@ -344,25 +344,20 @@ def problem_of(entry: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Found:
-    """A model's entry (`entry_for`) as found: `problem` None when intact, ABSENT when there
-    is none, else what is wrong with it."""
+    """A model's entry (`entry_for`) as checked: `problem` (problem_of) None when it is
+    ready to load, ABSENT when there is none, else what is wrong with it (`damaged`)."""
 
     path: Path
     problem: str | None
-
-    @property
-    def intact(self) -> bool:
-        return self.problem is None
-
-    @property
-    def damaged(self) -> bool:
-        return self.problem not in (None, ABSENT)
+    ready: bool
+    damaged: bool
 
 
 def lookup(sha256: str, dtype: str, scheme: str | None) -> Found:
     """The entry of a model with these source weights, dtype and scheme, checked."""
     entry = entry_for(sha256, dtype, scheme)
-    return Found(entry, problem_of(entry))
+    problem = problem_of(entry)
+    return Found(entry, problem, problem is None, problem not in (None, ABSENT))
 
 
 def ensure(entry: Path, build: Callable[[Path], dict],

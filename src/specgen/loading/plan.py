@@ -156,7 +156,7 @@ def _locate(spec: ModelSpec, role: str, dtype: str, progress: Progress | None,
     declared = None
     if is_gguf(spec) and spec.sha256:
         declared = cache.lookup(spec.sha256, dtype, scheme)
-        if declared.intact:
+        if declared.ready:
             return ModelFiles(spec.model, declared.path, sha256=spec.sha256, verified=True), None
     try:
         found = find_checked(spec, role, progress, base)
@@ -169,18 +169,18 @@ def _locate(spec: ModelSpec, role: str, dtype: str, progress: Progress | None,
             "available again.") from None
     if found.gguf:
         entry = cache.lookup(found.sha256, dtype, scheme)
-        if entry.intact:
+        if entry.ready:
             return ModelFiles(found.name, entry.path, sha256=found.sha256, verified=True), None
         origin = found
         converted = cache.lookup(found.sha256, dtype, None) if scheme else None
-        if converted is not None and converted.intact:  # packed from the float copy
+        if converted is not None and converted.ready:  # packed from the float copy
             origin = ModelFiles(found.name, converted.path, sha256=found.sha256, verified=True)
         return found, Build("quantized" if scheme else "converted", origin)
     if scheme is None:
         return found, None
     if found.repo is None:  # a local folder: its weights are here to hash (a hub's: later)
         entry = cache.lookup(cache.weights_sha256(found.path), dtype, scheme)
-        if entry.intact:
+        if entry.ready:
             return ModelFiles(found.name, entry.path), None
     return found, Build("quantized", found)
 
