@@ -131,6 +131,12 @@ def load(stem: str, what: str, functions: Functions, instead: str | None = None
     return _loaded[stem]
 
 
+def loaded(stem: str) -> bool:
+    """Whether the kernel `stem` is loaded in this process (a caller's own checks before the
+    first load need not run again on every call)."""
+    return _loaded.get(stem) is not None
+
+
 @contextmanager
 def swapped(stem: str, lib: ctypes.CDLL | None, functions: Functions) -> Iterator[None]:
     """Within the block, kernel `stem` is `lib` (its `functions` declared), or PyTorch's

@@ -70,7 +70,8 @@ def check_cpu() -> None:
 def library() -> ctypes.CDLL:
     """The compiled kernel, loaded once per process; there is no PyTorch fallback, so a CPU
     without AVX2 or a missing compiler is a ResourceError that names the alternative."""
-    check_cpu()
+    if not build.loaded(STEM):  # every layer of every pass asks
+        check_cpu()
     return build.load(STEM, "the GGUF kernel", FUNCTIONS,
                       instead="the model's safetensors weights (Hugging Face)")
 

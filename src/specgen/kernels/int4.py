@@ -51,7 +51,8 @@ def check_cpu() -> None:
 def library() -> ctypes.CDLL:
     """The compiled kernel, loaded once per process; int4-dyn has no PyTorch fallback, so a
     CPU without AVX2 or a missing compiler is a ResourceError that names the alternatives."""
-    check_cpu()
+    if not build.loaded(STEM):  # every layer of every pass asks
+        check_cpu()
     return build.load(STEM, "the int4-dyn kernel", FUNCTIONS, instead="int8-dyn")
 
 
