@@ -202,6 +202,10 @@ class GGUFLinear(nn.Module):
 
     def __init__(self, weight: GGUFWeight, bias: Tensor | None = None):
         super().__init__()
+        if weight.kind not in FLOATS:
+            # Built with the layer (once, some seconds), never inside a pass: a pass that
+            # compiled it would stand in the planner's costs as what the model's passes cost.
+            library()
         self.in_features, self.out_features = weight.k, weight.n
         self.weight = weight
         self.bias = None if bias is None else bias.float().contiguous()

@@ -275,9 +275,6 @@ def load_gguf(path: str | Path, role: str = "target") -> llama.CausalLM:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelError(f"GGUF file {path} does not exist.")
-    # The kernel is built (once, some seconds) before any pass: a pass that compiled it would
-    # stand in the planner's costs as what this model's passes cost.
-    kernels.library()
     model = load(path)
     model.generation_config = config_values.GenerationSettings.implied_by(model.config)
     return prepare(model, role, STORED_SCHEME).eval()
