@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from specgen.errors import ConfigError, ResourceError
+from specgen.errors import ConfigError
 from specgen.kernels import build
 from specgen.kernels.build import C, I, I64, P
 from specgen.kernels import linear as dense
@@ -58,20 +58,9 @@ FUNCTIONS = {
 }
 
 
-def check_cpu() -> None:
-    """The block kernels need AVX2, FMA and F16C (x86 CPUs from about 2013 on)."""
-    if not build.has_avx2():
-        raise ResourceError(
-            f"GGUF's quantized tensors are computed by a kernel that needs an x86 CPU with "
-            f"AVX2; this one offers {torch.backends.cpu.get_cpu_capability()}. Load the model "
-            f"from its safetensors (Hugging Face) weights instead.")
-
-
 def library() -> ctypes.CDLL:
     """The compiled kernel, loaded once per process; there is no PyTorch fallback, so a CPU
     without AVX2 or a missing compiler is a ResourceError that names the alternative."""
-    if not build.loaded(STEM):  # every layer of every pass asks
-        check_cpu()
     return build.load(STEM, "the GGUF kernel", FUNCTIONS,
                       instead="the model's safetensors weights (Hugging Face)")
 
