@@ -105,7 +105,7 @@ def test_same_result_as_nn_linear(kernel, dtype, bias, shape, monkeypatch):
     want = reference(x, layer)
     use_decode_linears(layer)
     assert type(layer) is DecodeLinear
-    if not kernel:  # the library swapped out (build.swapped): PyTorch's products
+    if not kernel:  # the library gone after the switch: PyTorch's products
         monkeypatch.setattr(linear, "library", lambda: None)
     with torch.inference_mode():
         got = layer(x)

@@ -130,7 +130,7 @@ def test_the_kernel_is_built_before_the_first_pass(tmp_path, tiny_gguf, monkeypa
     path = write(tiny_gguf, tmp_path, arch="qwen2", kind="Q8_0")
     monkeypatch.setattr(build, "_loaded", {})  # as in a new process
     stored.load_gguf(path)
-    assert build._loaded.get(kernels.STEM) is not None
+    assert build.loaded(kernels.STEM)
 
 
 def test_a_model_the_tree_does_not_build_is_one_clear_line(tmp_path, tiny_gguf):

@@ -113,8 +113,9 @@ def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
 
 def load(stem: str, what: str, functions: Functions, instead: str | None = None
          ) -> ctypes.CDLL | None:
-    """The kernel `stem`.c, built and loaded once per process, its `functions` declared. Where it cannot be built (no AVX2, no compiler, a failed compile) this is None
-    for kernels whose callers keep PyTorch's ops; a kernel with no such fallback names its
+    """The kernel `stem`.c, built and loaded once per process, its `functions` declared.
+    Where it cannot be built (no AVX2, no compiler, a failed compile) this is None for
+    kernels whose callers keep PyTorch's ops; a kernel with no such fallback names its
     alternative in `instead`, and the failure is raised as a ResourceError that says so."""
     if stem not in _loaded:
         lib = None

@@ -349,15 +349,20 @@ class Found:
 
     path: Path
     problem: str | None
-    ready: bool
-    damaged: bool
+
+    @property
+    def ready(self) -> bool:
+        return self.problem is None
+
+    @property
+    def damaged(self) -> bool:
+        return self.problem not in (None, ABSENT)
 
 
 def lookup(sha256: str, dtype: str, scheme: str | None) -> Found:
     """The entry of a model with these source weights, dtype and scheme, checked."""
     entry = entry_for(sha256, dtype, scheme)
-    problem = problem_of(entry)
-    return Found(entry, problem, problem is None, problem not in (None, ABSENT))
+    return Found(entry, problem_of(entry))
 
 
 def ensure(entry: Path, build: Callable[[Path], dict],
