@@ -201,6 +201,33 @@ def test_greedy_speculation_is_the_files_own_greedy_decoding(stored_pair, tmp_pa
     assert kinds == {"tokenizer"}, kinds  # no converted or packed weights
 
 
+def test_a_ggufs_tokenizer_is_read_from_the_file_once_and_kept_as_one_copy(
+        stored_pair, tmp_path, monkeypatch):
+    """Reading a GGUF's tokenizer from its metadata is slow: the first load reads each file's
+    once and keeps it as one entry, the fast copy itself; later loads read neither file."""
+    from specgen.loading import load, tokenizer_cache
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    slow = []
+    real = tokenizer_cache.from_pretrained
+
+    def counted(cls, source, *args):
+        slow.append(Path(source.name).parent.name)
+        return real(cls, source, *args)
+
+    monkeypatch.setattr(tokenizer_cache, "from_pretrained", counted)
+    first = load.load_pair(load_profile(str(stored_pair))).tokenizer
+    assert sorted(slow) == ["draft", "target"], slow  # each file once, no folder after it
+    entries = [p for p in (tmp_path / "cache" / tokenizer_cache.FOLDER).iterdir()
+               if not p.name.startswith(".")]
+    assert len(entries) == 2, entries
+    slow.clear()
+    second = load.load_pair(load_profile(str(stored_pair)), lean=True).tokenizer
+    assert slow == [] and isinstance(second, tokenizer_cache.PlainTokenizer)
+    assert second.get_vocab() == first.get_vocab()
+    assert second("abcabcab")["input_ids"] == first("abcabcab")["input_ids"]
+
+
 def test_a_gguf_drafts_output_layer_cut_to_its_first_rows_is_a_view(tmp_path, tiny_gguf):
     from specgen.core.drafters import trimmed_output
 

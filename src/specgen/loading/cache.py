@@ -42,8 +42,9 @@ from specgen.paths import cache_dir
 
 FORMAT = 2  # of an entry (its manifest and layout)
 # Of a tokenizer copy (loading/tokenizer_cache.py): 2 records the plain tokenizer's settings
-# and verdict. A copy of another format is never loaded again: it lists as "older".
-TOKENIZER_FORMAT = 2
+# and verdict; 3 keeps a GGUF's tokenizer as one entry, the copy itself. A copy of another
+# format is never loaded again: it lists as "older".
+TOKENIZER_FORMAT = 3
 MANIFEST = "specgen.json"
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 SMALL = 1 << 24  # files up to this size are hashed whole on every check

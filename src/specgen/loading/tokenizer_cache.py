@@ -1,6 +1,6 @@
 """A plan's tokenizers (`load_tokenizers`: the target's, the draft's checked against it); a
 model's tokenizer (`load_tokenizer`), loaded the fast way on every run after the first; a GGUF's
-tokenizer saved once as a folder's (`gguf_tokenizer`).
+tokenizer kept as such a copy on its first load (`gguf_tokenizer`).
 
 transformers loads a tokenizer whose class has its own `__init__` (Qwen2's, Llama's, ...)
 by parsing the whole tokenizer.json in Python and rebuilding the backend from its vocab and
@@ -94,20 +94,35 @@ def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bo
     return tok
 
 
-def gguf_tokenizer(source: ModelFiles) -> Path:
-    """A folder holding the tokenizer of the GGUF file `source` (sha256 known), as transformers
-    reads it from the file's metadata: seconds for a 150k-token vocabulary, so the first load
-    saves it under the cache (tokenizers/gguf-<sha256>), and the folder then loads as any
-    model folder's tokenizer does (a fast copy, checked to answer the same).
-    No weight is read or written."""
+def gguf_tokenizer(source: ModelFiles, lean: bool = False
+                   ) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
+    """The tokenizer of the GGUF file `source` (sha256 known), and the cache entry holding its
+    copy. transformers reads it from the file's metadata, seconds for a 150k-token vocabulary,
+    so the first load keeps a copy under the cache (tokenizers/gguf-<hash>, of the file and
+    the libraries that read it),
+    compared as a folder's fast copy is, and later runs load the copy: the fast way where it
+    answers the same, else the slow way from its files (a refused copy keeps them). No weight
+    is read or written. `lean`: a PlainTokenizer where the copy was found to answer the same."""
+    made = []
+
     def build(tmp: Path) -> dict:
         from transformers import AutoTokenizer
 
+        # Saved, then loaded back as a folder's: what runs is the tokenizer those files give
+        # (its special tokens as saved), the tokenizer every later run loads.
         from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
-        return dict(kind="tokenizer", tokenizer_format=FORMAT, same=True,
-                    source=str(source.gguf_path))
+        made.append(AutoTokenizer.from_pretrained(tmp, local_files_only=True))
+        return _copy(made[0], tmp, str(source.gguf_path), keep_refused=True)
 
-    return cache.ensure(cache_dir() / FOLDER / f"gguf-{source.sha256[:32]}", build)
+    name = hashlib.sha256(f"{source.sha256}|{_versions()}".encode()).hexdigest()[:32]
+    entry = cache.ensure(cache_dir() / FOLDER / f"gguf-{name}", build)
+    tok = made[0] if made else _load_copy(entry, cache.read_manifest(entry) or {}, entry, lean)
+    if tok is None:  # a copy that no longer loads: the file's own, the slow way
+        from transformers import AutoTokenizer
+
+        tok = from_pretrained(AutoTokenizer, source, False, "load the tokenizer")
+    tok.name_or_path = str(entry)
+    return tok, entry
 
 
 def eligible(path: Path) -> bool:
@@ -140,10 +155,16 @@ def key(folder: Path) -> str | None:
     return _KEYS[known]
 
 
-def _digest(folder: Path, names: list[str]) -> str:
+def _versions() -> str:
+    """What a copy's name holds besides its files: the copy's format and the versions of
+    the libraries that made it and compared it."""
     from importlib.metadata import version  # not transformers.__version__: no import
 
-    h = hashlib.sha256(f"v{FORMAT}|{version('transformers')}|{version('tokenizers')}".encode())
+    return f"v{FORMAT}|{version('transformers')}|{version('tokenizers')}"
+
+
+def _digest(folder: Path, names: list[str]) -> str:
+    h = hashlib.sha256(_versions().encode())
     for name in names:
         data = (folder / name).read_bytes()
         h.update(f"\n{name}:{len(data)}\n".encode())
@@ -221,14 +242,24 @@ def load(folder: Path, plain: bool = False):
     manifest = cache.intact(entry)
     if not kept(manifest) or not manifest.get("same"):
         return None  # a damaged or older copy is made again by the slow load's `store`
+    return _load_copy(entry, manifest, folder, plain)
+
+
+def _load_copy(entry: Path, manifest: dict, origin: Path, plain: bool):
+    """The tokenizer kept in `entry` (its manifest says how it loads), named for `origin`;
+    None where a fast copy fails to load (the slow load then makes it again)."""
     try:
+        if not manifest.get("same"):  # a refused copy that kept its files
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(entry, local_files_only=True)
         if plain and manifest.get("plain"):
-            return load_plain(entry, folder)
+            return load_plain(entry, origin)
         tok = _load_generic(entry)
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    tok.name_or_path = str(folder)
-    tok.init_kwargs["name_or_path"] = str(folder)
+    tok.name_or_path = str(origin)
+    tok.init_kwargs["name_or_path"] = str(origin)
     return tok
 
 
@@ -241,17 +272,24 @@ def store(folder: Path, tok) -> bool:
         return False
     try:
         with cache.building(entry_dir(name)) as tmp:
-            problem = _save(tok, tmp)
-            plain = save_plain(tok, tmp) if problem is None else problem
-            if problem is not None:
-                for child in tmp.iterdir():
-                    cache.remove(child)
-            cache.finish(tmp, kind="tokenizer", tokenizer_format=FORMAT, same=problem is None,
-                         problem=problem, plain=plain is None, plain_problem=plain,
-                         source=str(folder))
-        return problem is None
+            manifest = _copy(tok, tmp, str(folder), keep_refused=False)
+            cache.finish(tmp, **manifest)
+        return manifest["same"]
     except (OSError, ValueError, TypeError, RuntimeError):
         return False
+
+
+def _copy(tok, folder: Path, source: str, keep_refused: bool) -> dict:
+    """Save `tok` into the empty entry `folder` as a fast copy and, where it answers the same,
+    a plain one; returns what the entry's manifest records. A refused copy keeps its files
+    only with `keep_refused` (where they are the only copy, as a GGUF's)."""
+    problem = _save(tok, folder)
+    plain = save_plain(tok, folder) if problem is None else problem
+    if problem is not None and not keep_refused:
+        for child in folder.iterdir():
+            cache.remove(child)
+    return dict(kind="tokenizer", tokenizer_format=FORMAT, same=problem is None, problem=problem,
+                plain=plain is None, plain_problem=plain, source=source)
 
 
 def _load_generic(folder: Path):
@@ -348,13 +386,12 @@ def same_tokenizer_files(a: ModelFiles, b: ModelFiles) -> bool:
                for f in FILES)
 
 
-def _tokenizer_files(role: RolePlan) -> ModelFiles:
-    """Where the role's tokenizer is read: a GGUF run as stored, from its saved copy (the
-    file's tokenizer, saved once as a folder's); else its files (a GGUF not converted yet,
-    from the file)."""
+def _load_role(role: RolePlan, lean: bool) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
+    """The role's tokenizer and the folder or file it was read from: a GGUF run as stored,
+    from its kept copy; else from its files (a GGUF not converted yet, from the file)."""
     if role.runtime == "stored":
-        return ModelFiles(role.files.name, gguf_tokenizer(role.files))
-    return role.files
+        return gguf_tokenizer(role.files, lean)
+    return load_tokenizer(role.files, role.spec.trust_remote_code, lean), role.files.path
 
 
 def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) -> bool:
@@ -368,14 +405,13 @@ def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) ->
 def load_tokenizers(plan: PairPlan) -> PreTrainedTokenizerBase | PlainTokenizer:
     """The target's tokenizer, the draft's checked against it (read once where they share it)."""
     target, draft = plan.target, plan.draft
-    folder = _tokenizer_files(target)
-    tokenizer = load_tokenizer(folder, target.spec.trust_remote_code, plan.lean)
-    if draft is None or _shares_tokenizer(target, folder.path, draft):
+    tokenizer, folder = _load_role(target, plan.lean)
+    if draft is None or _shares_tokenizer(target, folder, draft):
         return tokenizer
-    other = load_tokenizer(_tokenizer_files(draft), draft.spec.trust_remote_code, plan.lean)
+    other, _ = _load_role(draft, plan.lean)
     check_tokenizers(tokenizer, other, target.files.name, draft.files.name)
     if draft.runtime in FROM_THE_FILE:
-        remember_match(folder.path, draft.files.gguf_path)
+        remember_match(folder, draft.files.gguf_path)
     return tokenizer
 
 
