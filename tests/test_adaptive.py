@@ -532,6 +532,16 @@ def test_before_any_draft_pass_a_reading_is_priced_by_the_drafts_size():
     assert planner.catch_up("model", reader, None) == pytest.approx(0.1)
 
 
+def test_a_prompt_pass_slow_once_prices_a_reading_at_most_as_one_token_passes():
+    """A first run compiled a kernel inside the target's prompt pass: seconds a token. Priced
+    from it, a draft would never read where it pays; a prompt token costs at most a plain
+    pass of the target."""
+    book = Book(prefill_cost=0.5, target_size=300)
+    assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(1.5)
+    assert book.catch_up("model", 100, plain_pass=None, size=100) == pytest.approx(100 * 0.5 / 3)
+    assert Book(prefill_cost=0.003).catch_up("model", 100, 0.045) == pytest.approx(0.3)  # below: as measured
+
+
 def test_a_generator_knows_its_models_sizes(tiny_pair):
     from specgen.core.engine import SpeculativeGenerator
     from specgen.models.config import layer_params

@@ -226,7 +226,9 @@ class Book:
         """Seconds `guesser` would read `unread` tokens for (0 for a pass's worth, or while
         nothing is measured). Unmeasured, the target's prompt pass stands in, scaled by the
         guesser's draft pass against the target's or else its `size` against the target's,
-        at most 1: priced as the target, a small draft would never read where it pays."""
+        at most 1: priced as the target, a small draft would never read where it pays. A
+        prompt token never costs more than the target's one-token pass: a prompt pass found
+        slower (a kernel compiled inside it, pages read from disk) was slow once."""
         if unread < CATCH_UP_TOKENS:
             return 0.0
         share = self.read_share.get(guesser)
@@ -237,7 +239,8 @@ class Book:
         scale = self.draft_share.get(guesser)
         if scale is None and size and self.target_size:
             scale = size / self.target_size
-        return unread * self.prefill_cost * min(1.0, 1.0 if scale is None else scale)
+        per_token = min(self.prefill_cost, plain_pass or self.prefill_cost)
+        return unread * per_token * min(1.0, 1.0 if scale is None else scale)
 
     def read(self, guesser: str, tokens: int, seconds: float, plain_pass: float | None) -> None:
         """A catch-up of `tokens` took `seconds`; a guesser's first read is its warm-up."""
