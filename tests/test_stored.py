@@ -228,6 +228,22 @@ def test_a_ggufs_tokenizer_is_read_from_the_file_once_and_kept_as_one_copy(
     assert second("abcabcab")["input_ids"] == first("abcabcab")["input_ids"]
 
 
+def test_a_ggufs_refused_tokenizer_copy_loads_the_slow_way_from_its_files(
+        stored_pair, tmp_path, monkeypatch):
+    """A copy that would not answer the same keeps its files (the only copy of the file's
+    tokenizer): later loads read them as transformers does, never the fast or plain way."""
+    from specgen.loading import load, tokenizer_cache
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tokenizer_cache, "difference", lambda slow, fast: "refused here")
+    first = load.load_pair(load_profile(str(stored_pair))).tokenizer
+    monkeypatch.setattr(tokenizer_cache, "from_pretrained", None)  # the file is not read again
+    second = load.load_pair(load_profile(str(stored_pair)), lean=True).tokenizer
+    assert type(second) is type(first) and not isinstance(second, tokenizer_cache.PlainTokenizer)
+    assert second.get_vocab() == first.get_vocab()
+    assert second("abcabcab")["input_ids"] == first("abcabcab")["input_ids"]
+
+
 def test_a_gguf_drafts_output_layer_cut_to_its_first_rows_is_a_view(tmp_path, tiny_gguf):
     from specgen.core.drafters import trimmed_output
 
