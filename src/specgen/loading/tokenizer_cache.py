@@ -247,7 +247,7 @@ def load(folder: Path, plain: bool = False):
 
 def _load_copy(entry: Path, manifest: dict, origin: Path, plain: bool):
     """The tokenizer kept in `entry` (its manifest says how it loads), named for `origin`;
-    None where a fast copy fails to load (the slow load then makes it again)."""
+    None where it fails to load (the caller then loads the slow way)."""
     try:
         if not manifest.get("same"):  # a refused copy that kept its files
             from transformers import AutoTokenizer
