@@ -206,6 +206,43 @@ def test_one_and_two_threads_give_the_same_bits(kind, m):
 
 
 @needs_kernel
+@pytest.mark.parametrize("kinds", [("Q4_K", "Q6_K", "Q4_K"), ("Q5_0", "Q8_0", "Q5_0"),
+                                   ("Q4_0", "Q4_K"), ("Q8_0",)])
+@pytest.mark.parametrize("m", [1, 5, 17])
+def test_layers_of_one_input_in_one_call_get_their_own_calls_bits(kinds, m):
+    """gguf.Joined (a decoder layer's q/k/v or gate/up as one call): each output is its
+    layer's own call's, bit for bit, with or without a bias, on one thread or two, and
+    from AMX_ROWS tokens on (where each layer takes a call of its own)."""
+    k = 512
+    layers = []
+    for i, kind in enumerate(kinds):
+        w, _ = weight(kind, 37 + 64 * i, k, seed=i)
+        layers.append(gguf.GGUFLinear(w, torch.randn(w.n) if i != 1 else None))
+    joined = gguf.Joined.of(layers)
+    x = torch.randn(m, k)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = joined(x)
+            assert [tuple(y.shape) for y in got] == [(m, layer.out_features) for layer in layers]
+            for y, layer in zip(got, layers):
+                assert torch.equal(y, layer(x)), (kinds, m, n)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_only_block_layers_of_one_input_width_are_joined():
+    q4, _ = weight("Q4_K", 8, 512)
+    wide, _ = weight("Q4_K", 8, 768)
+    floats = gguf.wrap("F32", np.zeros((8, 512), np.float32), 8, 512)
+    assert gguf.Joined.of([gguf.GGUFLinear(q4), gguf.GGUFLinear(floats)]) is None
+    assert gguf.Joined.of([gguf.GGUFLinear(q4), gguf.GGUFLinear(wide)]) is None
+    assert gguf.Joined.of([gguf.GGUFLinear(q4)] * (gguf.MANY + 1)) is None
+    assert gguf.Joined.of([gguf.GGUFLinear(q4)] * gguf.MANY) is not None
+
+
+@needs_kernel
 @pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q8_0"])
 def test_blocks_from_ggufs_own_quantizer(kind):
     """Blocks as gguf (and so llama.cpp) writes them, not only random bytes."""

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from specgen.decoding.base import Decoder
 from specgen.decoding.capture import Capture, keep_branch_states
-from specgen.kernels import rows as c_rows
+from specgen.kernels import gguf, rows as c_rows
 from specgen.kernels.rows import NAME as ROW_ATTENTION, row_attention
 from specgen.kernels.quantize import QuantLinear, join_int8_dyn
 from specgen.models.config import FAMILIES
@@ -59,12 +59,14 @@ NO_SKIP = Skip()
 
 
 class Projections:
-    """Linear layers that read one input [m, in], called as one: an int8-dyn draft's layers
-    joined into one kernel call with no module in between (fewer, larger calls); any other
+    """Linear layers that read one input [m, in], called as one with no module in between
+    (fewer, larger calls): a GGUF model's layers by one kernel call (gguf.Joined: each
+    output has its own call's bits), an int8-dyn draft's joined into one layer; any other
     layers called one by one."""
 
     def __init__(self, layers: list[torch.nn.Module]) -> None:
         self.layers = layers
+        self.gguf = gguf.Joined.of(layers)
         self.joined = all(isinstance(layer, QuantLinear) and layer.kind == "int8-dyn"
                           and not layer.batch_invariant for layer in layers)
         if self.joined:
@@ -72,6 +74,8 @@ class Projections:
             self.sizes = [layer.out_features for layer in layers]
 
     def __call__(self, x: Tensor) -> list[Tensor]:
+        if self.gguf is not None:
+            return self.gguf(x)
         if not self.joined:
             return [layer(x) for layer in self.layers]
         y = self.layer.dyn(x.float())

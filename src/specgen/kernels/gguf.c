@@ -1274,38 +1274,46 @@ static void b32_acts(int fmt, const int8_t *q, const float *e, int m, int k, int
     A->c16 = *c16;
 }
 
-// y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
-// `path` (AVX2, or VNNI or AMX where gguf_path() says so; gguf_pass_path says which a pass
-// takes). Threads take weight rows as they finish.
-void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
-                 float *y, int m, int k, int n, int path, int threads) {
-    int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K, group = kq ? 256 : 32;
-    path = gguf_pass_path(fmt, m, path);
+static inline int is_kq(int fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K; }
+
+// A pass's activations as the kernels read them, and the buffers that hold them. They depend
+// on the format only through its family (K-quants) or, for the 32-blocks, the format itself
+// (prepared_for), so layers of one input share them.
+typedef struct {
+    Acts A;
+    int8_t *q, *qp, *qa, *q4;
+    float *e, *ex, *s32, *e16;
+    int16_t *s16;
+    int32_t *c16;
+} Prepared;
+
+static int prepared_for(int fmt) { return is_kq(fmt) ? Q4_K : fmt; }
+
+// x [m, k] quantized per token for a pass of format fmt on `path` (as gguf_pass_path gave it).
+static void prepare(int fmt, const float *x, int m, int k, int path, Prepared *P) {
+    int kq = is_kq(fmt), group = kq ? 256 : 32;
+    memset(P, 0, sizeof *P);
     int rows = path == AMX && !kq ? (m + 15) / 16 * 16 : m;  // the tiles read whole tiles of tokens
-    int8_t *q = calloc((size_t)rows * k + 64, 1);
-    float *e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
+    int8_t *q = P->q = calloc((size_t)rows * k + 64, 1);
+    float *e = P->e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
     quantize_acts(x, m, k, group, q, e);
-    Acts A = {.q = q, .e = e, .k = k};
-    int16_t *s16 = NULL;
-    float *ex = NULL, *s32 = NULL, *e16 = NULL;
-    int8_t *qp = NULL, *qa = NULL, *q4 = NULL;
-    int32_t *c16 = NULL;
+    P->A = (Acts){.q = q, .e = e, .k = k};
     if (kq) {
-        s16 = malloc(sizeof(int16_t) * ((size_t)m * k / 16));
+        int16_t *s16 = P->s16 = malloc(sizeof(int16_t) * ((size_t)m * k / 16));
         for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
             int sum = 0;
             for (int j = 0; j < 16; j++) sum += q[16 * i + j];
             s16[i] = (int16_t)sum;
         }
-        ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
+        float *ex = P->ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
         for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-        s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
+        float *s32 = P->s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
         for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
-        A.s16 = s16, A.ex = ex, A.s32 = s32;
+        P->A.s16 = s16, P->A.ex = ex, P->A.s32 = s32;
     } else if (path != AMX)
-        b32_acts(fmt, q, e, m, k, path, &A, &q4, &e16, &c16);
+        b32_acts(fmt, q, e, m, k, path, &P->A, &P->q4, &P->e16, &P->c16);
     if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
-        qp = malloc((size_t)m * k + 64);
+        int8_t *qp = P->qp = malloc((size_t)m * k + 64);
         int ns = k / 256;
         for (int r = 0; r < m; r++) {
             const int8_t *from = q + (int64_t)r * k;
@@ -1317,27 +1325,87 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
                 }
             if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
         }
-        A.qp = qp;
+        P->A.qp = qp;
     }
-    if (kq && path == AMX) A.qa = qa = lanes_by_tile(q, m, k);
+    if (kq && path == AMX) P->A.qa = P->qa = lanes_by_tile(q, m, k);
+}
+
+static void release(Prepared *P) {
+    free(P->q);
+    free(P->e);
+    free(P->s16);
+    free(P->ex);
+    free(P->s32);
+    free(P->qp);
+    free(P->qa);
+    free(P->q4);
+    free(P->e16);
+    free(P->c16);
+}
+
+// y [m, n] = x [m, k] @ W.T (+ bias [n]), W's row r at w + r * row_bytes in format fmt, on
+// `path` (AVX2, or VNNI or AMX where gguf_path() says so; gguf_pass_path says which a pass
+// takes). Threads take weight rows as they finish.
+void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, const float *bias,
+                 float *y, int m, int k, int n, int path, int threads) {
+    path = gguf_pass_path(fmt, m, path);
+    Prepared P;
+    prepare(fmt, x, m, k, path, &P);
     if (path == AMX)
-        tile_linear(fmt, w, row_bytes, bias, y, m, n, &A, threads);
+        tile_linear(fmt, w, row_bytes, bias, y, m, n, &P.A, threads);
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
-        dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, 0, n);
+        dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, 0, n);
     else {
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int row = 0; row < n; row++) dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &A, row, row + 1);
+        for (int row = 0; row < n; row++) dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + 1);
     }
-    free(q);
-    free(e);
-    free(s16);
-    free(ex);
-    free(s32);
-    free(qp);
-    free(qa);
-    free(q4);
-    free(e16);
-    free(c16);
+    release(&P);
+}
+
+#define MANY 4  // the most layers one gguf_linear_many call joins
+
+// `count` layers that read the same x [m, k] (a decoder layer's q/k/v, its gate/up), as one
+// call: layer i's y [m, ns[i]] follows layer i - 1's in `y`. Each row is computed as
+// gguf_linear computes it, so each layer's output has the bits of its own call; the input
+// is quantized once per format family and the threads share one region over every row. A
+// pass on the AMX tiles (or more than MANY layers) takes one gguf_linear call a layer.
+void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t *const *ws,
+                      const int64_t *row_bytes, const float *const *biases, float *y, int m, int k,
+                      const int *ns, int path, int threads) {
+    int tiles = count > MANY;
+    for (int i = 0; i < count && !tiles; i++) tiles = gguf_pass_path(fmts[i], m, path) == AMX;
+    if (tiles) {
+        for (int i = 0; i < count; y += (int64_t)m * ns[i], i++)
+            gguf_linear(fmts[i], x, ws[i], row_bytes[i], biases[i], y, m, k, ns[i], path, threads);
+        return;
+    }
+    path = gguf_pass_path(fmts[0], m, path);  // not AMX: the path asked, or VNNI for AMX
+    Prepared P[MANY];
+    int owner[MANY], first[MANY + 1];  // whose Prepared a layer reads; its first row of all
+    float *ys[MANY];
+    first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        owner[i] = i;
+        for (int j = 0; j < i; j++)
+            if (owner[j] == j && prepared_for(fmts[j]) == prepared_for(fmts[i])) owner[i] = j;
+        if (owner[i] == i) prepare(fmts[i], x, m, k, path, &P[i]);
+        ys[i] = i ? ys[i - 1] + (int64_t)m * ns[i - 1] : y;
+        first[i + 1] = first[i] + ns[i];
+    }
+    if (threads <= 1) {
+        for (int i = 0; i < count; i++)
+            dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, 0, ns[i]);
+    } else {
+#pragma omp parallel for schedule(guided) num_threads(threads)
+        for (int r = 0; r < first[count]; r++) {
+            int i = 0;
+            while (r >= first[i + 1]) i++;
+            int row = r - first[i];
+            dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, row, row + 1);
+        }
+    }
+    for (int i = 0; i < count; i++)
+        if (owner[i] == i) release(&P[i]);
 }
 
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------

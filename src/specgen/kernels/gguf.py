@@ -50,6 +50,7 @@ AVX2, VNNI, AMX = 0, 1, 2  # the kernel's paths (gguf.c); AMX: the wide passes
 
 FUNCTIONS = {
     "gguf_linear": C((I, P, P, I64, P, P, I, I, I, I, I)),
+    "gguf_linear_many": C((I, P, P, P, P, P, P, I, I, P, I, I)),
     "gguf_dequantize": C((I, P, I64, P, I, I, P, I)),
     "gguf_row_bytes": C((I, I), I64),
     "gguf_amx_rows": C((), I),
@@ -164,6 +165,52 @@ def _blocks(x: Tensor, w: GGUFWeight, bias: Tensor | None, path: int) -> Tensor:
                           None if bias is None else bias.data_ptr(), y.data_ptr(), x.shape[0],
                           w.k, w.n, path, torch.get_num_threads())
     return y
+
+
+MANY = 4  # the most layers one joined call takes (gguf.c)
+
+
+class Joined:
+    """Block-format layers that read one input (a decoder layer's q/k/v, its gate/up),
+    computed by one kernel call: the input quantized once per format family, one thread
+    region over every layer's rows. Each row is computed as its own layer's call computes it,
+    so each output has that call's bits. The call's fixed arguments are built once here."""
+
+    def __init__(self, layers: list[GGUFLinear]) -> None:
+        count = len(layers)
+        self.layers = layers  # keeps the weights and biases the pointers below point into
+        self.k = layers[0].in_features
+        self.sizes = [layer.out_features for layer in layers]
+        self.arrays = (
+            (ctypes.c_int * count)(*(_IDS[layer.weight.kind] for layer in layers)),
+            (ctypes.c_void_p * count)(*(layer.weight.data.data_ptr() for layer in layers)),
+            (ctypes.c_int64 * count)(*(layer.weight.data.shape[1] for layer in layers)),
+            (ctypes.c_void_p * count)(*(None if layer.bias is None else layer.bias.data_ptr()
+                                        for layer in layers)),
+            (ctypes.c_int * count)(*self.sizes))
+        self.fmts, self.ws, self.row_bytes, self.biases, self.ns = (
+            ctypes.addressof(a) for a in self.arrays)
+
+    @staticmethod
+    def of(layers: list[nn.Module]) -> Joined | None:
+        """The layers as one call, or None where they are not all block-format GGUF layers
+        of one input width (or are more than one call takes)."""
+        if not 1 <= len(layers) <= MANY or not all(
+                isinstance(layer, GGUFLinear) and layer.weight.kind not in FLOATS for layer in layers):
+            return None
+        return Joined(layers) if len({layer.in_features for layer in layers}) == 1 else None
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        """Each layer's output [m, out] for x [m, in] (the lean decoder's rows)."""
+        if x.dtype != torch.float32:  # as each layer's own call, which converts
+            return [layer(x) for layer in self.layers]
+        x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty(m * sum(self.sizes))
+        library().gguf_linear_many(len(self.sizes), self.fmts, x.data_ptr(), self.ws,
+                                   self.row_bytes, self.biases, y.data_ptr(), m, self.k, self.ns,
+                                   best_path(), torch.get_num_threads())
+        return [part.view(m, n) for part, n in zip(y.split([m * n for n in self.sizes]), self.sizes)]
 
 
 def dequantize(w: GGUFWeight, rows: Tensor | None = None) -> Tensor:
