@@ -6,6 +6,7 @@ costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per sc
     python bench/kernel_costs.py prompt [--tokens 100] [--rounds 5] [--threads 2]
     python bench/kernel_costs.py pieces [--widths 1 5] [--rounds 15] [--threads 2]
     python bench/kernel_costs.py kquants [--widths 1 2 3 5 8 9 16 17] [--rounds 7]
+    python bench/kernel_costs.py stream [--widths 1 2 3 4 5] [--rounds 3] [--threads 2]
 
 `layers`: ms per call of one linear layer of the demo target's shapes over M rows, its
 weights streamed from memory: PyTorch's bf16 F.linear, specgen's row-alone C linear (bf16, on
@@ -26,6 +27,10 @@ RMSNorms and everything else, per width, interleaved rounds, each piece's minimu
 `kquants`: what `gguf.c` costs per 512 weights (a pair of super-blocks) and pass on each path
 this CPU has, per K-quant and width, weights hot in L2 (the work, without the memory), one
 thread, CPU time, minimum over interleaved rounds: a pass's fixed cost and each token's.
+`stream`: the GB/s at which `gguf.c` reads a layer of each of the demo pair's GGUF shapes over M
+tokens on each path this CPU has, the layer's copies cycled through 600 MB (past the largest
+L3 we have seen, 480 MB) so that every call reads from memory as a decoding step does; a
+one-token pass is bound by how well its memory waits overlap its arithmetic.
 Figures and what specgen adopted because of them: docs/cpu-kernels.md, docs/benchmarks.md.
 """
 
@@ -47,7 +52,8 @@ from specgen.kernels import int4, linear, quantize
 from specgen.kernels.quantize import QuantLinear, quantize_int4, quantize_int8
 
 MS = (1, 2, 3, 5, 9, 17)
-L3_BYTES = 96_000_000  # more than any L3 of the machines we run on: copies past it stream
+L3_BYTES = 96_000_000  # past the L3 of most machines we run on: copies past it stream
+STREAM_BYTES = 600_000_000  # past the largest L3 we have seen (480 MB)
 SHAPES = {  # (in, out) of Qwen2.5-Coder-1.5B's layers
     "mlp up/gate 1536->8960": (1536, 8960),
     "mlp down 8960->1536": (8960, 1536),
@@ -253,7 +259,7 @@ def random_blocks(kind: str, n: int, k: int) -> object:
     nb = k // fmt.block_weights
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (n, nb, fmt.block_bytes), dtype=np.uint8)
-    for at in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[kind]:
+    for at in {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}.get(kind, (0,)):
         half = (rng.standard_normal((n, nb)) * 0.01).astype(np.float16)
         raw[:, :, at:at + 2] = half.view(np.uint8).reshape(n, nb, 2)
     return gguf.wrap(kind, raw.reshape(n, -1), n, k)
@@ -285,6 +291,41 @@ def kquants(widths: list[int], rounds: int) -> None:
             print(" | ".join(rows[-1]), flush=True)
     print(f"ns per 512 weights and pass, 1 thread, weights hot in L2, minimum over {rounds} rounds")
     print(table(["format", "path", *(f"M={m}" for m in widths)], rows))
+
+
+# (format, out, in) of the demo pair's GGUF layers: the target's MLP, down and output layer,
+# the draft's MLP (Q5_0), its v and output layer (Q8_0) and its down
+STREAM_SHAPES = (("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q6_K", 151936, 1536),
+                 ("Q5_0", 4864, 896), ("Q8_0", 4864, 896), ("Q4_K", 896, 4864))
+
+
+def stream(widths: list[int], rounds: int) -> None:
+    from specgen.kernels import gguf
+
+    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
+    rows = []
+    for kind, n, k in STREAM_SHAPES:
+        base = random_blocks(kind, n, k)
+        nbytes = base.data.numel()
+        copies = [gguf.GGUFWeight(base.data.clone(), kind, n, k)
+                  for _ in range(max(2, STREAM_BYTES // nbytes))]
+        for p in gguf.paths():
+            best: dict[int, float] = {}
+            for r in range(rounds + 1):  # the first round warms up
+                for m in widths[:: 1 if r % 2 else -1]:
+                    x = torch.randn(m, k)
+                    t = time.perf_counter()
+                    for w in copies:
+                        gguf.linear(x, w, None, p)
+                    if r:
+                        spent = (time.perf_counter() - t) / len(copies)
+                        best[m] = min(best.get(m, spent), spent)
+            rows.append([f"{kind} {n}x{k}", names[gguf.pass_path(kind, max(widths), p)]
+                         if p != gguf.AMX else f"AMX (VNNI below {gguf.amx_rows()} rows)",
+                         *(f"{nbytes / best[m] / 1e9:.1f}" for m in widths)])
+            print(" | ".join(rows[-1]), flush=True)
+    print(f"GB/s of weights read, {torch.get_num_threads()} threads, best of {rounds} rounds")
+    print(table(["layer", "path", *(f"M={m}" for m in widths)], rows))
 
 
 @dataclass(frozen=True)
@@ -368,8 +409,9 @@ def pieces(widths: list[int], rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["layers", "model", "prompt", "pieces", "kquants"])
-    ap.add_argument("--widths", nargs="+", type=int, help="pieces: 1 5; kquants: 1 2 3 5 8 9 16 17")
+    ap.add_argument("what", choices=["layers", "model", "prompt", "pieces", "kquants", "stream"])
+    ap.add_argument("--widths", nargs="+", type=int,
+                    help="pieces: 1 5; kquants: 1 2 3 5 8 9 16 17; stream: 1 2 3 4 5")
     ap.add_argument("--schemes", nargs="+", default=["gguf", "none", "int8-dyn", "int4-dyn"])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
@@ -385,6 +427,8 @@ def main() -> None:
         pieces(args.widths or [1, 5], args.rounds)
     elif args.what == "kquants":
         kquants(args.widths or [1, 2, 3, 5, 8, 9, 16, 17], args.rounds)
+    elif args.what == "stream":
+        stream(args.widths or [1, 2, 3, 4, 5], args.rounds)
     else:
         model(args.schemes, args.rounds)
 

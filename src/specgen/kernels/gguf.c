@@ -38,9 +38,27 @@ enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml
 
 #define AI static inline __attribute__((always_inline))
 #define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-// Weights are prefetched this far ahead as a row is read (rows follow each other in the file,
-// so this runs into the next row).
-#define PREFETCH_BYTES 2048
+// Weights are prefetched ahead as a row is read (rows follow each other in the file, so this
+// runs into the next row). A pass of up to NARROW tokens is bound by how much of its memory
+// waits overlap its arithmetic: it also prefetches into L2 further ahead, which keeps more
+// lines on their way; a wider pass is bound by its arithmetic, which the extra instructions
+// would slow (bench/kernel_costs.py stream measures both).
+#define PREFETCH_BYTES 2048  // into L1, wider passes
+#define PREFETCH_L1 1024     // into L1, narrow passes
+#define PREFETCH_L2 4096     // into L2, narrow passes
+#define NARROW 4             // tokens in a narrow pass, at most
+
+// The lines of `bytes` bytes from p, ahead, for a pass of nt tokens (a constant once inlined)
+AI void prefetch_weights(const void *p, int bytes, int nt) {
+    for (int i = 0; i < bytes; i += 64) {
+        if (nt <= NARROW) {
+            _mm_prefetch((const char *)p + PREFETCH_L2 + i, _MM_HINT_T1);
+            _mm_prefetch((const char *)p + PREFETCH_L1 + i, _MM_HINT_T0);
+        } else
+            _mm_prefetch((const char *)p + PREFETCH_BYTES + i, _MM_HINT_T0);
+    }
+}
+
 // Tokens whose dot products share one unpacking of a weight block (a verify pass of 5 or 8
 // rows is one tile).
 #define TILE 8
@@ -193,8 +211,7 @@ AI void b32_eight_avx2(int fmt, const uint8_t *wr, int b, int cnt, int half, con
     const uint8_t *blk = wr + (int64_t)b * bb;
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; i++) {
-        for (int j = 0; j < 2 * bb; j += 64)  // spread: a burst stalls on full fill buffers
-            _mm_prefetch((const char *)blk + 2 * i * bb + PREFETCH_BYTES + j, _MM_HINT_T0);
+        prefetch_weights(blk + 2 * i * bb, 2 * bb, nt);  // spread: a burst stalls on full fill buffers
         if (2 * i < cnt)
             pair_avx2(fmt, blk + 2 * i * bb, 2 * i + 1 < cnt ? blk + (2 * i + 1) * bb : NULL, &lo[i], &hi[i]);
         else
@@ -309,8 +326,7 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
             _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                _mm512_set1_epi32(bb)), blk + 2, 1);
     for (int s = 0; s < 4; s++) {
-        for (int i = 0; i < 4 * bb; i += 64)  // spread over the group: a burst stalls on full fill buffers
-            _mm_prefetch((const char *)blk + 4 * s * bb + PREFETCH_BYTES + i, _MM_HINT_T0);
+        prefetch_weights(blk + 4 * s * bb, 4 * bb, nt);  // spread over the group: a burst stalls on full fill buffers
         if (4 * s < cnt)
             set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4,
                      _mm512_shuffle_i32x4(qh, qh, 0x55 * s), &lo[s], &hi[s]);
@@ -440,8 +456,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
     const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
                                            8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
     const uint8_t *qs = blk + (q5 ? 48 : 16);
-    for (int i = 0; i < bb; i += 64)
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    prefetch_weights(blk, bb, nt);
     __m256 d = _mm256_set1_ps(f16(blk)), dmin = _mm256_set1_ps(f16(blk + 2));
     __m256i sm = scales_mins16(blk + 4);
     __m256i scales = _mm256_permute4x64_epi64(sm, 0x44);  // the 8 scales in both lanes
@@ -472,8 +487,7 @@ AI void k4_unit_avx2(int q5, const uint8_t *blk, int s, int ns, const Acts *A, i
 // less 32 sum_g sc_g s16_g (exact, lane by lane); then acc = fma(isum, d e, acc).
 AI void k6_unit_avx2(const uint8_t *blk, int s, int ns, const Acts *A, int t0, int nt, __m256 *acc) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    for (int i = 0; i < 210; i += 64)
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    prefetch_weights(blk, 210, nt);
     __m256 d = _mm256_set1_ps(f16(blk + 208));
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
     __m256i isum[TILE];
@@ -545,8 +559,7 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s
     const int k = A->k;
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int i = 0; i < bb; i += 64)
-        _mm_prefetch((const char *)blk + PREFETCH_BYTES + i, _MM_HINT_T0);
+    prefetch_weights(blk, bb, nt);
     // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
     // sums apiece, so that the 4 steps of a super-block need not wait on each other
     const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
@@ -623,8 +636,7 @@ VNNI_TARGET AI void kq_pair_ints_vnni(int fmt, const uint8_t *b0, const uint8_t 
     const int k = A->k;
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int i = 0; i < 2 * bb; i += 64)
-        _mm_prefetch((const char *)b0 + PREFETCH_BYTES + i, _MM_HINT_T0);
+    prefetch_weights(b0, 2 * bb, nt);
     // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
     // sums apiece, so that the 8 steps of a pair need not wait on each other
     const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
