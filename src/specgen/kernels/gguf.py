@@ -167,9 +167,6 @@ def _blocks(x: Tensor, w: GGUFWeight, bias: Tensor | None, path: int) -> Tensor:
     return y
 
 
-MANY = 4  # the most layers one joined call takes (gguf.c)
-
-
 class Joined:
     """Block-format layers that read one input (a decoder layer's q/k/v, its gate/up),
     computed by one kernel call: the input quantized once per format family, one thread
@@ -194,8 +191,8 @@ class Joined:
     @staticmethod
     def of(layers: list[nn.Module]) -> Joined | None:
         """The layers as one call, or None where they are not all block-format GGUF layers
-        of one input width (or are more than one call takes)."""
-        if not 1 <= len(layers) <= MANY or not all(
+        of one input width."""
+        if not layers or not all(
                 isinstance(layer, GGUFLinear) and layer.weight.kind not in FLOATS for layer in layers):
             return None
         return Joined(layers) if len({layer.in_features for layer in layers}) == 1 else None
