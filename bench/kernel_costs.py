@@ -265,28 +265,46 @@ def random_blocks(kind: str, n: int, k: int) -> object:
     return gguf.wrap(kind, raw.reshape(n, -1), n, k)
 
 
+def path_label(path: int) -> str:
+    from specgen.kernels import gguf
+
+    if path == gguf.AMX:
+        return f"AMX (VNNI below {gguf.amx_rows()} rows)"
+    return {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI"}[path]
+
+
+def best_by_width(run: Callable[[torch.Tensor], int], widths: list[int], k: int, rounds: int,
+                  clock: Callable[[], float]) -> dict[int, float]:
+    """Seconds per call of `run(x)` (which returns how many calls it made) for x [m, k] of
+    each width m: the minimum over `rounds` rounds after a warm-up round, the widths taken in
+    the other order every other round."""
+    best: dict[int, float] = {}
+    for r in range(rounds + 1):
+        for m in widths[:: 1 if r % 2 else -1]:
+            x = torch.randn(m, k)
+            t = clock()
+            calls = run(x)
+            if r:
+                spent = (clock() - t) / calls
+                best[m] = min(best.get(m, spent), spent)
+    return best
+
+
 def kquants(widths: list[int], rounds: int) -> None:
     from specgen.kernels import gguf
 
     torch.set_num_threads(1)
-    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
     rows = []
     for kind, k in (("Q4_K", 1536), ("Q4_K", 8960), ("Q5_K", 1536), ("Q6_K", 1536), ("Q6_K", 8960)):
         n = 512 * 1536 // k  # 768 K weights: the layer stays in L2
         w = random_blocks(kind, n, k)
         for p in gguf.paths():
-            best: dict[int, float] = {}
-            for r in range(rounds + 1):  # the first round warms up
-                for m in widths[:: 1 if r % 2 else -1]:
-                    x = torch.randn(m, k)
-                    c = time.thread_time()
-                    for _ in range(20):
-                        gguf.linear(x, w, None, p)
-                    if r:
-                        spent = (time.thread_time() - c) / 20
-                        best[m] = min(best.get(m, spent), spent)
-            rows.append([f"{kind} K={k}", names[p] if p != gguf.AMX else
-                         f"AMX (VNNI below {gguf.amx_rows()} rows)",
+            def twenty(x, p=p):
+                for _ in range(20):
+                    gguf.linear(x, w, None, p)
+                return 20
+            best = best_by_width(twenty, widths, k, rounds, time.thread_time)
+            rows.append([f"{kind} K={k}", path_label(p),
                          *(f"{1e9 * best[m] / (n * k / 512):.1f}" for m in widths)])
             print(" | ".join(rows[-1]), flush=True)
     print(f"ns per 512 weights and pass, 1 thread, weights hot in L2, minimum over {rounds} rounds")
@@ -302,7 +320,6 @@ STREAM_SHAPES = (("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q6_K", 151936, 15
 def stream(widths: list[int], rounds: int) -> None:
     from specgen.kernels import gguf
 
-    names = {gguf.AVX2: "AVX2", gguf.VNNI: "VNNI", gguf.AMX: "AMX"}
     rows = []
     for kind, n, k in STREAM_SHAPES:
         base = random_blocks(kind, n, k)
@@ -310,18 +327,12 @@ def stream(widths: list[int], rounds: int) -> None:
         copies = [gguf.GGUFWeight(base.data.clone(), kind, n, k)
                   for _ in range(max(2, STREAM_BYTES // nbytes))]
         for p in gguf.paths():
-            best: dict[int, float] = {}
-            for r in range(rounds + 1):  # the first round warms up
-                for m in widths[:: 1 if r % 2 else -1]:
-                    x = torch.randn(m, k)
-                    t = time.perf_counter()
-                    for w in copies:
-                        gguf.linear(x, w, None, p)
-                    if r:
-                        spent = (time.perf_counter() - t) / len(copies)
-                        best[m] = min(best.get(m, spent), spent)
-            rows.append([f"{kind} {n}x{k}", names[gguf.pass_path(kind, max(widths), p)]
-                         if p != gguf.AMX else f"AMX (VNNI below {gguf.amx_rows()} rows)",
+            def each_copy(x, p=p):
+                for w in copies:
+                    gguf.linear(x, w, None, p)
+                return len(copies)
+            best = best_by_width(each_copy, widths, k, rounds, time.perf_counter)
+            rows.append([f"{kind} {n}x{k}", path_label(p),
                          *(f"{nbytes / best[m] / 1e9:.1f}" for m in widths)])
             print(" | ".join(rows[-1]), flush=True)
     print(f"GB/s of weights read, {torch.get_num_threads()} threads, best of {rounds} rounds")
