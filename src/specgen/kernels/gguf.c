@@ -35,6 +35,7 @@
 
 enum { AVX2 = 0, VNNI = 1, AMX = 2 };
 enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's type ids
+static inline int is_kq(int fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K; }
 
 #define AI static inline __attribute__((always_inline))
 #define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -1148,7 +1149,7 @@ AMX_INT8 static void btile_rows(const int8_t *B, const float *D, int nb, const A
 // every token against them.
 AMX_INT8 static void tile_linear(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias,
                                  float *y, int m, int n, const Acts *A, int threads) {
-    int kq = fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+    int kq = is_kq(fmt);
     int ns = A->k / 256, nb = A->k / 32, blocks = (n + RB - 1) / RB;
 #pragma omp parallel num_threads(threads)
     {
@@ -1285,8 +1286,6 @@ static void b32_acts(int fmt, const int8_t *q, const float *e, int m, int k, int
     A->e16 = *e16;
     A->c16 = *c16;
 }
-
-static inline int is_kq(int fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K; }
 
 // A pass's activations as the kernels read them, and the buffers that hold them. They depend
 // on the format only through its family (K-quants) or, for the 32-blocks, the format itself

@@ -169,9 +169,10 @@ def _blocks(x: Tensor, w: GGUFWeight, bias: Tensor | None, path: int) -> Tensor:
 
 class Joined:
     """Block-format layers that read one input (a decoder layer's q/k/v, its gate/up),
-    computed by one kernel call: the input quantized once per format family, one thread
-    region over every layer's rows. Each row is computed as its own layer's call computes it,
-    so each output has that call's bits. The call's fixed arguments are built once here."""
+    computed by one kernel call: the input quantized once for all K-quants (once per format
+    of the 32-blocks), one thread region over every layer's rows. Each row is computed as its
+    own layer's call computes it, so each output has that call's bits. The call's fixed
+    arguments are built once here."""
 
     def __init__(self, layers: list[GGUFLinear]) -> None:
         count = len(layers)
