@@ -132,6 +132,28 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
                                gguf.linear(x[:m], w, b, gguf.AVX2)), (kind, m)
 
 
+@needs_vnni
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0"])
+def test_unpacking_by_vbmi_gives_the_avx2_paths_bits(kind):
+    """Whole sets of 4 blocks unpack by byte permutes where the CPU has VBMI, the rest as
+    before: groups of 16 blocks, whole sets short of a group (K = 896: 16 + 12), a part set
+    (K = 96, 960) and one set (K = 128)."""
+    if not gguf.unpack_by_vbmi(True):
+        pytest.skip("this CPU has no AVX512-VBMI")
+    try:
+        for k in (96, 128, 896, 960, 4864):
+            w, _ = weight(kind, 29, k, seed=k)
+            x = torch.randn(9, k) * 5
+            x[4, :40] *= 1000
+            for m in (1, 2, 5, 9):
+                avx2 = gguf.linear(x[:m], w, None, gguf.AVX2)
+                for use in (True, False):
+                    gguf.unpack_by_vbmi(use)
+                    assert torch.equal(gguf.linear(x[:m], w, None, gguf.VNNI), avx2), (k, m, use)
+    finally:
+        assert gguf.unpack_by_vbmi(None)  # the CPU's default again
+
+
 # Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and
 # the rows either side (the AMX path takes the passes from amx_rows() = 16 tokens on), and a
 # prompt's 136.

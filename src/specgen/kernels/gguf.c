@@ -307,6 +307,72 @@ VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i qh, _
     }
 }
 
+// Where the CPU has AVX512-VBMI, a whole set of 4 Q4_0 or Q5_0 blocks is unpacked from two
+// loads by byte permutes (vpermt2b), in place of 4 loads and their inserts, and Q5_0's high
+// bits come from the same loads in place of a gather per group: the same bytes, so the same
+// sums and bits (a fixed cost of a one-token pass, which Q5_0's memory waits do not hide).
+// vpermt2b is written in asm so that one build serves CPUs with and without VBMI.
+static int use_vbmi = -1;  // -1: not yet asked of the CPU
+
+// Sets whether VNNI passes unpack by VBMI and returns it: `use` 1 where the CPU has VBMI, 0
+// never, -1 the CPU's default (where it has it). Tests and benchmarks compare both ways.
+int gguf_vbmi(int use) {
+    int have = __builtin_cpu_supports("avx512vbmi");
+    use_vbmi = use < 0 ? have : use && have;
+    return use_vbmi;
+}
+
+// byte j of lane i (i = 0..3, j = 0..15) of a set's 4 blocks of bb bytes: Q4_0's and Q5_0's
+// nibbles (at 2 and 6), Q5_0's qh bytes for inputs 0-15 (j / 8 at 2) and 16-31 (at 4)
+#define LANE16(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7, x + 8, x + 9, x + 10, \
+                  x + 11, x + 12, x + 13, x + 14, x + 15
+#define HIGH16(x) x, x, x, x, x, x, x, x, x + 1, x + 1, x + 1, x + 1, x + 1, x + 1, x + 1, x + 1
+#define SET(F, bb, at) F(at), F(bb + (at)), F(2 * (bb) + (at)), F(3 * (bb) + (at))
+static const uint8_t Q4_0_NIBBLES[64] __attribute__((aligned(64))) = {SET(LANE16, 18, 2)};
+static const uint8_t Q5_0_NIBBLES[64] __attribute__((aligned(64))) = {SET(LANE16, 22, 6)};
+static const uint8_t Q5_0_QH_LO[64] __attribute__((aligned(64))) = {SET(HIGH16, 22, 2)};
+static const uint8_t Q5_0_QH_HI[64] __attribute__((aligned(64))) = {SET(HIGH16, 22, 4)};
+// the d of the set's block p / 4 in word p (p = 0..15): b32_group_vnni's word p takes it from
+// set p % 4 (vnni_block)
+#define D4(bb, i) bb * (i), bb * (i) + 1, bb * (i), bb * (i) + 1, bb * (i), bb * (i) + 1, bb * (i), bb * (i) + 1
+#define D16(bb) D4(bb, 0), D4(bb, 1), D4(bb, 2), D4(bb, 3)
+static const uint8_t Q4_0_D[64] __attribute__((aligned(64))) = {D16(18)};
+static const uint8_t Q5_0_D[64] __attribute__((aligned(64))) = {D16(22)};
+#undef D4
+#undef D16
+#undef LANE16
+#undef HIGH16
+#undef SET
+
+// bytes idx[i] of the 128 at t (0-63) and u (64-127)
+VNNI_TARGET AI __m512i permute2(__m512i t, const uint8_t *idx, __m512i u) {
+    __m512i i = _mm512_load_si512(idx);
+    __asm__("vpermt2b %2, %1, %0" : "+v"(t) : "v"(i), "v"(u));
+    return t;
+}
+
+// Set s of a group, 4 whole Q4_0 or Q5_0 blocks, as set_vnni gives it, by VBMI; and their
+// d into the words 4 i + s of dw, the words that b32_group_vnni converts (vnni_block).
+VNNI_TARGET AI void set_vbmi(int fmt, const uint8_t *blk, int s, __m512i *lo, __m512i *hi,
+                             __m512i *dw) {
+    const int bb = block_bytes(fmt);
+    __m512i t = _mm512_loadu_si512(blk);  // the set's bytes 0-63, then the rest (never past it)
+    __m512i u = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (4 * bb - 64)) - 1), blk + 64);
+    *dw = _mm512_mask_mov_epi16(*dw, (__mmask32)(0x1111u << s),
+                                permute2(t, fmt == Q4_0 ? Q4_0_D : Q5_0_D, u));
+    __m512i w = permute2(t, fmt == Q4_0 ? Q4_0_NIBBLES : Q5_0_NIBBLES, u);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(w, low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+    if (fmt == Q5_0) {  // byte j of a lane: bit j % 8 of its qh byte
+        const __m512i bits = _mm512_set1_epi64(0x8040201008040201), bit = _mm512_set1_epi8(0x10);
+        __mmask64 l = _mm512_test_epi8_mask(permute2(t, Q5_0_QH_LO, u), bits);
+        __mmask64 h = _mm512_test_epi8_mask(permute2(t, Q5_0_QH_HI, u), bits);
+        *lo = _mm512_mask_add_epi8(*lo, l, *lo, bit);
+        *hi = _mm512_mask_add_epi8(*hi, h, *hi, bit);
+    }
+}
+
 // [a0+a1, a2+a3, b0+b1, b2+b3] in each 128-bit lane
 VNNI_TARGET AI __m512i hadd512(__m512i a, __m512i b) {
     __m512 x = _mm512_castsi512_ps(a), y = _mm512_castsi512_ps(b);
@@ -320,15 +386,21 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
                                    int nt, __m512 *acc) {
     const int bb = block_bytes(fmt), ng = (A->k / 32 + 15) / 16;
     const uint8_t *blk = wr + (int64_t)b * bb;
-    __m512i lo[4], hi[4], qh = _mm512_setzero_si512();
-    if (fmt == Q5_0)  // the blocks' qh in order, absent ones 0
+    // whole sets by VBMI where the CPU has it (Q4_0, Q5_0); set_vnni takes the others
+    const int by_vbmi = use_vbmi > 0 && (fmt == Q4_0 || fmt == Q5_0);
+    // whole sets only: no gather (dear on some CPUs), d and qh come with the nibbles
+    const int whole = by_vbmi && cnt % 4 == 0;
+    __m512i lo[4], hi[4], qh = _mm512_setzero_si512(), dw = _mm512_setzero_si512();
+    if (fmt == Q5_0 && !whole)  // the blocks' qh in order, absent ones 0
         qh = _mm512_mask_i32gather_epi32(
             qh, cnt == 16 ? 0xFFFF : (__mmask16)((1u << cnt) - 1),
             _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                _mm512_set1_epi32(bb)), blk + 2, 1);
     for (int s = 0; s < 4; s++) {
         prefetch_weights(blk + 4 * s * bb, 4 * bb, nt);  // spread over the group: a burst stalls on full fill buffers
-        if (4 * s < cnt)
+        if (by_vbmi && 4 * s + 4 <= cnt)
+            set_vbmi(fmt, blk + 4 * s * bb, s, &lo[s], &hi[s], &dw);
+        else if (4 * s < cnt)
             set_vnni(fmt, blk + 4 * s * bb, cnt - 4 * s < 4 ? cnt - 4 * s : 4,
                      _mm512_shuffle_i32x4(qh, qh, 0x55 * s), &lo[s], &hi[s]);
         else
@@ -336,9 +408,14 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
     }
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     __mmask16 there = cnt == 16 ? 0xFFFF : _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(cnt), order);
-    __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), there,
-                                            _mm512_mullo_epi32(order, _mm512_set1_epi32(bb)), blk, 1);
-    __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    __m512 d;
+    if (whole) {
+        d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+    } else {
+        __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), there,
+                                                _mm512_mullo_epi32(order, _mm512_set1_epi32(bb)), blk, 1);
+        d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    }
     int g = b / 16;
     for (int t = 0; t < nt; t++) {
         int64_t tok = t0 + t;
@@ -1303,6 +1380,7 @@ static int prepared_for(int fmt) { return is_kq(fmt) ? Q4_K : fmt; }
 // x [m, k] quantized per token for a pass of format fmt on `path` (as gguf_pass_path gave it).
 static void prepare(int fmt, const float *x, int m, int k, int path, Prepared *P) {
     int kq = is_kq(fmt), group = kq ? 256 : 32;
+    if (use_vbmi < 0) gguf_vbmi(-1);
     memset(P, 0, sizeof *P);
     int rows = path == AMX && !kq ? (m + 15) / 16 * 16 : m;  // the tiles read whole tiles of tokens
     int8_t *q = P->q = calloc((size_t)rows * k + 64, 1);

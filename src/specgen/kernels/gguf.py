@@ -56,6 +56,7 @@ FUNCTIONS = {
     "gguf_amx_rows": C((), I),
     "gguf_pass_path": C((I, I, I), I),
     "gguf_path": C((), I),
+    "gguf_vbmi": C((I,), I),
 }
 
 
@@ -84,6 +85,13 @@ def pass_path(kind: str, m: int, path: int) -> int:
 def paths() -> tuple[int, ...]:
     """Every path this CPU runs (tests and benches compare them): each up to the best."""
     return tuple(range(best_path() + 1))
+
+
+def unpack_by_vbmi(use: bool | None = None) -> bool:
+    """Sets whether VNNI passes unpack Q4_0 and Q5_0 blocks by AVX512-VBMI's byte permutes
+    (the same bytes, so the same bits), and returns it: True where the CPU has VBMI, None its
+    default (VBMI where it has it). For tests and benchmarks that compare both ways."""
+    return bool(library().gguf_vbmi(-1 if use is None else int(use)))
 
 
 def _format(kind: str) -> Format:
