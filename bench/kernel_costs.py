@@ -380,8 +380,11 @@ def pieces(widths: list[int], rounds: int) -> None:
     decoder.reset()
     decoder.logits(torch.randint(0, vocab, (64,)), 1)
     clock = PieceClock()
-    saved = gguf.linear, rows.rope_attend, rows.rms_norm
-    gguf.linear = clock.wrap(gguf.linear, lambda x, w, *a, **k: f"{w.kind} {w.n}x{w.k}")
+    saved = gguf._blocks, gguf.Joined.__call__, rows.rope_attend, rows.rms_norm
+    # a layer called alone, and the layers of one input called as one (gguf.Joined)
+    gguf._blocks = clock.wrap(gguf._blocks, lambda x, w, *a, **k: f"{w.kind} {w.n}x{w.k}")
+    gguf.Joined.__call__ = clock.wrap(gguf.Joined.__call__, lambda joined, x: " + ".join(
+        f"{layer.weight.kind} {layer.out_features}x{layer.in_features}" for layer in joined.layers))
     rows.rope_attend = clock.wrap(rows.rope_attend, lambda *a, **k: "attention (rows.c)")
     rows.rms_norm = clock.wrap(rows.rms_norm, lambda *a, **k: "RMSNorm (rows.c)")
     wall: dict[int, dict[str, list[float]]] = {m: {} for m in widths}
@@ -404,7 +407,7 @@ def pieces(widths: list[int], rounds: int) -> None:
                     wall[m].setdefault(name, []).append(1e3 * w[name])
                     cpu[m].setdefault(name, []).append(1e3 * cp[name])
     finally:
-        gguf.linear, rows.rope_attend, rows.rms_norm = saved
+        gguf._blocks, gguf.Joined.__call__, rows.rope_attend, rows.rms_norm = saved
     lo, hi = widths[0], widths[-1]
     names = sorted(wall[lo], key=lambda n: (n == "the pass", n == "everything else", n))
     extra = {n: min(wall[hi][n]) - min(wall[lo][n]) for n in names}
