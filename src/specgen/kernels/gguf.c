@@ -1315,9 +1315,34 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
-// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time.
+// Two weight rows against one token, each row's work exactly as dots_vnni's (so its bits):
+// in one function, the two rows' independent work overlaps, and a one-token pass pays its
+// fixed cost per row (the call, the final sums) for two.
+VNNI_TARGET static void dots_vnni_two(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
+                                      const Acts *A, float *out) {
+#define TWO(B32, KQ)                                                                  \
+    switch (fmt) {                                                                    \
+        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, 1, out); B32(Q4_0, w1, k / 32, A, 0, 1, out + 1); break; \
+        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, 1, out); B32(Q5_0, w1, k / 32, A, 0, 1, out + 1); break; \
+        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, 1, out); B32(Q8_0, w1, k / 32, A, 0, 1, out + 1); break; \
+        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, 1, out); KQ(Q4_K, w1, k / 256, A, 0, 1, out + 1); break; \
+        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, 1, out); KQ(Q5_K, w1, k / 256, A, 0, 1, out + 1); break; \
+        default: KQ(Q6_K, w0, k / 256, A, 0, 1, out); KQ(Q6_K, w1, k / 256, A, 0, 1, out + 1);         \
+    }
+    TWO(b32_vnni, kq_vnni)
+#undef TWO
+}
+
+// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time (a one-token pass on VNNI:
+// two rows at a time).
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
+    if (m == 1 && path == VNNI)
+        for (; r0 + 2 <= r1; r0 += 2) {
+            float out[2];
+            dots_vnni_two(fmt, w + (int64_t)r0 * row_bytes, w + (int64_t)(r0 + 1) * row_bytes, A->k, A, out);
+            for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
+        }
     for (int row = r0; row < r1; row++) {
         const uint8_t *wr = w + (int64_t)row * row_bytes;
         float out[TILE];
@@ -1446,7 +1471,8 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, 0, n);
     else {
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int row = 0; row < n; row++) dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + 1);
+        for (int row = 0; row < n; row += 2)  // by pairs, which dot_rows may take as one
+            dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + 2 < n ? row + 2 : n);
     }
     release(&P);
 }
@@ -1486,11 +1512,15 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
             dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, 0, ns[i]);
     } else {
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int r = 0; r < first[count]; r++) {
-            int i = 0;
-            while (r >= first[i + 1]) i++;
-            int row = r - first[i];
-            dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, row, row + 1);
+        for (int r = 0; r < first[count]; r += 2) {  // by pairs, as gguf_linear
+            for (int at = r; at < r + 2 && at < first[count];) {  // a pair may span two layers
+                int i = 0;
+                while (at >= first[i + 1]) i++;
+                int row = at - first[i], end = r + 2 < first[i + 1] ? r + 2 - first[i] : ns[i];
+                dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path,
+                         &P[owner[i]].A, row, end);
+                at += end - row;
+            }
         }
     }
     for (int i = 0; i < count; i++)
