@@ -1292,6 +1292,29 @@ VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts 
     BY_FORMAT(b32_vnni, kq_vnni)
 }
 
+// Two weight rows w0, w1 against one token, each row's work exactly as a one-row call's (so
+// its bits): in one function the two rows' independent work overlaps, and a one-token pass
+// pays its fixed cost per row (the call, the final sums) once for two.
+#define TWO_ROWS(B32, KQ)                                                                       \
+    switch (fmt) {                                                                              \
+        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, 1, out); B32(Q4_0, w1, k / 32, A, 0, 1, out + 1); break;   \
+        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, 1, out); B32(Q5_0, w1, k / 32, A, 0, 1, out + 1); break;   \
+        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, 1, out); B32(Q8_0, w1, k / 32, A, 0, 1, out + 1); break;   \
+        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, 1, out); KQ(Q4_K, w1, k / 256, A, 0, 1, out + 1); break;   \
+        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, 1, out); KQ(Q5_K, w1, k / 256, A, 0, 1, out + 1); break;   \
+        default: KQ(Q6_K, w0, k / 256, A, 0, 1, out); KQ(Q6_K, w1, k / 256, A, 0, 1, out + 1);           \
+    }
+
+static void two_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
+                          float *out) {
+    TWO_ROWS(b32_avx2, kq_avx2)
+}
+
+VNNI_TARGET static void two_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
+                                      const Acts *A, float *out) {
+    TWO_ROWS(b32_vnni, kq_vnni)
+}
+
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
 // where it also has AMX-INT8 and Linux lets this process use the tiles.
 int gguf_path(void) {
@@ -1315,32 +1338,16 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
-// Two weight rows against one token, each row's work exactly as dots_vnni's (so its bits):
-// in one function, the two rows' independent work overlaps, and a one-token pass pays its
-// fixed cost per row (the call, the final sums) for two.
-VNNI_TARGET static void dots_vnni_two(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                                      const Acts *A, float *out) {
-#define TWO(B32, KQ)                                                                  \
-    switch (fmt) {                                                                    \
-        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, 1, out); B32(Q4_0, w1, k / 32, A, 0, 1, out + 1); break; \
-        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, 1, out); B32(Q5_0, w1, k / 32, A, 0, 1, out + 1); break; \
-        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, 1, out); B32(Q8_0, w1, k / 32, A, 0, 1, out + 1); break; \
-        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, 1, out); KQ(Q4_K, w1, k / 256, A, 0, 1, out + 1); break; \
-        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, 1, out); KQ(Q5_K, w1, k / 256, A, 0, 1, out + 1); break; \
-        default: KQ(Q6_K, w0, k / 256, A, 0, 1, out); KQ(Q6_K, w1, k / 256, A, 0, 1, out + 1);         \
-    }
-    TWO(b32_vnni, kq_vnni)
-#undef TWO
-}
-
-// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time (a one-token pass on VNNI:
-// two rows at a time).
+// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time (a one-token pass: two rows
+// at a time).
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
-    if (m == 1 && path == VNNI)
+    if (m == 1)
         for (; r0 + 2 <= r1; r0 += 2) {
+            const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2];
-            dots_vnni_two(fmt, w + (int64_t)r0 * row_bytes, w + (int64_t)(r0 + 1) * row_bytes, A->k, A, out);
+            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, out);
+            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
         }
     for (int row = r0; row < r1; row++) {

@@ -216,6 +216,8 @@ class Joined:
         library().gguf_linear_many(len(self.sizes), self.fmts, x.data_ptr(), self.ws,
                                    self.row_bytes, self.biases, y.data_ptr(), m, self.k, self.ns,
                                    best_path(), torch.get_num_threads())
+        if len(self.sizes) == 1:  # a layer alone (o, down): no split to pay for
+            return [y.view(m, self.sizes[0])]
         return [part.view(m, n) for part, n in zip(y.split([m * n for n in self.sizes]), self.sizes)]
 
 
