@@ -4,7 +4,7 @@ costs (M = 1 is a decoding step, M = K + 1 a verify pass), per kernel and per sc
     python bench/kernel_costs.py layers [--reps 15]
     python bench/kernel_costs.py model [--schemes gguf none int8-dyn int4-dyn] [--rounds 5]
     python bench/kernel_costs.py prompt [--tokens 100] [--rounds 5] [--threads 2]
-    python bench/kernel_costs.py pieces [--widths 1 5] [--rounds 15] [--threads 2]
+    python bench/kernel_costs.py pieces [--widths 1 5] [--rounds 15] [--threads 2] [--model draft]
     python bench/kernel_costs.py kquants [--widths 1 2 3 5 8 9 16 17] [--rounds 7]
     python bench/kernel_costs.py stream [--widths 1 2 3 4 5] [--rounds 3] [--threads 2]
 
@@ -20,7 +20,9 @@ N tokens, logits of the last) on each GGUF kernel path this CPU has, beside llam
 prompt evaluation of the same file (llama-bench -p N -n 0 at the same thread count), rounds
 alternating between them; wall clock and CPU time (llama-bench's CPU time per evaluation
 counts its warm-up run and model load too: an upper bound).
-`pieces`: where a wider pass of the demo target as stored spends its extra time: each GGUF
+`pieces`: where a wider pass of the demo target as stored (`--model draft`: the draft, as the
+default profile drafts with it, its output layer cut to `draft_vocab` rows) spends its extra
+time: each GGUF
 linear shape (all its calls in a pass), the attention (rotary, cache write, attention), the
 RMSNorms and everything else, per width, interleaved rounds, each piece's minimum over rounds
 (wall clock, and the calling thread's CPU time, which a one-thread run makes the work itself).
@@ -95,6 +97,26 @@ def demo_target(quantization: str = "none"):
     prof = with_overrides(load_profile("qwen-coder-demo"), method="prompt-lookup",
                           target_quantization=quantization)
     return load_pair(prof).target
+
+
+def demo_passes(role: str):
+    """The demo pair's target (as stored, exact) or draft (as the default profile drafts):
+    its decoder, a function (ids, n) -> the logits of the last n rows, and the vocabulary the
+    ids are drawn from."""
+    from specgen.core.drafters import TorchDraft
+    from specgen.decoding import make_decoder
+    from specgen.loading.load import load_pair
+    from specgen.profiles import load_profile
+
+    if role == "target":
+        target = demo_target("gguf")
+        decoder = make_decoder(target, exact=True)
+        return decoder, decoder.logits, target.config.vocab_size
+    prof = load_profile("qwen-coder-demo")
+    rows = prof.speculation.draft_vocab or None
+    draft = TorchDraft(load_pair(prof).draft, rows)
+    # a draft reads its tokens and guesses the next: the logits of the last row only
+    return draft.decoder, lambda ids, n: draft.logits(ids), rows or draft.vocab_size
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -370,15 +392,12 @@ class PieceClock:
 
 
 @torch.inference_mode()
-def pieces(widths: list[int], rounds: int) -> None:
-    from specgen.decoding import make_decoder
+def pieces(widths: list[int], rounds: int, role: str = "target") -> None:
     from specgen.kernels import gguf, rows
 
-    target = demo_target("gguf")
-    decoder = make_decoder(target, exact=True)
-    vocab = target.config.vocab_size
+    decoder, logits, vocab = demo_passes(role)
     decoder.reset()
-    decoder.logits(torch.randint(0, vocab, (64,)), 1)
+    logits(torch.randint(0, vocab, (64,)), 1)
     clock = PieceClock()
     saved = gguf._blocks, gguf.Joined.__call__, rows.rope_attend, rows.rms_norm
     # a layer called alone, and the layers of one input called as one (gguf.Joined)
@@ -395,7 +414,7 @@ def pieces(widths: list[int], rounds: int) -> None:
                 ids = torch.randint(0, vocab, (m,))
                 clock.take()
                 t, c = time.perf_counter(), time.thread_time()
-                decoder.logits(ids, m)
+                logits(ids, m)
                 total, total_cpu = time.perf_counter() - t, time.thread_time() - c
                 decoder.crop(64)
                 got = clock.take()
@@ -415,8 +434,8 @@ def pieces(widths: list[int], rounds: int) -> None:
     rows_out = [[n, *(f"{min(wall[m][n]):.1f} / {min(cpu[m][n]):.1f}" for m in widths),
                  f"{extra[n]:+.1f} / {extra_cpu[n]:+.1f}",
                  f"{100 * extra_cpu[n] / extra_cpu['the pass']:.0f}%"] for n in names]
-    print(f"ms per pass, wall / calling thread's CPU, minimum over {rounds} rounds; "
-          f"{torch.get_num_threads()} threads")
+    print(f"the demo {role}: ms per pass, wall / calling thread's CPU, minimum over {rounds} "
+          f"rounds; {torch.get_num_threads()} threads")
     print(table(["piece", *(f"M={m}" for m in widths), f"M={hi} - M={lo}",
                  "share of the extra CPU time"], rows_out))
 
@@ -431,6 +450,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--model", choices=["target", "draft"], default="target",
+                    help="pieces: the demo target or its draft")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.what == "layers":
@@ -438,7 +459,7 @@ def main() -> None:
     elif args.what == "prompt":
         prompt(args.tokens, args.rounds, args.threads)
     elif args.what == "pieces":
-        pieces(args.widths or [1, 5], args.rounds)
+        pieces(args.widths or [1, 5], args.rounds, args.model)
     elif args.what == "kquants":
         kquants(args.widths or [1, 2, 3, 5, 8, 9, 16, 17], args.rounds)
     elif args.what == "stream":
