@@ -308,10 +308,11 @@ VNNI_TARGET AI void set_vnni(int fmt, const uint8_t *blk, int cnt, __m512i qh, _
 }
 
 // Where the CPU has AVX512-VBMI, a whole set of 4 Q4_0 or Q5_0 blocks is unpacked from two
-// loads by byte permutes (vpermt2b), in place of 4 loads and their inserts, and Q5_0's high
-// bits come from the same loads in place of a gather per group: the same bytes, so the same
-// sums and bits (a fixed cost of a one-token pass, which Q5_0's memory waits do not hide).
-// vpermt2b is written in asm so that one build serves CPUs with and without VBMI.
+// loads by byte permutes (vpermt2b), in place of 4 loads and their inserts, and the blocks'
+// scales and Q5_0's high bits come from the same loads, in place of a group's gathers (dear
+// on Zen 4): the same bytes, so the same sums and bits. This is a one-token pass's fixed cost,
+// which its memory waits do not hide for Q5_0. vpermt2b is written in asm so that one build
+// serves CPUs with and without VBMI.
 static int use_vbmi = -1;  // -1: not yet asked of the CPU
 
 // Sets whether VNNI passes unpack by VBMI and returns it: `use` 1 where the CPU has VBMI, 0
