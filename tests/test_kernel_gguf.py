@@ -151,7 +151,8 @@ def test_unpacking_by_vbmi_gives_the_avx2_paths_bits(kind):
                     gguf.unpack_by_vbmi(use)
                     assert torch.equal(gguf.linear(x[:m], w, None, gguf.VNNI), avx2), (k, m, use)
     finally:
-        assert gguf.unpack_by_vbmi(None)  # the CPU's default again
+        gguf.unpack_by_vbmi(None)  # the CPU's default again
+    assert gguf.unpack_by_vbmi(None)
 
 
 # Widths across the token tiles of every path: 8 (AVX2, VNNI), 16 (AMX), their multiples and

@@ -89,8 +89,9 @@ def paths() -> tuple[int, ...]:
 
 def unpack_by_vbmi(use: bool | None = None) -> bool:
     """Sets whether VNNI passes unpack Q4_0 and Q5_0 blocks by AVX512-VBMI's byte permutes
-    (the same bytes, so the same bits), and returns it: True where the CPU has VBMI, None its
-    default (VBMI where it has it). For tests and benchmarks that compare both ways."""
+    (the same bytes, so the same bits) and returns whether they now do. `use`: True (taken
+    only where the CPU has VBMI), False, or None for the default (VBMI where the CPU has it).
+    For tests and benchmarks that compare both ways."""
     return bool(library().gguf_vbmi(-1 if use is None else int(use)))
 
 
