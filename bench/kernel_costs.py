@@ -20,12 +20,13 @@ N tokens, logits of the last) on each GGUF kernel path this CPU has, beside llam
 prompt evaluation of the same file (llama-bench -p N -n 0 at the same thread count), rounds
 alternating between them; wall clock and CPU time (llama-bench's CPU time per evaluation
 counts its warm-up run and model load too: an upper bound).
-`pieces`: where a wider pass of the demo target as stored (`--model draft`: the draft, as the
-default profile drafts with it, its output layer cut to `draft_vocab` rows) spends its extra
-time: each GGUF
-linear shape (all its calls in a pass), the attention (rotary, cache write, attention), the
-RMSNorms and everything else, per width, interleaved rounds, each piece's minimum over rounds
-(wall clock, and the calling thread's CPU time, which a one-thread run makes the work itself).
+`pieces`: where a wider pass of the demo target as stored (`--model draft`: the draft as the
+default profile drafts with it, its output layer cut to `draft_vocab` rows, the logits of the
+last token only) spends its extra time: each GGUF linear shape (all its calls in a pass, a
+layer alone or the layers of one input as one call), the attention (rotary, cache write,
+attention), the RMSNorms and everything else, per width, interleaved rounds, each piece's
+minimum over rounds (wall clock, and the calling thread's CPU time, which a one-thread run
+makes the work itself).
 `kquants`: what `gguf.c` costs per 512 weights (a pair of super-blocks) and pass on each path
 this CPU has, per K-quant and width, weights hot in L2 (the work, without the memory), one
 thread, CPU time, minimum over interleaved rounds: a pass's fixed cost and each token's.
