@@ -407,12 +407,12 @@ VNNI_TARGET AI void b32_group_vnni(int fmt, const uint8_t *wr, int b, int cnt, c
         else
             lo[s] = hi[s] = _mm512_setzero_si512();
     }
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    __mmask16 there = cnt == 16 ? 0xFFFF : _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(cnt), order);
     __m512 d;
     if (whole) {
         d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
     } else {
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        __mmask16 there = cnt == 16 ? 0xFFFF : _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(cnt), order);
         __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), there,
                                                 _mm512_mullo_epi32(order, _mm512_set1_epi32(bb)), blk, 1);
         d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
