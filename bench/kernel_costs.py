@@ -26,7 +26,8 @@ last token only) spends its extra time: each GGUF linear shape (all its calls in
 layer alone or the layers of one input as one call), the attention (rotary, cache write,
 attention), the RMSNorms and everything else, per width, interleaved rounds, each piece's
 minimum over rounds (wall clock, and the calling thread's CPU time, which a one-thread run
-makes the work itself).
+makes the work itself). The pieces are timed with the layers called op by op; the last row
+is the pass as generation runs it, each layer one call (gguf.Layer).
 `kquants`: what `gguf.c` costs per 512 weights (a pair of super-blocks) and pass on each path
 this CPU has, per K-quant and width, weights hot in L2 (the work, without the memory), one
 thread, CPU time, minimum over interleaved rounds: a pass's fixed cost and each token's.
@@ -409,27 +410,36 @@ def pieces(widths: list[int], rounds: int, role: str = "target") -> None:
     rows.rms_norm = clock.wrap(rows.rms_norm, lambda *a, **k: "RMSNorm (rows.c)")
     wall: dict[int, dict[str, list[float]]] = {m: {} for m in widths}
     cpu: dict[int, dict[str, list[float]]] = {m: {} for m in widths}
+    # The pieces are timed op by op (a GGUF layer in one call hides them); the pass is also
+    # timed as generation runs it, a layer a call where the model has them.
+    one_call, decoder.one_call = decoder.one_call, None
     try:
         for r in range(rounds + 1):  # the first round warms up
             for m in widths[:: 1 if r % 2 else -1]:
                 ids = torch.randint(0, vocab, (m,))
-                clock.take()
-                t, c = time.perf_counter(), time.thread_time()
-                logits(ids, m)
-                total, total_cpu = time.perf_counter() - t, time.thread_time() - c
-                decoder.crop(64)
-                got = clock.take()
-                w, cp = got.wall, got.cpu
-                w["everything else"] = total - sum(w.values())
-                cp["everything else"] = total_cpu - sum(cp.values())
-                w["the pass"], cp["the pass"] = total, total_cpu
-                for name in w if r else ():
-                    wall[m].setdefault(name, []).append(1e3 * w[name])
-                    cpu[m].setdefault(name, []).append(1e3 * cp[name])
+                for whole in (False, True) if one_call else (False,):
+                    decoder.one_call = one_call if whole else None
+                    clock.take()
+                    t, c = time.perf_counter(), time.thread_time()
+                    logits(ids, m)
+                    total, total_cpu = time.perf_counter() - t, time.thread_time() - c
+                    decoder.crop(64)
+                    got = clock.take()
+                    if whole:
+                        w, cp = {"the pass, a layer a call": total}, {"the pass, a layer a call": total_cpu}
+                    else:
+                        w, cp = got.wall, got.cpu
+                        w["everything else"] = total - sum(w.values())
+                        cp["everything else"] = total_cpu - sum(cp.values())
+                        w["the pass"], cp["the pass"] = total, total_cpu
+                    for name in w if r else ():
+                        wall[m].setdefault(name, []).append(1e3 * w[name])
+                        cpu[m].setdefault(name, []).append(1e3 * cp[name])
     finally:
         gguf._blocks, gguf.Joined.__call__, rows.rope_attend, rows.rms_norm = saved
+        decoder.one_call = one_call
     lo, hi = widths[0], widths[-1]
-    names = sorted(wall[lo], key=lambda n: (n == "the pass", n == "everything else", n))
+    names = sorted(wall[lo], key=lambda n: (n.startswith("the pass"), n == "everything else", n))
     extra = {n: min(wall[hi][n]) - min(wall[lo][n]) for n in names}
     extra_cpu = {n: min(cpu[hi][n]) - min(cpu[lo][n]) for n in names}
     rows_out = [[n, *(f"{min(wall[m][n]):.1f} / {min(cpu[m][n]):.1f}" for m in widths),

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from specgen.cli import app
-from specgen.decoding.lean import LeanDecoder
+from specgen.decoding.lean import LeanDecoder, Skip
 from specgen.errors import ConfigError, ModelError
 from specgen.kernels import gguf as kernels, prepare
 from specgen.loading import cache, stored
@@ -110,6 +110,25 @@ def test_every_row_of_a_verify_pass_is_a_one_token_pass(tmp_path, tiny_gguf):
     decoder.crop(4)
     one = torch.cat([decoder.logits(torch.tensor([i]), 1) for i in IDS[4:]])
     assert torch.equal(wide, one)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_a_layer_in_one_call_has_the_bits_of_its_pass_op_by_op(tmp_path, tiny_gguf, kind):
+    """gguf.Layer (a decoder layer in one kernel call) gives every row the bits of the lean
+    decoder's loop of ops (run_layers, which trees take): a prompt's pass, one-token passes,
+    and passes that leave sub-layers out (a self-speculative draft's)."""
+    model = prepare(stored.load(write(tiny_gguf, tmp_path, arch="qwen2", kind=kind)), "target", "gguf")
+    one_call, op_by_op = LeanDecoder(model), LeanDecoder(model)
+    assert one_call.one_call is not None
+    op_by_op.one_call = None
+    skip = Skip(attention=frozenset({1}), mlp=frozenset({0}))
+    for decoder in (one_call, op_by_op):
+        decoder.got = [decoder.logits(torch.tensor(IDS[:6]), 6)]
+        decoder.got += [decoder.logits(torch.tensor([i]), 1) for i in IDS[6:]]
+        decoder.crop(6)
+        decoder.got.append(decoder.logits(torch.tensor(IDS[6:]), 4, skip))
+    for got, want in zip(one_call.got, op_by_op.got, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_the_weights_stay_in_the_files_mapping(tmp_path, tiny_gguf):

@@ -20,6 +20,7 @@ from specgen.core.tree import Tree, build, choose_branches, rejection_walk
 from specgen.decoding import LeanDecoder, make_decoder
 from specgen.decoding.lean import segments
 from specgen.kernels import prepare, rows
+from specgen.loading import stored
 
 
 def test_segments_are_the_chain_runs_of_a_preorder_tree():
@@ -65,14 +66,19 @@ def one_token_logits(model, prefix: torch.Tensor) -> torch.Tensor:
     return decoder.logits(prefix[-1:], 1)[0]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8-dyn", "int4-dyn"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8-dyn", "int4-dyn", "gguf"])
 @torch.inference_mode()
-def test_every_row_of_a_tree_pass_is_the_one_token_pass_of_its_branch(dtype, tiny_model):
+def test_every_row_of_a_tree_pass_is_the_one_token_pass_of_its_branch(dtype, tiny_model,
+                                                                        tiny_gguf, tmp_path):
     """The guarantee a tree keeps: whatever the tree's shape, node j's logits are, bit for
     bit, those plain decoding computes after the prompt and node j's branch. After the
-    accepted branch is kept, the next pass continues exactly as plain decoding does."""
+    accepted branch is kept, the next pass continues exactly as plain decoding does. (A
+    GGUF model's chains take a layer a call, its trees the loop of ops.)"""
     model = tiny_model("qwen2", vocab=64, hidden=64, layers=2)
-    if dtype.endswith("-dyn"):
+    if dtype == "gguf":
+        path = tiny_gguf(tmp_path / "m.gguf", hidden=64, ff=128, arch="qwen2", kind="Q8_0")
+        model = prepare(stored.load(path), "target", "gguf")
+    elif dtype.endswith("-dyn"):
         prepare(model, "target", dtype)
     else:
         prepare(model.to(getattr(torch, dtype)), "target")

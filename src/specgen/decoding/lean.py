@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LEAN_FAMILIES = FAMILIES  # pre-norm decoders with rotary, GQA and a SwiGLU MLP
+SILU = ("silu", "swish")  # the configs' names of the SwiGLU MLP's activation
 
 
 def attends_by_rows(model: PreTrainedModel) -> bool:
@@ -64,9 +65,10 @@ class Projections:
     output has its own call's bits), an int8-dyn draft's joined into one layer; any other
     layers called one by one."""
 
-    def __init__(self, layers: list[torch.nn.Module]) -> None:
+    def __init__(self, layers: list[torch.nn.Module], swiglu: bool = False) -> None:
         self.layers = layers
         self.gguf = gguf.Joined.of(layers)
+        self.swiglu = swiglu  # gate/up of a SwiGLU MLP (`activate`)
         self.joined = all(isinstance(layer, QuantLinear) and layer.kind == "int8-dyn"
                           and not layer.batch_invariant for layer in layers)
         if self.joined:
@@ -83,6 +85,14 @@ class Projections:
             y = y + self.layer.bias
         return list(y.to(x.dtype).split(self.sizes, -1))
 
+    def activate(self, gate: Tensor, up: Tensor, act_fn: torch.nn.Module) -> Tensor:
+        """The MLP's activation of these gate/up outputs: GGUF block layers' is gguf.swiglu,
+        as the one-call layer (gguf.Layer) computes it, so a row has its bits either way;
+        any other layers' act_fn(gate) * up."""
+        if self.swiglu and self.gguf is not None and gate.dtype == torch.float32:
+            return gguf.swiglu(gate, up)
+        return act_fn(gate) * up
+
 
 # Joined weights are a copy: made once per draft model, however many drafters share it.
 _projections: WeakKeyDictionary[PreTrainedModel, list[tuple[Projections, ...]]] = WeakKeyDictionary()
@@ -91,11 +101,32 @@ _projections: WeakKeyDictionary[PreTrainedModel, list[tuple[Projections, ...]]] 
 def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
     """Per decoder layer: q/k/v, o, gate/up and down, as `Projections`."""
     if model not in _projections:
+        swiglu = model.config.hidden_act in SILU
         _projections[model] = [
             (Projections([a.q_proj, a.k_proj, a.v_proj]), Projections([a.o_proj]),
-             Projections([mlp.gate_proj, mlp.up_proj]), Projections([mlp.down_proj]))
+             Projections([mlp.gate_proj, mlp.up_proj], swiglu), Projections([mlp.down_proj]))
             for a, mlp in ((layer.self_attn, layer.mlp) for layer in model.base_model.layers)]
     return _projections[model]
+
+
+def one_call_layers(model: PreTrainedModel, projections: list[tuple[Projections, ...]]
+                    ) -> list[gguf.Layer] | None:
+    """Each decoder layer as one kernel call (gguf.Layer), where every linear is a GGUF block
+    layer, the norms run in C, the MLP is SwiGLU and rows.c's attention takes the heads;
+    else None (the layers are called one op at a time, `run_layers`)."""
+    config = model.config
+    layers = model.base_model.layers
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if not (config.hidden_act in SILU and head_dim % 8 == 0 and c_rows.library() is not None
+            and all(p.gguf is not None for layer in projections for p in layer)
+            and all(isinstance(norm, c_rows.RowRMSNorm) for layer in layers
+                    for norm in (layer.input_layernorm, layer.post_attention_layernorm))):
+        return None
+    shape = gguf.AttentionShape(config.num_attention_heads, config.num_key_value_heads,
+                                head_dim, layers[0].self_attn.scaling)
+    return [gguf.Layer(*(p.gguf for p in parts),
+                       (layer.input_layernorm, layer.post_attention_layernorm), shape)
+            for layer, parts in zip(layers, projections)]
 
 
 def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], attend,
@@ -115,7 +146,7 @@ def run_layers(x: Tensor, layers, projections: list[tuple[Projections, ...]], at
             x = x + o(attend(i, layer.self_attn, q, k, v).reshape(m, -1))[0]
         if i not in skip.mlp:
             gate, up = gate_up(layer.post_attention_layernorm(x))
-            x = x + down(layer.mlp.act_fn(gate) * up)[0]
+            x = x + down(gate_up.activate(gate, up, layer.mlp.act_fn))[0]
     return x
 
 
@@ -155,6 +186,7 @@ class LeanDecoder(Decoder):
             config.hidden_size // config.num_attention_heads)
         self.kv_heads = config.num_key_value_heads
         self.projections = layer_projections(model)
+        self.one_call = one_call_layers(model, self.projections)  # None: op by op
         self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
         self.length = 0
         # For a drafting head (decoding/__init__.py: Capture): the layers whose inputs each
@@ -259,10 +291,27 @@ class LeanDecoder(Decoder):
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         inputs: list[Tensor] = []
-        x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers, inputs)
+        if self.one_call is not None and in_c and len(runs) == 1 and not keep:
+            x = self._one_call_layers(x, cos[0].contiguous(), sin[0].contiguous(), start, skip,
+                                      inputs)
+        else:
+            x = run_layers(x, self.layers, self.projections, attend, skip, self.capture_layers,
+                           inputs)
         self.length = start + m
         if self.capture_layers is not None:  # normed apart: the returned rows keep their bits
             self.captured.append(Capture(start, self.norm(x), inputs))
+        return x
+
+    def _one_call_layers(self, x: Tensor, cos: Tensor, sin: Tensor, start: int, skip: Skip,
+                         inputs: list[Tensor]) -> Tensor:
+        """run_layers' pass of one chain, each layer one gguf.Layer call (the same bits)."""
+        capture = self.capture_layers
+        work = self.one_call[0].work(x.shape[0], start)
+        for i, layer in enumerate(self.one_call):
+            if capture and i in capture:
+                inputs.append(x)
+            x = layer(x, cos, sin, self.kv[i], start, work, i not in skip.attention,
+                      i not in skip.mlp)
         return x
 
     def _attend(self, i: int, attn: torch.nn.Module, q: Tensor, k: Tensor, v: Tensor,

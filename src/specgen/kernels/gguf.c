@@ -1535,6 +1535,131 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
         if (owner[i] == i) release(&P[i]);
 }
 
+// ---- a decoder layer in one call ------------------------------------------------------------
+// A Llama-family decoder layer whose linears are all block layers: the lean decoder calls it
+// once a layer instead of a dozen small ops, each paying Python and dispatch. Its steps are the
+// ones the lean decoder's own loop takes, each row alone: rows.c's RMSNorm and attention (by
+// the pointers the caller passes), these kernels' linears, the float adds of the residual
+// stream, and `swiglu`, which the lean decoder's loop calls too, so both give the same bits.
+
+// e^x for x in [-87.3, 88] (clamped), 8 at a time: Cephes' expf polynomial, as rows.c's.
+AI __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+// silu(g) u = g / (1 + e^-g) u for 8 values
+AI __m256 swiglu8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// out [m, n] = silu(gate) * up, gate and up [m, n]: a row's tail is taken as 8 values too
+// (zero-padded), so every value has the same instructions wherever it stands.
+void gguf_swiglu(const float *gate, const float *up, float *out, int m, int n) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *g = gate + r * n, *u = up + r * n;
+        float *o = out + r * n;
+        int j = 0;
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, swiglu8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
+        if (j < n) {
+            float gt[8] = {0}, ut[8] = {0}, ot[8];
+            memcpy(gt, g + j, sizeof(float) * (n - j));
+            memcpy(ut, u + j, sizeof(float) * (n - j));
+            _mm256_storeu_ps(ot, swiglu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+            memcpy(o + j, ot, sizeof(float) * (n - j));
+        }
+    }
+}
+
+// Layers that read one input, as gguf_linear_many takes them.
+typedef struct {
+    int count;
+    const int *fmts;
+    const uint8_t *const *ws;
+    const int64_t *row_bytes;
+    const float *const *biases;
+    const int *ns;
+} Joint;
+
+typedef void (*NormFn)(const float *x, const float *w, float *y, int n, int k, float eps);
+typedef void (*AttendFn)(const float *q, const float *k, const float *v, const float *cos,
+                         const float *sin, float *kcache, float *vcache, int64_t cs, int start,
+                         int m, int heads, int kv_heads, int d, float scale, float *qr,
+                         float *out, float *scratch, int threads);
+
+// One decoder layer: q/k/v, o, gate/up and down; its norms' weights; its attention's shape;
+// rows.c's rms_norm and rope_attend.
+typedef struct {
+    Joint qkv, o, gate_up, down;
+    const float *norm1, *norm2;
+    float eps1, eps2;
+    int hidden, heads, kv_heads, d, ff;
+    float scaling;
+    NormFn rms_norm;
+    AttendFn rope_attend;
+} Layer;
+
+static int64_t total(const Joint *J) {
+    int64_t n = 0;
+    for (int i = 0; i < J->count; i++) n += J->ns[i];
+    return n;
+}
+
+// Floats of `work` a call of m rows at position `start` needs.
+int64_t gguf_layer_work(const Layer *L, int m, int start, int threads) {
+    int64_t qkv = total(&L->qkv), att = (int64_t)L->heads * L->d;
+    return m * (L->hidden + qkv + 2 * att + L->hidden + 3 * (int64_t)L->ff) + (int64_t)threads * (start + m);
+}
+
+static void joint(const Joint *J, const float *x, float *y, int m, int k, int path, int threads) {
+    gguf_linear_many(J->count, J->fmts, x, J->ws, J->row_bytes, J->biases, y, m, k, J->ns, path, threads);
+}
+
+static void add_into(float *y, const float *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a[i];
+}
+
+// y [m, hidden] = the layer over x [m, hidden] (y may be x): the attention block unless
+// `attend` is 0, then the MLP block unless `mlp` is 0 (a skipped block adds nothing). The
+// keys and values of rows start.. go into the cache ([kv_heads, capacity, d], head stride cs).
+void gguf_layer(const Layer *L, const float *x, float *y, int m, const float *cos,
+                const float *sin, float *kcache, float *vcache, int64_t cs, int start, int attend,
+                int mlp, float *work, int path, int threads) {
+    int64_t hid = (int64_t)m * L->hidden, att = (int64_t)m * L->heads * L->d, ff = (int64_t)m * L->ff;
+    float *h = work, *qkv = h + hid, *qr = qkv + m * total(&L->qkv), *a = qr + att,
+          *o = a + att, *gu = o + hid, *act = gu + 2 * ff, *scratch = act + ff;
+    if (y != x) memcpy(y, x, sizeof(float) * hid);
+    if (attend) {
+        L->rms_norm(y, L->norm1, h, m, L->hidden, L->eps1);
+        joint(&L->qkv, h, qkv, m, L->hidden, path, threads);
+        const float *q = qkv, *k = q + (int64_t)m * L->qkv.ns[0], *v = k + (int64_t)m * L->qkv.ns[1];
+        L->rope_attend(q, k, v, cos, sin, kcache, vcache, cs, start, m, L->heads, L->kv_heads,
+                       L->d, L->scaling, qr, a, scratch, threads);
+        joint(&L->o, a, o, m, L->heads * L->d, path, threads);
+        add_into(y, o, hid);
+    }
+    if (mlp) {
+        L->rms_norm(y, L->norm2, h, m, L->hidden, L->eps2);
+        joint(&L->gate_up, h, gu, m, L->hidden, path, threads);
+        gguf_swiglu(gu, gu + ff, act, m, L->ff);
+        joint(&L->down, act, o, m, L->ff, path, threads);
+        add_into(y, o, hid);
+    }
+}
+
 // ---- dequantization (gguf.quants.dequantize's float32 bits) ---------------------------------
 
 static void dequantize_row(int fmt, const uint8_t *w, int k, float *y) {

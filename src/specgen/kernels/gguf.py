@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from specgen.errors import ConfigError
 from specgen.kernels import build
 from specgen.kernels.build import C, I, I64, P
-from specgen.kernels import linear as dense
+from specgen.kernels import linear as dense, rows
 
 STEM = "gguf"
 
@@ -57,6 +57,9 @@ FUNCTIONS = {
     "gguf_pass_path": C((I, I, I), I),
     "gguf_path": C((), I),
     "gguf_vbmi": C((I,), I),
+    "gguf_swiglu": C((P, P, P, I, I)),
+    "gguf_layer": C((P, P, P, I, P, P, P, P, I64, I, I, I, P, I, I)),
+    "gguf_layer_work": C((P, I, I, I), I64),
 }
 
 
@@ -220,6 +223,83 @@ class Joined:
         if len(self.sizes) == 1:  # a layer alone (o, down): no split to pay for
             return [y.view(m, self.sizes[0])]
         return [part.view(m, n) for part, n in zip(y.split([m * n for n in self.sizes]), self.sizes)]
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up, float32 [m, n] each, one row at a time: the activation of a GGUF
+    model's MLP, in `Layer`'s call and outside it alike (gguf_swiglu), so both give a row
+    the same bits."""
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    library().gguf_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.shape[0],
+                          gate.shape[1])
+    return out
+
+
+class _Joint(ctypes.Structure):  # gguf.c's Joint: a Joined call's arguments
+    _fields_ = [("count", ctypes.c_int), ("fmts", ctypes.c_void_p), ("ws", ctypes.c_void_p),
+                ("row_bytes", ctypes.c_void_p), ("biases", ctypes.c_void_p),
+                ("ns", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, joined: Joined) -> _Joint:
+        return cls(len(joined.sizes), joined.fmts, joined.ws, joined.row_bytes, joined.biases,
+                   joined.ns)
+
+
+class _Layer(ctypes.Structure):  # gguf.c's Layer
+    _fields_ = [("qkv", _Joint), ("o", _Joint), ("gate_up", _Joint), ("down", _Joint),
+                ("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
+                ("eps1", ctypes.c_float), ("eps2", ctypes.c_float), ("hidden", ctypes.c_int),
+                ("heads", ctypes.c_int), ("kv_heads", ctypes.c_int), ("d", ctypes.c_int),
+                ("ff", ctypes.c_int), ("scaling", ctypes.c_float),
+                ("rms_norm", ctypes.c_void_p), ("rope_attend", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+class Layer:
+    """A Llama-family decoder layer whose linears are all block layers (q/k/v, o, gate/up
+    and down, each a Joined), computed by one call (gguf_layer): per block, rows.c's RMSNorm,
+    the linears, rows.c's rotary and attention over the cache, `swiglu`, and the residual
+    adds, with no Python between them. Each step is the one the lean decoder's own loop
+    takes, so a row has the same bits either way. `norms`: the layer's two RowRMSNorms."""
+
+    def __init__(self, qkv: Joined, o: Joined, gate_up: Joined, down: Joined,
+                 norms: tuple[nn.Module, nn.Module], shape: AttentionShape) -> None:
+        self.parts = (qkv, o, gate_up, down, *norms)  # what the struct's pointers point into
+        self.hidden = qkv.k
+        self.struct = _Layer(
+            _Joint.of(qkv), _Joint.of(o), _Joint.of(gate_up), _Joint.of(down),
+            norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
+            norms[0].variance_epsilon, norms[1].variance_epsilon, qkv.k, shape.heads,
+            shape.kv_heads, shape.head_dim, gate_up.sizes[0], shape.scaling,
+            rows.address("rms_norm"), rows.address("rope_attend"))
+        self.pointer = ctypes.addressof(self.struct)
+
+    def work(self, m: int, start: int) -> Tensor:
+        """Scratch for a call of m rows at position `start` (one serves every layer)."""
+        return torch.empty(library().gguf_layer_work(self.pointer, m, start,
+                                                     torch.get_num_threads()))
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Tensor, start: int,
+                 work: Tensor, attend: bool = True, mlp: bool = True) -> Tensor:
+        """The layer's output [m, hidden] for x [m, hidden] float32 contiguous at positions
+        start.., cos and sin [m, head_dim] contiguous; keys and values go into `cache` [2, 1,
+        kv_heads, capacity, head_dim]. A block left out (attend, mlp False) adds nothing."""
+        m = x.shape[0]
+        y = torch.empty_like(x)
+        library().gguf_layer(self.pointer, x.data_ptr(), y.data_ptr(), m, cos.data_ptr(),
+                             sin.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
+                             cache.shape[3] * cache.shape[4], start, int(attend), int(mlp),
+                             work.data_ptr(), best_path(), torch.get_num_threads())
+        return y
 
 
 def dequantize(w: GGUFWeight, rows: Tensor | None = None) -> Tensor:

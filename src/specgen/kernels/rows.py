@@ -53,6 +53,12 @@ def library() -> ctypes.CDLL | None:
     return build.load(STEM, "specgen's row ops", FUNCTIONS)
 
 
+def address(name: str) -> int:
+    """The address of one of the library's functions, for a kernel that calls it (gguf.c's
+    layer: the same instructions as the calls here, so the same bits)."""
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x [..., k] float32 on the CPU, normalised by its root mean square, times weight [k]."""
     k = x.shape[-1]
