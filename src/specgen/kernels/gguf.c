@@ -1339,8 +1339,15 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
-// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time (a one-token pass: two rows
-// at a time).
+// Weight rows a thread takes at a time: a one-token pass two (two_rows_*), a pass of one
+// tile of tokens two (its threads share the rows finely), a wider one ROW_BLOCK, whose
+// weights stay in L2 while each tile of tokens' inputs is read once for all of them (row by
+// row, a prompt's pass read every token's inputs again for every weight row).
+#define ROW_BLOCK 32
+static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
+
+// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time against the rows in turn (a
+// one-token pass: two rows at a time).
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
     if (m == 1)
@@ -1351,11 +1358,11 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
         }
-    for (int row = r0; row < r1; row++) {
-        const uint8_t *wr = w + (int64_t)row * row_bytes;
-        float out[TILE];
-        for (int t0 = 0; t0 < m; t0 += TILE) {
-            int nt = m - t0 < TILE ? m - t0 : TILE;
+    for (int t0 = 0; t0 < m; t0 += TILE) {
+        int nt = m - t0 < TILE ? m - t0 : TILE;
+        for (int row = r0; row < r1; row++) {
+            const uint8_t *wr = w + (int64_t)row * row_bytes;
+            float out[TILE];
             if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
             else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
             for (int t = 0; t < nt; t++)
@@ -1478,9 +1485,10 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, 0, n);
     else {
+        const int step = rows_at_a_time(m);
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int row = 0; row < n; row += 2)  // by pairs, which dot_rows may take as one
-            dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + 2 < n ? row + 2 : n);
+        for (int row = 0; row < n; row += step)
+            dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + step < n ? row + step : n);
     }
     release(&P);
 }
@@ -1519,12 +1527,13 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
         for (int i = 0; i < count; i++)
             dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, 0, ns[i]);
     } else {
+        const int step = rows_at_a_time(m);
 #pragma omp parallel for schedule(guided) num_threads(threads)
-        for (int r = 0; r < first[count]; r += 2) {  // by pairs, as gguf_linear
-            for (int at = r; at < r + 2 && at < first[count];) {  // a pair may span two layers
+        for (int r = 0; r < first[count]; r += step) {  // as gguf_linear
+            for (int at = r; at < r + step && at < first[count];) {  // rows may span two layers
                 int i = 0;
                 while (at >= first[i + 1]) i++;
-                int row = at - first[i], end = r + 2 < first[i + 1] ? r + 2 - first[i] : ns[i];
+                int row = at - first[i], end = r + step < first[i + 1] ? r + step - first[i] : ns[i];
                 dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path,
                          &P[owner[i]].A, row, end);
                 at += end - row;
