@@ -1549,7 +1549,7 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
 // once a layer instead of a dozen small ops, each paying Python and dispatch. Its steps are the
 // ones the lean decoder's own loop takes, each row alone: rows.c's RMSNorm and attention (by
 // the pointers the caller passes), these kernels' linears, the float adds of the residual
-// stream, and `swiglu`, which the lean decoder's loop calls too, so both give the same bits.
+// stream, and gguf_swiglu, which the lean decoder's loop calls too: both give the same bits.
 
 // e^x for x in [-87.3, 88] (clamped), 8 at a time: Cephes' expf polynomial, as rows.c's.
 AI __m256 exp8(__m256 x) {
@@ -1609,8 +1609,8 @@ typedef void (*AttendFn)(const float *q, const float *k, const float *v, const f
                          int m, int heads, int kv_heads, int d, float scale, float *qr,
                          float *out, float *scratch, int threads);
 
-// One decoder layer: q/k/v, o, gate/up and down; its norms' weights; its attention's shape;
-// rows.c's rms_norm and rope_attend.
+// One decoder layer: q/k/v (q, k and v, in that order), o, gate/up (gate, then up) and down;
+// its norms' weights; its attention's shape; rows.c's rms_norm and rope_attend.
 typedef struct {
     Joint qkv, o, gate_up, down;
     const float *norm1, *norm2;
@@ -1641,7 +1641,7 @@ static void add_into(float *y, const float *a, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a[i];
 }
 
-// y [m, hidden] = the layer over x [m, hidden] (y may be x): the attention block unless
+// y [m, hidden] = the layer over x [m, hidden]: the attention block unless
 // `attend` is 0, then the MLP block unless `mlp` is 0 (a skipped block adds nothing). The
 // keys and values of rows start.. go into the cache ([kv_heads, capacity, d], head stride cs).
 void gguf_layer(const Layer *L, const float *x, float *y, int m, const float *cos,
