@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "amx_tiles.h"
+#include "exp8.h"
 
 enum { AVX2 = 0, VNNI = 1, AMX = 2 };
 enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's type ids
@@ -1551,22 +1552,10 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
 // the pointers the caller passes), these kernels' linears, the float adds of the residual
 // stream, and gguf_swiglu, which the lean decoder's loop calls too: both give the same bits.
 
-// e^x for x in [-87.3, 88] (clamped), 8 at a time: Cephes' expf polynomial, as rows.c's.
+// e^x for any x, 8 at a time (exp8.h, clamped to its range: e^-87.3 and e^88 stand for the
+// values beyond, which SiLU takes to the same result within float's precision)
 AI __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+    return exp8_in_range(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f)));
 }
 
 // silu(g) u = g / (1 + e^-g) u for 8 values

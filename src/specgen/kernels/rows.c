@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <omp.h>
 
+#include "exp8.h"
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -33,24 +35,10 @@ void rms_norm(const float *x, const float *w, float *y, int n, int k, float eps)
     }
 }
 
-// e^x for x <= 0 (scores minus their maximum), 8 at a time: Cephes' expf polynomial
+// e^x for x <= 0 (scores minus their maximum), 8 at a time (exp8.h)
 // (tests/test_kernel_rows.py checks the attention against PyTorch's to 1e-5).
 static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below: negligible beside the maximum's 1
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                       _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+    return exp8_in_range(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)));  // below: negligible beside the maximum's 1
 }
 
 // Rotary embedding as transformers computes it: x cos + rotate_half(x) sin, each product
