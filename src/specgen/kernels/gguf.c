@@ -1619,7 +1619,9 @@ static int64_t total(const Joint *J) {
 // Floats of `work` a call of m rows at position `start` needs.
 int64_t gguf_layer_work(const Layer *L, int m, int start, int threads) {
     int64_t qkv = total(&L->qkv), att = (int64_t)L->heads * L->d;
-    return m * (L->hidden + qkv + 2 * att + L->hidden + 3 * (int64_t)L->ff) + (int64_t)threads * (start + m);
+    // the attention's scratch: a group of query heads' scores per thread (rows.c)
+    int64_t scores = (int64_t)threads * (L->heads / L->kv_heads) * (start + m);
+    return m * (L->hidden + qkv + 2 * att + L->hidden + 3 * (int64_t)L->ff) + scores;
 }
 
 static void joint(const Joint *J, const float *x, float *y, int m, int k, int path, int threads) {

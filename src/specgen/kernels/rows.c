@@ -89,32 +89,51 @@ static inline __attribute__((always_inline)) void weigh(const float *p, const fl
     }
 }
 
+// The scores of h (<= 4) query heads q [h, d] against n keys k [n, d], each key loaded once
+// for all h: s[u * t + j] = (q_u . k_j) scale, each dot product one chain over the inputs in
+// order, as for one head alone.
+static inline __attribute__((always_inline)) void score_keys(const float *q, const float *k,
+                                                             int n, int d, float scale, int h,
+                                                             float *s, int t) {
+    for (int j = 0; j < n; j++) {
+        __m256 a[4];
+        for (int u = 0; u < h; u++) a[u] = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) {
+            __m256 kc = _mm256_loadu_ps(k + (int64_t)j * d + c);
+            for (int u = 0; u < h; u++)
+                a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)u * d + c), kc, a[u]);
+        }
+        for (int u = 0; u < h; u++) s[(int64_t)u * t + j] = hsum(a[u]) * scale;
+    }
+}
+
 // Causal attention of m new rows over t positions (the m rows are the last m), grouped-query:
 // query head h reads key/value head h / (heads / kv_heads). Row i sees positions
 // [max(0, end - window), end) with end = t - m + i + 1. q [m, heads, d] contiguous; key and
 // value [kv_heads, t, d] with a position stride of d and a head stride of ks / vs; out
-// [m, heads, d]. d a multiple of 8; scratch: t floats per thread. Every output is computed by
-// the same operations in the same order whatever m is: a row's bits never depend on the
-// others in its pass.
+// [m, heads, d]. d a multiple of 8; scratch: (heads / kv_heads) t floats per thread. A job is
+// a row's query heads of one key/value head, which read each key once (`score_keys`). Every
+// output is computed by the same operations in the same order whatever m is: a row's bits
+// never depend on the others in its pass.
 void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
                     int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
                     int window, float scale, float *scratch, int threads) {
     int group = heads / kv_heads;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int job = 0; job < m * heads; job++) {
-        int i = job / heads, h = job % heads;
+    for (int job = 0; job < m * kv_heads; job++) {  // a row's query heads of one key/value head
+        int i = job / kv_heads, g = job % kv_heads;
         int end = t - m + i + 1, lo = end > window ? end - window : 0, n = end - lo;
-        const float *qr = q + (int64_t)job * d;
-        const float *kr = key + (h / group) * ks + (int64_t)lo * d;
-        const float *vr = value + (h / group) * vs + (int64_t)lo * d;
-        float *s = scratch + (int64_t)omp_get_thread_num() * t, top = -INFINITY;
-        for (int j = 0; j < n; j++) {
-            __m256 a = _mm256_setzero_ps();
-            for (int c = 0; c < d; c += 8)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + c), _mm256_loadu_ps(kr + (int64_t)j * d + c), a);
-            s[j] = hsum(a) * scale;
-            top = s[j] > top ? s[j] : top;
+        const float *kr = key + g * ks + (int64_t)lo * d;
+        const float *vr = value + g * vs + (int64_t)lo * d;
+        float *scores = scratch + (int64_t)omp_get_thread_num() * group * t;
+        const float *q0 = q + ((int64_t)i * heads + (int64_t)g * group) * d;
+        for (int u = 0; u < group; u += 4) {  // each key read once for up to 4 heads
+            if (group - u >= 4) score_keys(q0 + (int64_t)u * d, kr, n, d, scale, 4, scores + (int64_t)u * t, t);
+            else score_keys(q0 + (int64_t)u * d, kr, n, d, scale, group - u, scores + (int64_t)u * t, t);
         }
+        for (int u = 0; u < group; u++) {
+        float *s = scores + (int64_t)u * t, top = -INFINITY;
+        for (int j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
         __m256 sum8 = _mm256_setzero_ps();
         int j = 0;
         for (; j + 8 <= n; j += 8) {
@@ -128,13 +147,14 @@ void attention_rows(const float *q, const float *key, int64_t ks, const float *v
             sum += s[j];
         }
         __m256 inv = _mm256_set1_ps(1.0f / sum);
-        float *o = out + (int64_t)job * d;
+        float *o = out + ((int64_t)i * heads + (int64_t)g * group + u) * d;
         for (int c0 = 0; c0 < d; c0 += 64) {
             __m256 a[8];
             int w = d - c0 >= 64 ? 8 : (d - c0) / 8;
             if (w == 8) weigh(s, vr + c0, d, n, 8, a);  // a constant: unrolled, in registers
             else weigh(s, vr + c0, d, n, w, a);
-            for (int u = 0; u < w; u++) _mm256_storeu_ps(o + c0 + 8 * u, _mm256_mul_ps(a[u], inv));
+            for (int x = 0; x < w; x++) _mm256_storeu_ps(o + c0 + 8 * x, _mm256_mul_ps(a[x], inv));
+        }
         }
     }
 }

@@ -92,7 +92,7 @@ def attention(query: Tensor, key: Tensor, value: Tensor, scaling: float | None,
     rows = query.transpose(1, 2).contiguous()  # [1, m, heads, d]
     out = torch.empty_like(rows)
     threads = torch.get_num_threads()
-    scratch = torch.empty(threads, t)
+    scratch = torch.empty(threads, heads // kv_heads * t)  # each thread: a group's scores
     library().attention_rows(rows.data_ptr(), key.data_ptr(), key.stride(1), value.data_ptr(),
                              value.stride(1), out.data_ptr(), m, heads, kv_heads, t, d,
                              window or t, d ** -0.5 if scaling is None else scaling,
@@ -113,7 +113,7 @@ def rope_attend(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, cache
     q, k, v, cos, sin = (t.contiguous() for t in (q, k, v, cos, sin))
     rotated, out = torch.empty(m, heads, d), torch.empty(m, heads * d)
     threads = torch.get_num_threads()
-    scratch = torch.empty(threads, start + m)
+    scratch = torch.empty(threads, heads // kv_heads * (start + m))  # as `attention`
     library().rope_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                           cache[0].data_ptr(), cache[1].data_ptr(), capacity * d, start, m, heads,
                           kv_heads, d, scaling, rotated.data_ptr(), out.data_ptr(),
