@@ -109,15 +109,15 @@ def layer_projections(model: PreTrainedModel) -> list[tuple[Projections, ...]]:
     return _projections[model]
 
 
-def one_call_layers(model: PreTrainedModel, projections: list[tuple[Projections, ...]]
-                    ) -> list[gguf.Layer] | None:
+def one_call_layers(model: PreTrainedModel, projections: list[tuple[Projections, ...]],
+                    head_dim: int) -> list[gguf.Layer] | None:
     """Each decoder layer as one kernel call (gguf.Layer), where every linear is a GGUF block
     layer, the norms run in C, the MLP is SwiGLU and rows.c's attention takes the heads;
     else None (the layers are called one op at a time, `run_layers`)."""
     config = model.config
     layers = model.base_model.layers
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if not (config.hidden_act in SILU and head_dim % 8 == 0 and c_rows.library() is not None
+    if not (head_dim % 8 == 0 and c_rows.library() is not None
+            and all(gate_up.swiglu for _, _, gate_up, _ in projections)
             and all(p.gguf is not None for layer in projections for p in layer)
             and all(isinstance(norm, c_rows.RowRMSNorm) for layer in layers
                     for norm in (layer.input_layernorm, layer.post_attention_layernorm))):
@@ -186,7 +186,7 @@ class LeanDecoder(Decoder):
             config.hidden_size // config.num_attention_heads)
         self.kv_heads = config.num_key_value_heads
         self.projections = layer_projections(model)
-        self.one_call = one_call_layers(model, self.projections)  # None: op by op
+        self.one_call = one_call_layers(model, self.projections, self.head_dim)  # None: op by op
         self.kv: Tensor | None = None  # [layers, 2 (k, v), 1, kv_heads, capacity, head_dim]
         self.length = 0
         # For a drafting head (decoding/__init__.py: Capture): the layers whose inputs each

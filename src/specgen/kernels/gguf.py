@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from specgen.errors import ConfigError
 from specgen.kernels import build
 from specgen.kernels.build import C, I, I64, P
-from specgen.kernels import linear as dense, rows
+from specgen.kernels import linear as dense, rows as c_rows
 
 STEM = "gguf"
 
@@ -274,13 +274,12 @@ class Layer:
     def __init__(self, qkv: Joined, o: Joined, gate_up: Joined, down: Joined,
                  norms: tuple[nn.Module, nn.Module], shape: AttentionShape) -> None:
         self.parts = (qkv, o, gate_up, down, *norms)  # what the struct's pointers point into
-        self.hidden = qkv.k
         self.struct = _Layer(
             _Joint.of(qkv), _Joint.of(o), _Joint.of(gate_up), _Joint.of(down),
             norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
             norms[0].variance_epsilon, norms[1].variance_epsilon, qkv.k, shape.heads,
             shape.kv_heads, shape.head_dim, gate_up.sizes[0], shape.scaling,
-            rows.address("rms_norm"), rows.address("rope_attend"))
+            c_rows.address("rms_norm"), c_rows.address("rope_attend"))
         self.pointer = ctypes.addressof(self.struct)
 
     def work(self, m: int, start: int) -> Tensor:

@@ -107,6 +107,33 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, con
     }
 }
 
+// One head's output o [d] from its n scores s (overwritten): softmax, then the values v [n, d]
+// weighed by it, in a fixed order.
+static inline void softmax_weigh(float *s, const float *v, int n, int d, float *o) {
+    float top = -INFINITY;
+    for (int j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+    __m256 sum8 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
+        _mm256_storeu_ps(s + j, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    float sum = hsum(sum8);
+    for (; j < n; j++) {
+        s[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(s[j] - top)));
+        sum += s[j];
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int c0 = 0; c0 < d; c0 += 64) {
+        __m256 a[8];
+        int w = d - c0 >= 64 ? 8 : (d - c0) / 8;
+        if (w == 8) weigh(s, v + c0, d, n, 8, a);  // a constant: unrolled, in registers
+        else weigh(s, v + c0, d, n, w, a);
+        for (int x = 0; x < w; x++) _mm256_storeu_ps(o + c0 + 8 * x, _mm256_mul_ps(a[x], inv));
+    }
+}
+
 // Causal attention of m new rows over t positions (the m rows are the last m), grouped-query:
 // query head h reads key/value head h / (heads / kv_heads). Row i sees positions
 // [max(0, end - window), end) with end = t - m + i + 1. q [m, heads, d] contiguous; key and
@@ -131,30 +158,8 @@ void attention_rows(const float *q, const float *key, int64_t ks, const float *v
             if (group - u >= 4) score_keys(q0 + (int64_t)u * d, kr, n, d, scale, 4, scores + (int64_t)u * t, t);
             else score_keys(q0 + (int64_t)u * d, kr, n, d, scale, group - u, scores + (int64_t)u * t, t);
         }
-        for (int u = 0; u < group; u++) {
-        float *s = scores + (int64_t)u * t, top = -INFINITY;
-        for (int j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
-        __m256 sum8 = _mm256_setzero_ps();
-        int j = 0;
-        for (; j + 8 <= n; j += 8) {
-            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
-            _mm256_storeu_ps(s + j, e);
-            sum8 = _mm256_add_ps(sum8, e);
-        }
-        float sum = hsum(sum8);
-        for (; j < n; j++) {
-            s[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(s[j] - top)));
-            sum += s[j];
-        }
-        __m256 inv = _mm256_set1_ps(1.0f / sum);
-        float *o = out + ((int64_t)i * heads + (int64_t)g * group + u) * d;
-        for (int c0 = 0; c0 < d; c0 += 64) {
-            __m256 a[8];
-            int w = d - c0 >= 64 ? 8 : (d - c0) / 8;
-            if (w == 8) weigh(s, vr + c0, d, n, 8, a);  // a constant: unrolled, in registers
-            else weigh(s, vr + c0, d, n, w, a);
-            for (int x = 0; x < w; x++) _mm256_storeu_ps(o + c0 + 8 * x, _mm256_mul_ps(a[x], inv));
-        }
-        }
+        for (int u = 0; u < group; u++)
+            softmax_weigh(scores + (int64_t)u * t, vr, n, d,
+                          out + ((int64_t)i * heads + (int64_t)g * group + u) * d);
     }
 }
