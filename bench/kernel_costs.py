@@ -438,17 +438,28 @@ def pieces(widths: list[int], rounds: int, role: str = "target") -> None:
     finally:
         gguf._blocks, gguf.Joined.__call__, rows.rope_attend, rows.rms_norm = saved
         decoder.one_call = one_call
-    lo, hi = widths[0], widths[-1]
-    names = sorted(wall[lo], key=lambda n: (n.startswith("the pass"), n == "everything else", n))
-    extra = {n: min(wall[hi][n]) - min(wall[lo][n]) for n in names}
-    extra_cpu = {n: min(cpu[hi][n]) - min(cpu[lo][n]) for n in names}
-    rows_out = [[n, *(f"{min(wall[m][n]):.1f} / {min(cpu[m][n]):.1f}" for m in widths),
-                 f"{extra[n]:+.1f} / {extra_cpu[n]:+.1f}",
-                 f"{100 * extra_cpu[n] / extra_cpu['the pass']:.0f}%"] for n in names]
+    header, rows_out = pieces_table(wall, cpu, widths)
     print(f"the demo {role}: ms per pass, wall / calling thread's CPU, minimum over {rounds} "
           f"rounds; {torch.get_num_threads()} threads")
-    print(table(["piece", *(f"M={m}" for m in widths), f"M={hi} - M={lo}",
-                 "share of the extra CPU time"], rows_out))
+    print(table(header, rows_out))
+
+
+def pieces_table(wall: dict[int, dict[str, list[float]]], cpu: dict[int, dict[str, list[float]]],
+                 widths: list[int]) -> tuple[list[str], list[list[str]]]:
+    """`pieces`' table from each width's times per piece (ms, one per round): the minimum wall
+    and CPU time of each, and with two widths or more what the widest adds to the narrowest."""
+    lo, hi = widths[0], widths[-1]
+    names = sorted(wall[lo], key=lambda n: (n.startswith("the pass"), n == "everything else", n))
+    rows = [[n, *(f"{min(wall[m][n]):.1f} / {min(cpu[m][n]):.1f}" for m in widths)] for n in names]
+    header = ["piece", *(f"M={m}" for m in widths)]
+    if hi != lo:
+        extra = {n: min(wall[hi][n]) - min(wall[lo][n]) for n in names}
+        extra_cpu = {n: min(cpu[hi][n]) - min(cpu[lo][n]) for n in names}
+        for row, n in zip(rows, names):
+            row += [f"{extra[n]:+.1f} / {extra_cpu[n]:+.1f}",
+                    f"{100 * extra_cpu[n] / extra_cpu['the pass']:.0f}%"]
+        header += [f"M={hi} - M={lo}", "share of the extra CPU time"]
+    return header, rows
 
 
 def main() -> None:

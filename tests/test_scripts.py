@@ -42,3 +42,27 @@ def test_no_script_folder_shadows_an_installed_module():
                for folder in sorted(script_folders()) for path in sorted(folder.glob("*.py"))
                if path.stem in taken]
     assert not clashes, "rename these scripts: " + "; ".join(clashes)
+
+
+def load_script(name: str):
+    """bench/NAME.py as a module (bench/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_costs_pieces_table_takes_one_width_or_several():
+    table = load_script("kernel_costs").pieces_table
+    times = {"Q4_K 8x8": [2.0, 1.5], "everything else": [0.5, 0.6], "the pass": [2.5, 2.1]}
+    header, rows = table({1: times}, {1: times}, [1])  # a single width once divided by zero
+    assert header == ["piece", "M=1"]
+    assert rows == [["Q4_K 8x8", "1.5 / 1.5"], ["everything else", "0.5 / 0.5"],
+                    ["the pass", "2.1 / 2.1"]]
+    wider = {n: [2 * t for t in ts] for n, ts in times.items()}
+    header, rows = table({1: times, 5: wider}, {1: times, 5: wider}, [1, 5])
+    assert header[-2:] == ["M=5 - M=1", "share of the extra CPU time"]
+    assert rows[0] == ["Q4_K 8x8", "1.5 / 1.5", "3.0 / 3.0", "+1.5 / +1.5", "71%"]
