@@ -107,6 +107,15 @@ AI __m256 step_sub(__m256 acc, __m256i isum, __m256 scale) {
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
 }
 
+// A call's activation buffers start on a cache line, so that the kernels' 512-bit loads of
+// them never straddle two lines (malloc aligns to 16 bytes; a straddling load costs two).
+static void *lines(size_t bytes, int zero) {
+    size_t n = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p && zero) memset(p, 0, n);
+    return p;
+}
+
 // x [m, k] -> int8 q, scales e per `group` inputs. Vectorised; the rounding (nearest, ties to
 // even: cvtps under the default MXCSR) is that of nearbyintf(x * (1 / e)) in a scalar loop.
 static void quantize_acts(const float *x, int m, int k, int group, int8_t *q, float *e) {
@@ -1386,9 +1395,9 @@ static void b32_acts(int fmt, const int8_t *q, const float *e, int m, int k, int
     int nb = k / 32, ng = (nb + 15) / 16;
     // q - offset: Q4_0 8, Q5_0 16; Q8_0 on VNNI takes q + 128 (AVX2 uses none)
     int off = fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : path == VNNI ? 128 : 0;
-    *q4 = malloc((size_t)m * ng * 512 + 64);
-    *e16 = calloc((size_t)m * ng * 16, sizeof(float));
-    *c16 = calloc((size_t)m * ng * 16, sizeof(int32_t));
+    *q4 = lines((size_t)m * ng * 512 + 64, 0);
+    *e16 = lines((size_t)m * ng * 16 * sizeof(float), 1);
+    *c16 = lines((size_t)m * ng * 16 * sizeof(int32_t), 1);
     sets_of_4(q, m, k, *q4);
     for (int64_t r = 0; r < m; r++)
         for (int g = 0; g < ng; g++)
@@ -1424,26 +1433,26 @@ static void prepare(int fmt, const float *x, int m, int k, int path, Prepared *P
     if (use_vbmi < 0) gguf_vbmi(-1);
     memset(P, 0, sizeof *P);
     int rows = path == AMX && !kq ? (m + 15) / 16 * 16 : m;  // the tiles read whole tiles of tokens
-    int8_t *q = P->q = calloc((size_t)rows * k + 64, 1);
-    float *e = P->e = malloc(sizeof(float) * ((size_t)m * k / group + 1));
+    int8_t *q = P->q = lines((size_t)rows * k + 64, 1);
+    float *e = P->e = lines(sizeof(float) * ((size_t)m * k / group + 1), 0);
     quantize_acts(x, m, k, group, q, e);
     P->A = (Acts){.q = q, .e = e, .k = k};
     if (kq) {
-        int16_t *s16 = P->s16 = malloc(sizeof(int16_t) * ((size_t)m * k / 16));
+        int16_t *s16 = P->s16 = lines(sizeof(int16_t) * ((size_t)m * k / 16), 0);
         for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
             int sum = 0;
             for (int j = 0; j < 16; j++) sum += q[16 * i + j];
             s16[i] = (int16_t)sum;
         }
-        float *ex = P->ex = malloc(sizeof(float) * 8 * ((size_t)m * k / group));
+        float *ex = P->ex = lines(sizeof(float) * 8 * ((size_t)m * k / group), 0);
         for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-        float *s32 = P->s32 = malloc(sizeof(float) * ((size_t)m * k / 32));
+        float *s32 = P->s32 = lines(sizeof(float) * ((size_t)m * k / 32), 0);
         for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
         P->A.s16 = s16, P->A.ex = ex, P->A.s32 = s32;
     } else if (path != AMX)
         b32_acts(fmt, q, e, m, k, path, &P->A, &P->q4, &P->e16, &P->c16);
     if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
-        int8_t *qp = P->qp = malloc((size_t)m * k + 64);
+        int8_t *qp = P->qp = lines((size_t)m * k + 64, 0);
         int ns = k / 256;
         for (int r = 0; r < m; r++) {
             const int8_t *from = q + (int64_t)r * k;
