@@ -391,12 +391,18 @@ def test_without_a_compiler_or_avx2_it_says_what_to_do(monkeypatch, tmp_path, fr
 
 def test_swiglu_is_silu_times_up_with_each_values_bits_its_own():
     """The GGUF MLP's activation: silu(gate) * up to float32's rounding, a value's bits the
-    same wherever it stands (a row alone or in a pass, in a row's tail or not)."""
-    g = torch.randn(5, 37, generator=torch.Generator().manual_seed(0)) * 6
-    u = torch.randn(5, 37, generator=torch.Generator().manual_seed(1))
+    same wherever it stands (a row alone or in a pass of 40, whose rows two threads share; in
+    a row's tail or not)."""
+    g = torch.randn(40, 37, generator=torch.Generator().manual_seed(0)) * 6
+    u = torch.randn(40, 37, generator=torch.Generator().manual_seed(1))
     g[0, :5] = torch.tensor([0.0, -100.0, 100.0, -87.5, 88.5])
     g[:, 36], u[:, 36] = g[:, 3], u[:, 3]  # in the tail of 5 values and in a whole vector
-    got = gguf.swiglu(g, u)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = gguf.swiglu(g, u)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.allclose(got, torch.nn.functional.silu(g) * u, rtol=1e-6, atol=1e-30)
-    assert torch.equal(got, torch.cat([gguf.swiglu(g[i : i + 1], u[i : i + 1]) for i in range(5)]))
+    assert torch.equal(got, torch.cat([gguf.swiglu(g[i : i + 1], u[i : i + 1]) for i in range(40)]))
     assert torch.equal(got[:, 36], got[:, 3])

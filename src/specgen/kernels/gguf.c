@@ -1427,45 +1427,59 @@ typedef struct {
 
 static int prepared_for(int fmt) { return is_kq(fmt) ? Q4_K : fmt; }
 
+// Token r's K-quant activations from its int8 q and scales e (Acts): the sums of 16 and 32,
+// each super-block's scale 8 times, and on VNNI (qp) the pairs of super-blocks interleaved.
+static void kq_acts(const Prepared *P, int r, int k) {
+    const int8_t *q = P->q + (int64_t)r * k;
+    int16_t *s16 = P->s16 + (int64_t)r * (k / 16);
+    for (int i = 0; i < k / 16; i++) {
+        int sum = 0;
+        for (int j = 0; j < 16; j++) sum += q[16 * i + j];
+        s16[i] = (int16_t)sum;
+    }
+    float *ex = P->ex + (int64_t)r * (k / 32);
+    for (int i = 0; i < k / 32; i++) ex[i] = P->e[(int64_t)r * (k / 256) + i / 8];
+    float *s32 = P->s32 + (int64_t)r * (k / 32);
+    for (int i = 0; i < k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
+    if (!P->qp) return;
+    int8_t *to = P->qp + (int64_t)r * k;
+    int ns = k / 256;
+    for (int s = 0; s + 2 <= ns; s += 2)
+        for (int j = 0; j < 8; j++) {
+            memcpy(to + 256 * s + 64 * j, q + 256 * s + 32 * j, 32);
+            memcpy(to + 256 * s + 64 * j + 32, q + 256 * (s + 1) + 32 * j, 32);
+        }
+    if (ns % 2) memcpy(to + 256 * (ns - 1), q + 256 * (ns - 1), 256);
+}
+
+// Tokens from which a pass's threads share its per-token work, quantizing the activations and
+// SwiGLU (a narrower pass does it on one thread: no fork and join to pay).
+#define SHARED_ROWS 16
+
 // x [m, k] quantized per token for a pass of format fmt on `path` (as gguf_pass_path gave it).
-static void prepare(int fmt, const float *x, int m, int k, int path, Prepared *P) {
+// Each token's values are its own, whichever thread makes them.
+static void prepare(int fmt, const float *x, int m, int k, int path, int threads, Prepared *P) {
     int kq = is_kq(fmt), group = kq ? 256 : 32;
     if (use_vbmi < 0) gguf_vbmi(-1);
     memset(P, 0, sizeof *P);
     int rows = path == AMX && !kq ? (m + 15) / 16 * 16 : m;  // the tiles read whole tiles of tokens
     int8_t *q = P->q = lines((size_t)rows * k + 64, 1);
     float *e = P->e = lines(sizeof(float) * ((size_t)m * k / group + 1), 0);
-    quantize_acts(x, m, k, group, q, e);
-    P->A = (Acts){.q = q, .e = e, .k = k};
     if (kq) {
-        int16_t *s16 = P->s16 = lines(sizeof(int16_t) * ((size_t)m * k / 16), 0);
-        for (int64_t i = 0; i < (int64_t)m * k / 16; i++) {
-            int sum = 0;
-            for (int j = 0; j < 16; j++) sum += q[16 * i + j];
-            s16[i] = (int16_t)sum;
-        }
-        float *ex = P->ex = lines(sizeof(float) * 8 * ((size_t)m * k / group), 0);
-        for (int64_t i = 0; i < 8 * ((int64_t)m * k / group); i++) ex[i] = e[i / 8];
-        float *s32 = P->s32 = lines(sizeof(float) * ((size_t)m * k / 32), 0);
-        for (int64_t i = 0; i < (int64_t)m * k / 32; i++) s32[i] = (float)(s16[2 * i] + s16[2 * i + 1]);
-        P->A.s16 = s16, P->A.ex = ex, P->A.s32 = s32;
-    } else if (path != AMX)
-        b32_acts(fmt, q, e, m, k, path, &P->A, &P->q4, &P->e16, &P->c16);
-    if (kq && path == VNNI && k >= 512) {  // pairs of super-blocks interleaved by 32 inputs
-        int8_t *qp = P->qp = lines((size_t)m * k + 64, 0);
-        int ns = k / 256;
-        for (int r = 0; r < m; r++) {
-            const int8_t *from = q + (int64_t)r * k;
-            int8_t *to = qp + (int64_t)r * k;
-            for (int s = 0; s + 2 <= ns; s += 2)
-                for (int j = 0; j < 8; j++) {
-                    memcpy(to + 256 * s + 64 * j, from + 256 * s + 32 * j, 32);
-                    memcpy(to + 256 * s + 64 * j + 32, from + 256 * (s + 1) + 32 * j, 32);
-                }
-            if (ns % 2) memcpy(to + 256 * (ns - 1), from + 256 * (ns - 1), 256);
-        }
-        P->A.qp = qp;
+        P->s16 = lines(sizeof(int16_t) * ((size_t)m * k / 16), 0);
+        P->ex = lines(sizeof(float) * 8 * ((size_t)m * k / group), 0);
+        P->s32 = lines(sizeof(float) * ((size_t)m * k / 32), 0);
+        if (path == VNNI && k >= 512)  // pairs of super-blocks interleaved by 32 inputs
+            P->qp = lines((size_t)m * k + 64, 0);
     }
+#pragma omp parallel for schedule(static) num_threads(threads) if (m >= SHARED_ROWS)
+    for (int r = 0; r < m; r++) {
+        quantize_acts(x + (int64_t)r * k, 1, k, group, q + (int64_t)r * k, e + (int64_t)r * (k / group));
+        if (kq) kq_acts(P, r, k);
+    }
+    P->A = (Acts){.q = q, .e = e, .k = k, .s16 = P->s16, .ex = P->ex, .s32 = P->s32, .qp = P->qp};
+    if (!kq && path != AMX)
+        b32_acts(fmt, q, e, m, k, path, &P->A, &P->q4, &P->e16, &P->c16);
     if (kq && path == AMX) P->A.qa = P->qa = lanes_by_tile(q, m, k);
 }
 
@@ -1489,7 +1503,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
                  float *y, int m, int k, int n, int path, int threads) {
     path = gguf_pass_path(fmt, m, path);
     Prepared P;
-    prepare(fmt, x, m, k, path, &P);
+    prepare(fmt, x, m, k, path, threads, &P);
     if (path == AMX)
         tile_linear(fmt, w, row_bytes, bias, y, m, n, &P.A, threads);
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
@@ -1529,7 +1543,7 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
         owner[i] = i;
         for (int j = 0; j < i; j++)
             if (owner[j] == j && prepared_for(fmts[j]) == prepared_for(fmts[i])) owner[i] = j;
-        if (owner[i] == i) prepare(fmts[i], x, m, k, path, &P[i]);
+        if (owner[i] == i) prepare(fmts[i], x, m, k, path, threads, &P[i]);
         ys[i] = i ? ys[i - 1] + (int64_t)m * ns[i - 1] : y;
         first[i + 1] = first[i] + ns[i];
     }
@@ -1574,8 +1588,9 @@ AI __m256 swiglu8(__m256 g, __m256 u) {
 }
 
 // out [m, n] = silu(gate) * up, gate and up [m, n]: a row's tail is taken as 8 values too
-// (zero-padded), so every value has the same instructions wherever it stands.
-void gguf_swiglu(const float *gate, const float *up, float *out, int m, int n) {
+// (zero-padded), so every value has the same instructions wherever it stands, on any thread.
+void gguf_swiglu(const float *gate, const float *up, float *out, int m, int n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (m >= SHARED_ROWS)
     for (int64_t r = 0; r < m; r++) {
         const float *g = gate + r * n, *u = up + r * n;
         float *o = out + r * n;
@@ -1663,7 +1678,7 @@ void gguf_layer(const Layer *L, const float *x, float *y, int m, const float *co
     if (mlp) {
         L->rms_norm(y, L->norm2, h, m, L->hidden, L->eps2);
         joint(&L->gate_up, h, gu, m, L->hidden, path, threads);
-        gguf_swiglu(gu, gu + ff, act, m, L->ff);
+        gguf_swiglu(gu, gu + ff, act, m, L->ff, threads);
         joint(&L->down, act, o, m, L->ff, path, threads);
         add_into(y, o, hid);
     }

@@ -57,7 +57,7 @@ FUNCTIONS = {
     "gguf_pass_path": C((I, I, I), I),
     "gguf_path": C((), I),
     "gguf_vbmi": C((I,), I),
-    "gguf_swiglu": C((P, P, P, I, I)),
+    "gguf_swiglu": C((P, P, P, I, I, I)),
     "gguf_layer": C((P, P, P, I, P, P, P, P, I64, I, I, I, P, I, I)),
     "gguf_layer_work": C((P, I, I, I), I64),
 }
@@ -232,7 +232,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     library().gguf_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.shape[0],
-                          gate.shape[1])
+                          gate.shape[1], torch.get_num_threads())
     return out
 
 

@@ -76,26 +76,56 @@ void rope_attend(const float *q, const float *k, const float *v, const float *co
                    scale, scratch, threads);
 }
 
-// w (<= 8) lanes of 8 outputs: a[u] = sum over j in order of p[j] v[j][8u ..]. Each lane's sum
-// is the same chain whatever w is; 8 chains at once keep the multiply-adds from waiting on
-// each other (one chain at a time was bound by their latency).
-static inline __attribute__((always_inline)) void weigh(const float *p, const float *v,
-                                                        int64_t stride, int n, int w, __m256 *a) {
-    for (int u = 0; u < w; u++) a[u] = _mm256_setzero_ps();
+// w (<= 4) lanes of 8 outputs of h (<= 2) heads sharing their values: a[x][u] = sum over j in
+// order of p[x][j] v[j][8u ..]. Each lane's sum is the same chain whatever w and h are; 8
+// chains at once keep the multiply-adds from waiting on each other, and two heads read each
+// value once.
+static inline __attribute__((always_inline)) void weigh(const float *const *p, const float *v,
+                                                        int64_t stride, int n, int w, int h,
+                                                        __m256 (*a)[4]) {
+    for (int x = 0; x < h; x++)
+        for (int u = 0; u < w; u++) a[x][u] = _mm256_setzero_ps();
     for (int j = 0; j < n; j++) {
-        __m256 pj = _mm256_set1_ps(p[j]);
-        for (int u = 0; u < w; u++)
-            a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * stride + 8 * u), a[u]);
+        __m256 pj[2];
+        for (int x = 0; x < h; x++) pj[x] = _mm256_set1_ps(p[x][j]);
+        for (int u = 0; u < w; u++) {
+            __m256 vj = _mm256_loadu_ps(v + j * stride + 8 * u);
+            for (int x = 0; x < h; x++) a[x][u] = _mm256_fmadd_ps(pj[x], vj, a[x][u]);
+        }
     }
 }
 
 // The scores of h (<= 4) query heads q [h, d] against n keys k [n, d], each key loaded once
 // for all h: s[u * t + j] = (q_u . k_j) scale, each dot product one chain over the inputs in
-// order, as for one head alone.
+// order, as for one head alone. Keys go in pairs, whose chains are independent: a fused
+// multiply-add waits 4 cycles on the one before, so a pair's 2h chains keep the units busy
+// where one key's h chains left them waiting.
+static inline __attribute__((always_inline)) void score_key_pair(const float *q, const float *k,
+                                                                 int j, int d, float scale,
+                                                                 int h, float *s, int t) {
+    __m256 a[4], b[4];
+    for (int u = 0; u < h; u++) a[u] = b[u] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+        __m256 k0 = _mm256_loadu_ps(k + (int64_t)j * d + c);
+        __m256 k1 = _mm256_loadu_ps(k + (int64_t)(j + 1) * d + c);
+        for (int u = 0; u < h; u++) {
+            __m256 qu = _mm256_loadu_ps(q + (int64_t)u * d + c);
+            a[u] = _mm256_fmadd_ps(qu, k0, a[u]);
+            b[u] = _mm256_fmadd_ps(qu, k1, b[u]);
+        }
+    }
+    for (int u = 0; u < h; u++) {
+        s[(int64_t)u * t + j] = hsum(a[u]) * scale;
+        s[(int64_t)u * t + j + 1] = hsum(b[u]) * scale;
+    }
+}
+
 static inline __attribute__((always_inline)) void score_keys(const float *q, const float *k,
                                                              int n, int d, float scale, int h,
                                                              float *s, int t) {
-    for (int j = 0; j < n; j++) {
+    int j = 0;
+    for (; j + 2 <= n; j += 2) score_key_pair(q, k, j, d, scale, h, s, t);
+    for (; j < n; j++) {
         __m256 a[4];
         for (int u = 0; u < h; u++) a[u] = _mm256_setzero_ps();
         for (int c = 0; c < d; c += 8) {
@@ -107,9 +137,8 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, con
     }
 }
 
-// One head's output o [d] from its n scores s (overwritten): softmax, then the values v [n, d]
-// weighed by it, in a fixed order.
-static inline void softmax_weigh(float *s, const float *v, int n, int d, float *o) {
+// One head's n scores s, overwritten by their exponentials (less the maximum); 1 / their sum.
+static inline float softmax(float *s, int n) {
     float top = -INFINITY;
     for (int j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
     __m256 sum8 = _mm256_setzero_ps();
@@ -124,13 +153,24 @@ static inline void softmax_weigh(float *s, const float *v, int n, int d, float *
         s[j] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(s[j] - top)));
         sum += s[j];
     }
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (int c0 = 0; c0 < d; c0 += 64) {
-        __m256 a[8];
-        int w = d - c0 >= 64 ? 8 : (d - c0) / 8;
-        if (w == 8) weigh(s, v + c0, d, n, 8, a);  // a constant: unrolled, in registers
-        else weigh(s, v + c0, d, n, w, a);
-        for (int x = 0; x < w; x++) _mm256_storeu_ps(o + c0 + 8 * x, _mm256_mul_ps(a[x], inv));
+    return 1.0f / sum;
+}
+
+// h (<= 2) heads' outputs o[x] [d] from their n scores p[x] (softmax), the values v [n, d]
+// weighed by them, in a fixed order.
+static inline void softmax_weigh(float *const *p, const float *v, int n, int d, int h,
+                                 float *const *o) {
+    __m256 inv[2];
+    for (int x = 0; x < h; x++) inv[x] = _mm256_set1_ps(softmax(p[x], n));
+    const float *const *pc = (const float *const *)p;
+    for (int c0 = 0; c0 < d; c0 += 32) {
+        __m256 a[2][4];
+        int w = d - c0 >= 32 ? 4 : (d - c0) / 8;
+        if (w == 4 && h == 2) weigh(pc, v + c0, d, n, 4, 2, a);  // constants: in registers
+        else if (w == 4) weigh(pc, v + c0, d, n, 4, 1, a);
+        else weigh(pc, v + c0, d, n, w, h, a);
+        for (int x = 0; x < h; x++)
+            for (int u = 0; u < w; u++) _mm256_storeu_ps(o[x] + c0 + 8 * u, _mm256_mul_ps(a[x][u], inv[x]));
     }
 }
 
@@ -141,12 +181,13 @@ static inline void softmax_weigh(float *s, const float *v, int n, int d, float *
 // [m, heads, d]. d a multiple of 8; scratch: (heads / kv_heads) t floats per thread. A job is
 // a row's query heads of one key/value head, which read each key once (`score_keys`). Every
 // output is computed by the same operations in the same order whatever m is: a row's bits
-// never depend on the others in its pass.
+// never depend on the others in its pass. Jobs go to the threads in turn (a causal row's cost
+// grows with its position: halves, the second thread had three quarters of a prompt's work).
 void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
                     int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
                     int window, float scale, float *scratch, int threads) {
     int group = heads / kv_heads;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
     for (int job = 0; job < m * kv_heads; job++) {  // a row's query heads of one key/value head
         int i = job / kv_heads, g = job % kv_heads;
         int end = t - m + i + 1, lo = end > window ? end - window : 0, n = end - lo;
@@ -155,11 +196,23 @@ void attention_rows(const float *q, const float *key, int64_t ks, const float *v
         float *scores = scratch + (int64_t)omp_get_thread_num() * group * t;
         const float *q0 = q + ((int64_t)i * heads + (int64_t)g * group) * d;
         for (int u = 0; u < group; u += 4) {  // each key read once for up to 4 heads
-            if (group - u >= 4) score_keys(q0 + (int64_t)u * d, kr, n, d, scale, 4, scores + (int64_t)u * t, t);
-            else score_keys(q0 + (int64_t)u * d, kr, n, d, scale, group - u, scores + (int64_t)u * t, t);
+            const float *qu = q0 + (int64_t)u * d;
+            float *su = scores + (int64_t)u * t;
+            switch (group - u < 4 ? group - u : 4) {  // h a constant: the chains in registers
+                case 1: score_keys(qu, kr, n, d, scale, 1, su, t); break;
+                case 2: score_keys(qu, kr, n, d, scale, 2, su, t); break;
+                case 3: score_keys(qu, kr, n, d, scale, 3, su, t); break;
+                default: score_keys(qu, kr, n, d, scale, 4, su, t);
+            }
         }
-        for (int u = 0; u < group; u++)
-            softmax_weigh(scores + (int64_t)u * t, vr, n, d,
-                          out + ((int64_t)i * heads + (int64_t)g * group + u) * d);
+        for (int u = 0; u < group; u += 2) {  // each value read once for up to 2 heads
+            float *p[2], *o[2];
+            int h = group - u < 2 ? 1 : 2;
+            for (int x = 0; x < h; x++) {
+                p[x] = scores + (int64_t)(u + x) * t;
+                o[x] = out + ((int64_t)i * heads + (int64_t)g * group + u + x) * d;
+            }
+            softmax_weigh(p, vr, n, d, h, o);
+        }
     }
 }
