@@ -813,11 +813,15 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, k = A->k;
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    // lanes 0-7 from lane 0 (2) of [d, dmin, d', dmin'] times scales, 8-15 from lane 2 (3)
+    const __m512i by_d = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1);
+    const __m512i by_dmin = _mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1);
     int s = 0;
     for (; s + 2 <= ns; s += 2) {
         const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
         __m128i sm0 = _mm_setzero_si128(), sm1 = _mm_setzero_si128();
-        __m512 d, dmin = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+        __m512 d = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+        __m128 dd = _mm_setzero_ps();  // K4: [d, dmin of s, d, dmin of s + 1]
         __m512i by = _mm512_setzero_si512();
         // both super-blocks' scales at once: d (and dmin) by one conversion; Q6_K: what the
         // sums of 16 are multiplied by (kq_scales) by one widening; K4: the mins as floats,
@@ -831,9 +835,7 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
             uint32_t h0, h1;
             memcpy(&h0, b0, 4);
             memcpy(&h1, b1, 4);
-            __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)));
-            d = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1), f);
-            dmin = _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1), f);
+            dd = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0));
             sm0 = scales_mins8(b0 + 4);
             sm1 = scales_mins8(b1 + 4);
             mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
@@ -843,15 +845,20 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
         for (int t = 0; t < nt; t++) {
             int64_t tok = t0 + t;
             __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
-            __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
             if (fmt == Q6_K) {
+                __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
                 __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
                 is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
             } else {
+                // d e and dmin e of both super-blocks by one 4-lane multiply ([e, e, e', e'] is
+                // the token's scales from the 7th of s's 8 copies on), each product then
+                // spread over its super-block's 8 lanes: the lanes' products, fewer multiplies
+                __m128 de4 = _mm_mul_ps(dd, _mm_loadu_ps(A->ex + (tok * ns + s) * 8 + 6));
+                __m512 de = _mm512_castps128_ps512(de4);
                 __m512 msum = _mm512_mul_ps(mins, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(msum, _mm512_mul_ps(dmin, e), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(by_d, de), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(msum, _mm512_permutexvar_ps(by_dmin, de), acc[t]);
             }
         }
     }
