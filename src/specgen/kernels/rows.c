@@ -77,9 +77,9 @@ void rope_attend(const float *q, const float *k, const float *v, const float *co
 }
 
 // w (<= 4) lanes of 8 outputs of h (<= 2) heads sharing their values: a[x][u] = sum over j in
-// order of p[x][j] v[j][8u ..]. Each lane's sum is the same chain whatever w and h are; 8
-// chains at once keep the multiply-adds from waiting on each other, and two heads read each
-// value once.
+// order of p[x][j] v[j][8u ..]. Each lane's sum is the same chain whatever w and h are; two
+// heads' 4 lanes are 8 chains at once, which keep the multiply-adds from waiting on each
+// other, and read each value once for both.
 static inline __attribute__((always_inline)) void weigh(const float *const *p, const float *v,
                                                         int64_t stride, int n, int w, int h,
                                                         __m256 (*a)[4]) {
