@@ -95,46 +95,36 @@ static inline __attribute__((always_inline)) void weigh(const float *const *p, c
     }
 }
 
-// The scores of h (<= 4) query heads q [h, d] against n keys k [n, d], each key loaded once
-// for all h: s[u * t + j] = (q_u . k_j) scale, each dot product one chain over the inputs in
-// order, as for one head alone. Keys go in pairs, whose chains are independent: a fused
-// multiply-add waits 4 cycles on the one before, so a pair's 2h chains keep the units busy
-// where one key's h chains left them waiting.
-static inline __attribute__((always_inline)) void score_key_pair(const float *q, const float *k,
-                                                                 int j, int d, float scale,
-                                                                 int h, float *s, int t) {
-    __m256 a[4], b[4];
-    for (int u = 0; u < h; u++) a[u] = b[u] = _mm256_setzero_ps();
+// The scores of h (<= 4) query heads q [h, d] against keys j .. j + nk - 1 (nk <= 2) of k
+// [n, d], each key loaded once for all h: s[u * t + j] = (q_u . k_j) scale, each dot product
+// one chain over the inputs in order, as for one head alone. Two keys' chains are
+// independent: a fused multiply-add waits 4 cycles on the one before, so a pair's 2h chains
+// keep the units busy where one key's h chains left them waiting.
+static inline __attribute__((always_inline)) void score_at(const float *q, const float *k, int j,
+                                                           int nk, int d, float scale, int h,
+                                                           float *s, int t) {
+    __m256 a[2][4];
+    for (int x = 0; x < nk; x++)
+        for (int u = 0; u < h; u++) a[x][u] = _mm256_setzero_ps();
     for (int c = 0; c < d; c += 8) {
-        __m256 k0 = _mm256_loadu_ps(k + (int64_t)j * d + c);
-        __m256 k1 = _mm256_loadu_ps(k + (int64_t)(j + 1) * d + c);
+        __m256 kc[2];
+        for (int x = 0; x < nk; x++) kc[x] = _mm256_loadu_ps(k + (int64_t)(j + x) * d + c);
         for (int u = 0; u < h; u++) {
             __m256 qu = _mm256_loadu_ps(q + (int64_t)u * d + c);
-            a[u] = _mm256_fmadd_ps(qu, k0, a[u]);
-            b[u] = _mm256_fmadd_ps(qu, k1, b[u]);
+            for (int x = 0; x < nk; x++) a[x][u] = _mm256_fmadd_ps(qu, kc[x], a[x][u]);
         }
     }
-    for (int u = 0; u < h; u++) {
-        s[(int64_t)u * t + j] = hsum(a[u]) * scale;
-        s[(int64_t)u * t + j + 1] = hsum(b[u]) * scale;
-    }
+    for (int x = 0; x < nk; x++)
+        for (int u = 0; u < h; u++) s[(int64_t)u * t + j + x] = hsum(a[x][u]) * scale;
 }
 
+// ... against all n keys, two at a time
 static inline __attribute__((always_inline)) void score_keys(const float *q, const float *k,
                                                              int n, int d, float scale, int h,
                                                              float *s, int t) {
     int j = 0;
-    for (; j + 2 <= n; j += 2) score_key_pair(q, k, j, d, scale, h, s, t);
-    for (; j < n; j++) {
-        __m256 a[4];
-        for (int u = 0; u < h; u++) a[u] = _mm256_setzero_ps();
-        for (int c = 0; c < d; c += 8) {
-            __m256 kc = _mm256_loadu_ps(k + (int64_t)j * d + c);
-            for (int u = 0; u < h; u++)
-                a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)u * d + c), kc, a[u]);
-        }
-        for (int u = 0; u < h; u++) s[(int64_t)u * t + j] = hsum(a[u]) * scale;
-    }
+    for (; j + 2 <= n; j += 2) score_at(q, k, j, 2, d, scale, h, s, t);
+    if (j < n) score_at(q, k, j, 1, d, scale, h, s, t);
 }
 
 // One head's n scores s, overwritten by their exponentials (less the maximum); 1 / their sum.
