@@ -80,7 +80,7 @@ void rope_attend(const float *q, const float *k, const float *v, const float *co
 // order of p[x][j] v[j][8u ..]. Each lane's sum is the same chain whatever w and h are; two
 // heads' 4 lanes are 8 chains at once, which keep the multiply-adds from waiting on each
 // other, and read each value once for both.
-static inline __attribute__((always_inline)) void weigh(const float *const *p, const float *v,
+static inline __attribute__((always_inline)) void weigh(float *const *p, const float *v,
                                                         int64_t stride, int n, int w, int h,
                                                         __m256 (*a)[4]) {
     for (int x = 0; x < h; x++)
@@ -152,13 +152,12 @@ static inline void softmax_weigh(float *const *p, const float *v, int n, int d, 
                                  float *const *o) {
     __m256 inv[2];
     for (int x = 0; x < h; x++) inv[x] = _mm256_set1_ps(softmax(p[x], n));
-    const float *const *pc = (const float *const *)p;
     for (int c0 = 0; c0 < d; c0 += 32) {
         __m256 a[2][4];
         int w = d - c0 >= 32 ? 4 : (d - c0) / 8;
-        if (w == 4 && h == 2) weigh(pc, v + c0, d, n, 4, 2, a);  // constants: in registers
-        else if (w == 4) weigh(pc, v + c0, d, n, 4, 1, a);
-        else weigh(pc, v + c0, d, n, w, h, a);
+        if (w == 4 && h == 2) weigh(p, v + c0, d, n, 4, 2, a);  // constants: in registers
+        else if (w == 4) weigh(p, v + c0, d, n, 4, 1, a);
+        else weigh(p, v + c0, d, n, w, h, a);
         for (int x = 0; x < h; x++)
             for (int u = 0; u < w; u++) _mm256_storeu_ps(o[x] + c0 + 8 * u, _mm256_mul_ps(a[x][u], inv[x]));
     }
@@ -171,8 +170,8 @@ static inline void softmax_weigh(float *const *p, const float *v, int n, int d, 
 // [m, heads, d]. d a multiple of 8; scratch: (heads / kv_heads) t floats per thread. A job is
 // a row's query heads of one key/value head, which read each key once (`score_keys`). Every
 // output is computed by the same operations in the same order whatever m is: a row's bits
-// never depend on the others in its pass. Jobs go to the threads in turn (a causal row's cost
-// grows with its position: halves, the second thread had three quarters of a prompt's work).
+// never depend on the others in its pass. Jobs go to the threads in turn, so the rows of a
+// causal pass, dearer the later they stand, are shared evenly.
 void attention_rows(const float *q, const float *key, int64_t ks, const float *value,
                     int64_t vs, float *out, int m, int heads, int kv_heads, int t, int d,
                     int window, float scale, float *scratch, int threads) {
