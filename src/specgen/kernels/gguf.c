@@ -1310,26 +1310,27 @@ VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts 
     BY_FORMAT(b32_vnni, kq_vnni)
 }
 
-// Two weight rows w0, w1 against one token, each row's work exactly as a one-row call's (so
-// its bits): in one function the two rows' independent work overlaps, and a one-token pass
-// pays its fixed cost per row (the call, the final sums) once for two.
-#define TWO_ROWS(B32, KQ)                                                                       \
-    switch (fmt) {                                                                              \
-        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, 1, out); B32(Q4_0, w1, k / 32, A, 0, 1, out + 1); break;   \
-        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, 1, out); B32(Q5_0, w1, k / 32, A, 0, 1, out + 1); break;   \
-        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, 1, out); B32(Q8_0, w1, k / 32, A, 0, 1, out + 1); break;   \
-        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, 1, out); KQ(Q4_K, w1, k / 256, A, 0, 1, out + 1); break;   \
-        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, 1, out); KQ(Q5_K, w1, k / 256, A, 0, 1, out + 1); break;   \
-        default: KQ(Q6_K, w0, k / 256, A, 0, 1, out); KQ(Q6_K, w1, k / 256, A, 0, 1, out + 1);           \
+// Two weight rows w0, w1 against the nt tokens of a narrow pass (out: w0's nt sums, then
+// w1's), each row's work exactly as a one-row call's (so its bits): in one function the two
+// rows' independent work overlaps, and the fixed cost per row (the call, the final sums, a
+// short row's scales) is paid once for two.
+#define TWO_ROWS(B32, KQ)                                                                     \
+    switch (fmt) {                                                                            \
+        case Q4_0: BY_NT(B32(Q4_0, w0, k / 32, A, 0, N, out); B32(Q4_0, w1, k / 32, A, 0, N, out + N)) break;   \
+        case Q5_0: BY_NT(B32(Q5_0, w0, k / 32, A, 0, N, out); B32(Q5_0, w1, k / 32, A, 0, N, out + N)) break;   \
+        case Q8_0: BY_NT(B32(Q8_0, w0, k / 32, A, 0, N, out); B32(Q8_0, w1, k / 32, A, 0, N, out + N)) break;   \
+        case Q4_K: BY_NT(KQ(Q4_K, w0, k / 256, A, 0, N, out); KQ(Q4_K, w1, k / 256, A, 0, N, out + N)) break;   \
+        case Q5_K: BY_NT(KQ(Q5_K, w0, k / 256, A, 0, N, out); KQ(Q5_K, w1, k / 256, A, 0, N, out + N)) break;   \
+        default: BY_NT(KQ(Q6_K, w0, k / 256, A, 0, N, out); KQ(Q6_K, w1, k / 256, A, 0, N, out + N))           \
     }
 
 static void two_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
-                          float *out) {
+                          int nt, float *out) {
     TWO_ROWS(b32_avx2, kq_avx2)
 }
 
 VNNI_TARGET static void two_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                                      const Acts *A, float *out) {
+                                      const Acts *A, int nt, float *out) {
     TWO_ROWS(b32_vnni, kq_vnni)
 }
 
@@ -1356,24 +1357,26 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
-// Weight rows a thread takes at a time: a one-token pass two (two_rows_*), a pass of one
-// tile of tokens two (its threads share the rows finely), a wider one ROW_BLOCK, whose
-// weights stay in L2 while each tile of tokens' inputs is read once for all of them (row by
-// row, a prompt's pass read every token's inputs again for every weight row).
+// Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
+// (two_rows_*; its threads share the rows finely), a wider one ROW_BLOCK, whose weights stay
+// in L2 while each tile of tokens' inputs is read once for all of them (row by row, a
+// prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
 static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
 
-// Rows r0 .. r1 - 1 of y, a tile of up to TILE tokens at a time against the rows in turn (a
-// one-token pass: two rows at a time).
+// Rows r0 .. r1 - 1 of y: a narrow pass two rows at a time against all its tokens, a wider
+// one a tile of up to TILE tokens at a time against the rows in turn.
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
-    if (m == 1)
+    if (m <= TILE)
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
-            float out[2];
-            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, out);
-            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, out);
-            for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
+            float out[2 * TILE];
+            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, m, out);
+            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, m, out);
+            for (int i = 0; i < 2; i++)
+                for (int t = 0; t < m; t++)
+                    y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
         }
     for (int t0 = 0; t0 < m; t0 += TILE) {
         int nt = m - t0 < TILE ? m - t0 : TILE;
