@@ -1381,6 +1381,14 @@ static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
 // one a tile of up to TILE tokens at a time against the rows in turn.
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
+    if (m == 1)  // the commonest pass: its two sums straight to y (no loop over tokens)
+        for (; r0 + 2 <= r1; r0 += 2) {
+            const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
+            float out[2];
+            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, 1, out);
+            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, 1, out);
+            for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
+        }
     if (m <= TILE)
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
