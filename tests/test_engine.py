@@ -326,9 +326,28 @@ def test_the_planner_hears_how_sure_the_target_was_at_each_step(tiny_pair, monke
     heard = []
     monkeypatch.setattr(Planner, "sure", lambda self, p: heard.append(p))
     ids = prompt()
-    result = SpeculativeGenerator(target, draft, 3, adaptive=False).generate(ids, max_new_tokens=12)
+    result = SpeculativeGenerator(target, draft, 3).generate(ids, max_new_tokens=12)
     assert len(heard) == result.stats.target_passes
     with torch.no_grad():
         first = target(ids).logits[0, -1].float().softmax(-1).max().item()
     assert heard[0] == pytest.approx(first, abs=1e-5)
     assert all(0.0 < p <= 1.0 for p in heard)
+
+
+def test_plain_decoding_asks_no_guesser_and_reads_no_top_probability(tiny_pair, monkeypatch):
+    """K = 0 (the bench's plain contestant) or fixed K: the planner estimates nothing, so a
+    step computes no softmax over the vocabulary for it, and plain decoding asks no guesser
+    (prompt lookup would search the text every step)."""
+    from specgen.core import drafters, engine
+
+    target, draft = tiny_pair()
+    ids = prompt()
+    monkeypatch.setattr(engine, "top_probability", lambda logits: pytest.fail("softmax computed"))
+    asked = []
+    real = drafters.PromptLookupDrafter.guessers
+    monkeypatch.setattr(drafters.PromptLookupDrafter, "guessers",
+                        lambda self, tokens: asked.append(1) or real(self, tokens))
+    plain = SpeculativeGenerator(target, draft, 0, method="prompt-lookup").generate(ids, max_new_tokens=N)
+    assert plain.token_ids == reference(target, ids) and not asked
+    fixed = SpeculativeGenerator(target, draft, 3, adaptive=False).generate(ids, max_new_tokens=N)
+    assert fixed.token_ids == plain.token_ids

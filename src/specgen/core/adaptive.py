@@ -274,6 +274,12 @@ class Planner:
         self.branch_record = (0, 0.0)  # token trees: branches kept, their summed scores
         self.branch_offer = 0.0  # the summed scores of the last tree's branches
 
+    @property
+    def reads_confidence(self) -> bool:
+        """Whether `sure` is read: a guesser that ends its own drafts takes it as its prior,
+        where the planner estimates at all (adaptive, with something to draft)."""
+        return self.adaptive and self.k_max > 0
+
     def prefilled(self, tokens: int, seconds: float) -> None:
         """The target's pass over `tokens` prompt tokens took `seconds`."""
         self.book.prefilled(tokens, seconds)
@@ -342,8 +348,11 @@ class Planner:
 
     def plan(self, drafter: Drafter, tokens: Tensor, limit: int, made: int = 0) -> Plan:
         """The next step's plan, drafting at most `limit` tokens, `made` tokens into the answer."""
-        offered, top = drafter.guessers(tokens), min(self.k_max, limit)
-        if not offered or top < 1:
+        top = min(self.k_max, limit)
+        if top < 1:  # nothing to draft: no guesser is asked (prompt lookup searches the text)
+            return PLAIN
+        offered = drafter.guessers(tokens)
+        if not offered:
             return PLAIN
         if not self.adaptive:
             guesser, who = next(iter(offered.items()))

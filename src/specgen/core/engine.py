@@ -116,6 +116,7 @@ class SpeculativeGenerator:
         # weights or cache (self) gets the target's decoder, once.
         self.drafter.bind_target(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
+        self._reads_sure = True  # a stream's planner reads the target's top probability
         self._reused = 0
         # What reading context costs on this machine, learnt across answers; a new
         # conversation keeps it (reset), since it is the machine's, not the context's.
@@ -180,6 +181,7 @@ class SpeculativeGenerator:
         stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
         gen_t, gen_d = self._generators(seed)
         planner = Planner(self.k_max, self.adaptive, self.book)
+        self._reads_sure = planner.reads_confidence
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         max_new_tokens = self._room(len(tokens), max_new_tokens)
@@ -266,10 +268,15 @@ class SpeculativeGenerator:
         reads as the odds of a draft model's guesses), all on the device."""
         if params.greedy:
             n, token = greedy_accept(logits, drafts)
-            return _Verdict(n, token, top_probability(logits[0]), drafts)
+            return _Verdict(n, token, self._sure(logits[0]), drafts)
         p = probs_from_logits(logits, params)
         n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
         return _Verdict(n, token, p[0].max(), drafts)
+
+    def _sure(self, logits: Tensor) -> Tensor:
+        """The target's top probability at a step's first position (logits [V]), where the
+        planner reads it (a softmax over the vocabulary each step); else 0."""
+        return top_probability(logits) if self._reads_sure else logits.new_zeros(())
 
     def _grow(self, planner: Planner, plan: Plan, pending: Tensor, drafts: Tensor,
               q: Tensor | None) -> Tree | None:
@@ -303,7 +310,7 @@ class SpeculativeGenerator:
                                          generator)
         at = torch.as_tensor(leaf).view(1).to(self.device, non_blocking=True)
         branch = tree.tokens.index_select(0, _on(tree.branches(), at)[0])
-        return _Verdict(_on(tree.depths(), at)[0], token, top_probability(logits[0]), branch,
+        return _Verdict(_on(tree.depths(), at)[0], token, self._sure(logits[0]), branch,
                         tree, leaf=at[0])
 
     def _settle(self, verdict: _Verdict, plan: Plan, drafted: int, marks: Sequence = ()
