@@ -434,9 +434,10 @@ class _Clock:
 @dataclass(frozen=True)
 class _Verdict:
     """Verification's outcome on the device, before the host reads it: `kept` drafts stay,
-    then the target's `token`; `sure`, its top probability at the step's first position;
-    `drafts` begins with the kept ones (a chain's drafts; a tree's kept branch). A tree's
-    verdict also names the tree and its kept branch's deepest node (`leaf`)."""
+    then the target's `token`; `sure`, its top probability at the step's first position (0
+    where the planner does not read it); `drafts` begins with the kept ones (a chain's
+    drafts; a tree's kept branch). A tree's verdict also names the tree and its kept
+    branch's deepest node (`leaf`)."""
 
     kept: Tensor
     token: Tensor

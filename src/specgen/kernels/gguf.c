@@ -266,8 +266,8 @@ AI void b32_avx2(int fmt, const uint8_t *wr, int nb, const Acts *A, int t0, int 
         b32_eight_avx2(fmt, wr, b, 8, 0, A, t0, nt, even);
         b32_eight_avx2(fmt, wr, b + 8, 8, 1, A, t0, nt, odd);
     }
-    // A last group of whole sets (the draft's K = 896: 28 blocks) with its counts constants:
-    // the unpacking then has no branches (a fifth of such a row's time).
+    // A last group of whole sets (the draft's K = 896: 28 blocks) with its counts constants,
+    // so that its unpacking has no branches on them.
     int left = nb - b;
     if (left % 4) {
         if (left > 0) b32_eight_avx2(fmt, wr, b, left < 8 ? left : 8, 0, A, t0, nt, even);
@@ -1389,7 +1389,7 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, 1, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
         }
-    if (m <= TILE)
+    else if (m <= TILE)
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2 * TILE];
