@@ -1323,28 +1323,41 @@ VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts 
     BY_FORMAT(b32_vnni, kq_vnni)
 }
 
-// Two weight rows w0, w1 against the nt tokens of a narrow pass (out: w0's nt sums, then
-// w1's), each row's work exactly as a one-row call's (so its bits): in one function the two
-// rows' independent work overlaps, and the fixed cost per row (the call, the final sums, a
-// short row's scales) is paid once for two.
-#define TWO_ROWS(B32, KQ)                                                                     \
-    switch (fmt) {                                                                            \
-        case Q4_0: BY_NT(B32(Q4_0, w0, k / 32, A, 0, N, out); B32(Q4_0, w1, k / 32, A, 0, N, out + N)) break;   \
-        case Q5_0: BY_NT(B32(Q5_0, w0, k / 32, A, 0, N, out); B32(Q5_0, w1, k / 32, A, 0, N, out + N)) break;   \
-        case Q8_0: BY_NT(B32(Q8_0, w0, k / 32, A, 0, N, out); B32(Q8_0, w1, k / 32, A, 0, N, out + N)) break;   \
-        case Q4_K: BY_NT(KQ(Q4_K, w0, k / 256, A, 0, N, out); KQ(Q4_K, w1, k / 256, A, 0, N, out + N)) break;   \
-        case Q5_K: BY_NT(KQ(Q5_K, w0, k / 256, A, 0, N, out); KQ(Q5_K, w1, k / 256, A, 0, N, out + N)) break;   \
-        default: BY_NT(KQ(Q6_K, w0, k / 256, A, 0, N, out); KQ(Q6_K, w1, k / 256, A, 0, N, out + N))           \
+// Two weight rows w0, w1 against N tokens (out: w0's N sums, then w1's), each row's work
+// exactly as a one-row call's (so its bits): in one function the two rows' independent work
+// overlaps, and the fixed cost per row (the call, the final sums, a short row's scales) is
+// paid once for two.
+#define ROW_PAIR(B32, KQ, N_)                                                                    \
+    switch (fmt) {                                                                               \
+        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, N_, out); B32(Q4_0, w1, k / 32, A, 0, N_, out + N_); break;   \
+        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, N_, out); B32(Q5_0, w1, k / 32, A, 0, N_, out + N_); break;   \
+        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, N_, out); B32(Q8_0, w1, k / 32, A, 0, N_, out + N_); break;   \
+        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, N_, out); KQ(Q4_K, w1, k / 256, A, 0, N_, out + N_); break;   \
+        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, N_, out); KQ(Q5_K, w1, k / 256, A, 0, N_, out + N_); break;   \
+        default: KQ(Q6_K, w0, k / 256, A, 0, N_, out); KQ(Q6_K, w1, k / 256, A, 0, N_, out + N_);           \
     }
 
+// A one-token pass's pair: the commonest pass has a function of its own, compiled for one
+// token (in the narrow passes' function it ran slower on AVX2).
+static void token_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
+                            float *out) {
+    ROW_PAIR(b32_avx2, kq_avx2, 1)
+}
+
+VNNI_TARGET static void token_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
+                                        const Acts *A, float *out) {
+    ROW_PAIR(b32_vnni, kq_vnni, 1)
+}
+
+// A narrow pass's pair, nt tokens (2 to TILE).
 static void two_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
                           int nt, float *out) {
-    TWO_ROWS(b32_avx2, kq_avx2)
+    BY_NT(ROW_PAIR(b32_avx2, kq_avx2, N))
 }
 
 VNNI_TARGET static void two_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
                                       const Acts *A, int nt, float *out) {
-    TWO_ROWS(b32_vnni, kq_vnni)
+    BY_NT(ROW_PAIR(b32_vnni, kq_vnni, N))
 }
 
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
@@ -1371,9 +1384,9 @@ int64_t gguf_row_bytes(int fmt, int k) {
 }
 
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
-// (two_rows_*; its threads share the rows finely), a wider one ROW_BLOCK, whose weights stay
-// in L2 while each tile of tokens' inputs is read once for all of them (row by row, a
-// prompt's pass read every token's inputs again for every weight row).
+// (token_rows_*, two_rows_*; its threads share the rows finely), a wider one ROW_BLOCK,
+// whose weights stay in L2 while each tile of tokens' inputs is read once for all of them
+// (row by row, a prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
 static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
 
@@ -1381,12 +1394,12 @@ static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
 // one a tile of up to TILE tokens at a time against the rows in turn.
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
-    if (m == 1)  // the commonest pass: its two sums straight to y (no loop over tokens)
+    if (m == 1)
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2];
-            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, 1, out);
-            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, 1, out);
+            if (path == VNNI) token_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, out);
+            else token_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
         }
     else if (m <= TILE)
