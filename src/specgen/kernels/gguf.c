@@ -1350,13 +1350,13 @@ VNNI_TARGET static void token_rows_vnni(int fmt, const uint8_t *w0, const uint8_
 }
 
 // A narrow pass's pair, nt tokens (2 to TILE).
-static void two_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
-                          int nt, float *out) {
+static void narrow_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
+                             const Acts *A, int nt, float *out) {
     BY_NT(ROW_PAIR(b32_avx2, kq_avx2, N))
 }
 
-VNNI_TARGET static void two_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                                      const Acts *A, int nt, float *out) {
+VNNI_TARGET static void narrow_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
+                                         const Acts *A, int nt, float *out) {
     BY_NT(ROW_PAIR(b32_vnni, kq_vnni, N))
 }
 
@@ -1384,7 +1384,7 @@ int64_t gguf_row_bytes(int fmt, int k) {
 }
 
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
-// (token_rows_*, two_rows_*; its threads share the rows finely), a wider one ROW_BLOCK,
+// (token_rows_*, narrow_rows_*; its threads share the rows finely), a wider one ROW_BLOCK,
 // whose weights stay in L2 while each tile of tokens' inputs is read once for all of them
 // (row by row, a prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
@@ -1406,8 +1406,8 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2 * TILE];
-            if (path == VNNI) two_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, m, out);
-            else two_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, m, out);
+            if (path == VNNI) narrow_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, m, out);
+            else narrow_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, m, out);
             for (int i = 0; i < 2; i++)
                 for (int t = 0; t < m; t++)
                     y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
