@@ -116,7 +116,6 @@ class SpeculativeGenerator:
         # weights or cache (self) gets the target's decoder, once.
         self.drafter.bind_target(self._decoder, target)
         self._tokens: Tensor = torch.empty(0, dtype=torch.long)
-        self._reads_sure = True  # a stream's planner reads the target's top probability
         self._reused = 0
         # What reading context costs on this machine, learnt across answers; a new
         # conversation keeps it (reset), since it is the machine's, not the context's.
@@ -181,7 +180,6 @@ class SpeculativeGenerator:
         stop = _Stopper(self._eos_ids(eos_token_ids), stop_strings or (), tokenizer)
         gen_t, gen_d = self._generators(seed)
         planner = Planner(self.k_max, self.adaptive, self.book)
-        self._reads_sure = planner.reads_confidence
         stats = self.stats = Stats(k_max=self.k_max, adaptive=self.adaptive)
         stats.prompt_tokens = len(tokens)
         max_new_tokens = self._room(len(tokens), max_new_tokens)
@@ -194,7 +192,8 @@ class SpeculativeGenerator:
 
             # 0. The prompt's pass already gives the first token: a plain step.
             no_drafts = torch.zeros(0, dtype=torch.long, device=self.device)
-            step = self._settle(self._chain(logits, no_drafts, None, params, gen_t), PLAIN, 0)
+            first = self._chain(logits, no_drafts, None, params, gen_t, planner.reads_confidence)
+            step = self._settle(first, PLAIN, 0)
             stats.prefill_seconds = time.perf_counter() - start  # read back: the pass is done
             planner.prefilled(stats.prefill_tokens, stats.prefill_seconds)
             planner.sure(step.sure)
@@ -257,26 +256,22 @@ class SpeculativeGenerator:
         tree = self._grow(planner, plan, pending, drafts, q)
         if tree is None:
             logits = self._decoder.logits(torch.cat([pending, drafts]), drafts.shape[0] + 1)
-            return self._chain(logits, drafts, q, params, generator)
+            return self._chain(logits, drafts, q, params, generator, planner.reads_confidence)
         logits = self._decoder.tree_logits(tree.tokens, tree.parents)
-        return self._walk(logits, tree, q, params, generator)
+        return self._walk(logits, tree, q, params, generator, planner.reads_confidence)
 
     def _chain(self, logits: Tensor, drafts: Tensor, q: Tensor | None, params: SamplingParams,
-               generator: torch.Generator) -> _Verdict:
+               generator: torch.Generator, sure: bool) -> _Verdict:
         """A chain's verdict: how many drafts the target keeps, its own token after them, and
         how sure it was of the step's first position (its top probability, which the planner
-        reads as the odds of a draft model's guesses), all on the device."""
+        reads as the odds of a draft model's guesses; `sure`: the planner reads it), all on
+        the device."""
         if params.greedy:
             n, token = greedy_accept(logits, drafts)
-            return _Verdict(n, token, self._sure(logits[0]), drafts)
+            return _Verdict(n, token, _top(logits[0], sure), drafts)
         p = probs_from_logits(logits, params)
         n, token = rejection_accept(p, _draft_probs(q, drafts, p.shape[-1]), drafts, generator)
         return _Verdict(n, token, p[0].max(), drafts)
-
-    def _sure(self, logits: Tensor) -> Tensor:
-        """The target's top probability at a step's first position (logits [V]), where the
-        planner reads it (a softmax over the vocabulary each step); else 0."""
-        return top_probability(logits) if self._reads_sure else logits.new_zeros(())
 
     def _grow(self, planner: Planner, plan: Plan, pending: Tensor, drafts: Tensor,
               q: Tensor | None) -> Tree | None:
@@ -298,7 +293,7 @@ class SpeculativeGenerator:
         return self.tree and self._decoder.verifies_trees
 
     def _walk(self, logits: Tensor, tree: Tree, q: Tensor | None, params: SamplingParams,
-              generator: torch.Generator) -> _Verdict:
+              generator: torch.Generator, sure: bool) -> _Verdict:
         """A tree's verdict, on the device: its kept branch's leaf (the host reads it with the
         rest of the verdict, and finds the branch from the tree's shape), the branch's tokens,
         the target's token after it, its top probability at the root."""
@@ -310,7 +305,7 @@ class SpeculativeGenerator:
                                          generator)
         at = torch.as_tensor(leaf).view(1).to(self.device, non_blocking=True)
         branch = tree.tokens.index_select(0, _on(tree.branches(), at)[0])
-        return _Verdict(_on(tree.depths(), at)[0], token, self._sure(logits[0]), branch,
+        return _Verdict(_on(tree.depths(), at)[0], token, _top(logits[0], sure), branch,
                         tree, leaf=at[0])
 
     def _settle(self, verdict: _Verdict, plan: Plan, drafted: int, marks: Sequence = ()
@@ -445,6 +440,12 @@ class _Verdict:
     drafts: Tensor
     tree: Tree | None = None
     leaf: Tensor | None = None
+
+
+def _top(logits: Tensor, read: bool) -> Tensor:
+    """The top probability of logits [V] where it is `read` (a softmax over the vocabulary);
+    else 0."""
+    return top_probability(logits) if read else logits.new_zeros(())
 
 
 def _on(table: Tensor, at: Tensor) -> Tensor:
