@@ -729,58 +729,57 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s
     }
 }
 
-// The integer sums of a pair of super-blocks s, s + 1 (VNNI) for nt tokens, from A->qp: each
-// register holds 32 inputs of s and the same 32 of s + 1, so isum[t]'s lanes 0-7 are s's
-// AVX2 lanes and 8-15 s + 1's as they are summed (no fold). K4: sm0, sm1 the decoded scales.
-VNNI_TARGET AI void kq_pair_ints_vnni(int fmt, const uint8_t *b0, const uint8_t *b1, __m128i sm0,
-                                      __m128i sm1, int s, const Acts *A, int t0, int nt,
-                                      __m512i *isum) {
-    const int k = A->k;
+// A pair of super-blocks s, s + 1 (VNNI) as its products take it. Each register of w holds 32
+// inputs of s and the same 32 of s + 1, as A->qp holds a token's inputs. sc: the bytes each
+// step's scales are made of (K4: each half's 16 scale and min bytes in its 128-bit lanes;
+// Q6_K: each half's 16 int8 scales in its two 128-bit lanes). d and f, the float side (K4:
+// d's low 4 lanes [d, dmin of s, d, dmin of s + 1], f the mins as floats, [s's 8 | s + 1's 8],
+// since float(msum) = min * float(sum of 32), exactly (Acts.s32); Q6_K: d = [s's d x 8 | s +
+// 1's x 8], f what the sums of 16 are multiplied by, as words). A narrow pass unpacks a pair
+// in registers for its one tile of tokens; a wider one unpacks each row's pairs once into
+// memory for all its tiles (unpack_rows): the same values, so the same bits.
+typedef struct {
+    __m512i w[8], sc;
+    __m512 d, f;
+} KPair;
+
+VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1, int nt, KPair *u) {
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
     const __m512i low = _mm512_set1_epi8(0x0F);
     prefetch_weights(b0, 2 * bb, nt);
-    // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
-    // sums apiece, so that the 8 steps of a pair need not wait on each other
-    const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
-    __m512i part[TILE][4];
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < parts; i++) part[t][i] = _mm512_setzero_si512();
 #define PAIR_LOAD(off) _mm512_inserti64x4(_mm512_castsi256_si512(                               \
         _mm256_loadu_si256((const __m256i *)(b0 + (off)))), _mm256_loadu_si256((const __m256i *)(b1 + (off))), 1)
-#define PAIR_STEP(j, w, scale)                                                                  \
-    for (int t = 0; t < nt; t++) {                                                              \
-        __m512i a = _mm512_loadu_si512(A->qp + (int64_t)(t0 + t) * k + s * 256 + 64 * (j));     \
-        __m512i *to = &part[t][(j) % parts];                                                    \
-        *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);                      \
-    }
     if (fmt == Q6_K) {
         const __m512i two = _mm512_set1_epi8(0x30);
-        // each half's 16 int8 scales in its two 128-bit lanes; a scale is made a word by
-        // vpshufb into the word's high byte and an arithmetic shift (its sign)
-        __m512i sc = _mm512_inserti64x4(
+        u->sc = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192)))),
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 192))), 1);
         for (int c = 0; c < 2; c++) {
             __m512i ql0 = PAIR_LOAD(64 * c), ql1 = PAIR_LOAD(64 * c + 32), qh = PAIR_LOAD(128 + 32 * c);
-            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups g = 8c + 2i, g + 1
+            for (int i = 0; i < 4; i++) {  // inputs 128c + 32i on: groups 8c + 2i, + 1
                 __m512i l = i == 0 ? ql0 : i == 1 ? ql1 : i == 2 ? _mm512_srli_epi16(ql0, 4)
                                                                  : _mm512_srli_epi16(ql1, 4);
                 __m512i h = i == 0 ? _mm512_slli_epi16(qh, 4) : i == 1 ? _mm512_slli_epi16(qh, 2)
                           : i == 2 ? qh : _mm512_srli_epi16(qh, 2);
-                __m512i w = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
-                int g = 8 * c + 2 * i;
-                __m512i scale = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, word_index(
-                    g << 8 | 0x80, (g + 1) << 8 | 0x80, g << 8 | 0x80, (g + 1) << 8 | 0x80)), 8);
-                PAIR_STEP(4 * c + i, w, scale)
+                u->w[4 * c + i] = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(h, two));
             }
         }
+        u->d = two_halves(b0 + 208, b1 + 208);
+        u->f = _mm512_castsi512_ps(_mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192))),
+            _mm_loadu_si128((const __m128i *)(b1 + 192)), 1)));
     } else {
         const int q5 = fmt == Q5_K;
         const __m512i one = _mm512_set1_epi8(1);
         const int at = q5 ? 48 : 16;
-        // each half's 16 scale and min bytes in its 128-bit lanes
-        __m512i sm = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)),
-                                        _mm256_broadcastsi128_si256(sm1), 1);
+        uint32_t h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        __m128i sm0 = scales_mins8(b0 + 4), sm1 = scales_mins8(b1 + 4);
+        u->d = _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)));
+        u->f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
+        u->sc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)),
+                                   _mm256_broadcastsi128_si256(sm1), 1);
         __m512i qh = q5 ? PAIR_LOAD(16) : _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high)
             __m512i raw = PAIR_LOAD(at + 32 * i);
@@ -790,16 +789,63 @@ VNNI_TARGET AI void kq_pair_ints_vnni(int fmt, const uint8_t *b0, const uint8_t 
                 if (q5)
                     w = _mm512_or_si512(w, _mm512_slli_epi16(
                         _mm512_and_si512(_mm512_srli_epi16(qh, j), one), 4));
-                __m512i scale = _mm512_shuffle_epi8(sm, _mm512_set1_epi16((short)(0x8000 | j)));
-                PAIR_STEP(j, w, scale)
+                u->w[j] = w;
             }
         }
     }
 #undef PAIR_LOAD
-#undef PAIR_STEP
-    for (int t = 0; t < nt; t++) {  // exact: any grouping gives the same integers
-        isum[t] = part[t][0];
-        for (int i = 1; i < parts; i++) isum[t] = _mm512_add_epi32(isum[t], part[t][i]);
+}
+
+// A pair's products for nt tokens, added into acc: per token the integer sums (isum's lanes
+// 0-7 s's AVX2 lanes and 8-15 s + 1's, as they are summed: no fold), then the float steps.
+VNNI_TARGET AI void kq_pair_dots(int fmt, const KPair *u, int s, const Acts *A, int t0, int nt,
+                                 __m512 *acc) {
+    const int k = A->k, ns = k / 256;
+    // vpdpwssd adds into its accumulator (5 cycles a step): few tokens keep several partial
+    // sums apiece, so that the 8 steps of a pair need not wait on each other
+    const int parts = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
+    __m512i part[TILE][4];
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < parts; i++) part[t][i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        // K4: sub-block j's scale, a byte and a zero (vpshufb where vpermw costs twice as
+        // much); Q6_K: groups 2j and 2j + 1, by vpshufb into the word's high byte and an
+        // arithmetic shift (its sign)
+        __m512i scale = fmt == Q6_K
+            ? _mm512_srai_epi16(_mm512_shuffle_epi8(u->sc, word_index(
+                  2 * j << 8 | 0x80, (2 * j + 1) << 8 | 0x80, 2 * j << 8 | 0x80, (2 * j + 1) << 8 | 0x80)), 8)
+            : _mm512_shuffle_epi8(u->sc, _mm512_set1_epi16((short)(0x8000 | j)));
+        __m512i w = u->w[j];
+        for (int t = 0; t < nt; t++) {
+            __m512i a = _mm512_loadu_si512(A->qp + (int64_t)(t0 + t) * k + s * 256 + 64 * j);
+            __m512i *to = &part[t][j % parts];
+            *to = _mm512_dpwssd_epi32(*to, _mm512_maddubs_epi16(w, a), scale);
+        }
+    }
+    // lanes 0-7 from lane 0 (2) of [d, dmin, d', dmin'] times scales, 8-15 from lane 2 (3)
+    const __m512i by_d = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1);
+    const __m512i by_dmin = _mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1);
+    for (int t = 0; t < nt; t++) {
+        int64_t tok = t0 + t;
+        __m512i is = part[t][0];  // exact: any grouping gives the same integers
+        for (int i = 1; i < parts; i++) is = _mm512_add_epi32(is, part[t][i]);
+        if (fmt == Q6_K) {
+            __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
+            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16),
+                                             _mm512_castps_si512(u->f));
+            is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(u->d, e), acc[t]);
+        } else {
+            // d e and dmin e of both super-blocks by one 4-lane multiply ([e, e, e', e'] is
+            // the token's scales from the 7th of s's 8 copies on), each product then
+            // spread over its super-block's 8 lanes: the lanes' products, fewer multiplies
+            __m128 de4 = _mm_mul_ps(_mm512_castps512_ps128(u->d), _mm_loadu_ps(A->ex + (tok * ns + s) * 8 + 6));
+            __m512 de = _mm512_castps128_ps512(de4);
+            __m512 msum = _mm512_mul_ps(u->f, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(by_d, de), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(msum, _mm512_permutexvar_ps(by_dmin, de), acc[t]);
+        }
     }
 }
 
@@ -820,59 +866,21 @@ VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin
     *by = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(scales_mins8(blk + 4)), pairs);
 }
 
-// A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register.
-VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
-                            float *out) {
+// A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register;
+// the pairs unpacked here, or taken from `pairs` (the row's, unpacked before).
+VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs, int ns, const Acts *A,
+                                 int t0, int nt, float *out) {
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, k = A->k;
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    // lanes 0-7 from lane 0 (2) of [d, dmin, d', dmin'] times scales, 8-15 from lane 2 (3)
-    const __m512i by_d = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1);
-    const __m512i by_dmin = _mm512_inserti64x4(_mm512_set1_epi32(1), _mm256_set1_epi32(3), 1);
     int s = 0;
     for (; s + 2 <= ns; s += 2) {
-        const uint8_t *b0 = wr + (int64_t)s * bb, *b1 = b0 + bb;
-        __m128i sm0 = _mm_setzero_si128(), sm1 = _mm_setzero_si128();
-        __m512 d = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
-        __m128 dd = _mm_setzero_ps();  // K4: [d, dmin of s, d, dmin of s + 1]
-        __m512i by = _mm512_setzero_si512();
-        // both super-blocks' scales at once: d (and dmin) by one conversion; Q6_K: what the
-        // sums of 16 are multiplied by (kq_scales) by one widening; K4: the mins as floats,
-        // [s's 8 | s + 1's 8], since float(msum) = min * float(sum of 32), exactly (Acts.s32)
-        if (fmt == Q6_K) {
-            d = two_halves(b0 + 208, b1 + 208);
-            by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192))),
-                _mm_loadu_si128((const __m128i *)(b1 + 192)), 1));
+        if (pairs) {
+            kq_pair_dots(fmt, &pairs[s / 2], s, A, t0, nt, acc);
         } else {
-            uint32_t h0, h1;
-            memcpy(&h0, b0, 4);
-            memcpy(&h1, b1, 4);
-            dd = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0));
-            sm0 = scales_mins8(b0 + 4);
-            sm1 = scales_mins8(b1 + 4);
-            mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
-        }
-        __m512i ip[TILE];
-        kq_pair_ints_vnni(fmt, b0, b1, sm0, sm1, s, A, t0, nt, ip);
-        for (int t = 0; t < nt; t++) {
-            int64_t tok = t0 + t;
-            __m512i is = ip[t];  // [super-block s's 8 lanes | s + 1's], as AVX2 holds them
-            if (fmt == Q6_K) {
-                __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
-                __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), by);
-                is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, e), acc[t]);
-            } else {
-                // d e and dmin e of both super-blocks by one 4-lane multiply ([e, e, e', e'] is
-                // the token's scales from the 7th of s's 8 copies on), each product then
-                // spread over its super-block's 8 lanes: the lanes' products, fewer multiplies
-                __m128 de4 = _mm_mul_ps(dd, _mm_loadu_ps(A->ex + (tok * ns + s) * 8 + 6));
-                __m512 de = _mm512_castps128_ps512(de4);
-                __m512 msum = _mm512_mul_ps(mins, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(by_d, de), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(msum, _mm512_permutexvar_ps(by_dmin, de), acc[t]);
-            }
+            KPair u;
+            kq_pair_unpack(fmt, wr + (int64_t)s * bb, wr + (int64_t)(s + 1) * bb, nt, &u);
+            kq_pair_dots(fmt, &u, s, A, t0, nt, acc);
         }
     }
     __m256 last[TILE];
@@ -900,6 +908,10 @@ VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, i
         }
     }
     for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
+}
+
+VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
+    kq_vnni_from(fmt, wr, NULL, ns, A, t0, nt, out);
 }
 
 // ---- AMX: wide passes of the K-quants ------------------------------------------------------
@@ -1390,8 +1402,42 @@ int64_t gguf_row_bytes(int fmt, int k) {
 #define ROW_BLOCK 32
 static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
 
+// A row of pairs, unpacked, against nt tokens: nt a constant in each call (BY_NT).
+VNNI_TARGET static void unpacked_dots_vnni(int fmt, const uint8_t *wr, const KPair *pairs, int k,
+                                           const Acts *A, int t0, int nt, float *out) {
+    switch (fmt) {
+        case Q4_K: BY_NT(kq_vnni_from(Q4_K, wr, pairs, k / 256, A, t0, N, out)) break;
+        case Q5_K: BY_NT(kq_vnni_from(Q5_K, wr, pairs, k / 256, A, t0, N, out)) break;
+        default: BY_NT(kq_vnni_from(Q6_K, wr, pairs, k / 256, A, t0, N, out))
+    }
+}
+
+// A thread's unpacked pairs, kept for its next call: a wide pass's block of rows takes a few
+// hundred kB, which malloc would map anew (and fault in) for every block.
+static __thread KPair *unpacked;
+static __thread size_t unpacked_count;
+
+// Rows r0 .. r1 - 1's pairs unpacked (VNNI, a K-quant of 2 super-blocks or more), row by row;
+// NULL where there is no memory for them.
+VNNI_TARGET static KPair *unpack_rows(int fmt, const uint8_t *w, int64_t row_bytes, int k, int r0, int r1) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, np = k / 512;
+    size_t count = (size_t)(r1 - r0) * np;
+    if (count > unpacked_count) {
+        free(unpacked);
+        unpacked = aligned_alloc(64, count * sizeof(KPair));
+        unpacked_count = unpacked ? count : 0;
+    }
+    if (!unpacked) return NULL;
+    for (int row = r0; row < r1; row++)
+        for (int p = 0; p < np; p++) {
+            const uint8_t *b0 = w + (int64_t)row * row_bytes + (int64_t)2 * p * bb;
+            kq_pair_unpack(fmt, b0, b0 + bb, TILE, &unpacked[(size_t)(row - r0) * np + p]);
+        }
+    return unpacked;
+}
+
 // Rows r0 .. r1 - 1 of y: a narrow pass two rows at a time against all its tokens, a wider
-// one a tile of up to TILE tokens at a time against the rows in turn.
+// one ROW_BLOCK rows at a time, a tile of up to TILE tokens at a time against them in turn.
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
     if (m == 1)
@@ -1412,15 +1458,23 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
                 for (int t = 0; t < m; t++)
                     y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
         }
-    for (int t0 = 0; t0 < m; t0 += TILE) {
-        int nt = m - t0 < TILE ? m - t0 : TILE;
-        for (int row = r0; row < r1; row++) {
-            const uint8_t *wr = w + (int64_t)row * row_bytes;
-            float out[TILE];
-            if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
-            else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
-            for (int t = 0; t < nt; t++)
-                y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+    for (int b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
+        int b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
+        // a wide pass of the K-quants on VNNI unpacks each row's pairs once for all its tiles
+        const int np = A->k / 512;
+        const KPair *pairs = m > TILE && path == VNNI && is_kq(fmt) && np
+            ? unpack_rows(fmt, w, row_bytes, A->k, b0, b1) : NULL;
+        for (int t0 = 0; t0 < m; t0 += TILE) {
+            int nt = m - t0 < TILE ? m - t0 : TILE;
+            for (int row = b0; row < b1; row++) {
+                const uint8_t *wr = w + (int64_t)row * row_bytes;
+                float out[TILE];
+                if (pairs) unpacked_dots_vnni(fmt, wr, pairs + (size_t)(row - b0) * np, A->k, A, t0, nt, out);
+                else if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
+                else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
+                for (int t = 0; t < nt; t++)
+                    y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
+            }
         }
     }
 }
