@@ -732,15 +732,15 @@ VNNI_TARGET AI void kq_ints_vnni(int fmt, const uint8_t *blk, __m128i sm8, int s
 // A pair of super-blocks s, s + 1 (VNNI) as its products take it. Each register of w holds 32
 // inputs of s and the same 32 of s + 1, as A->qp holds a token's inputs. sc: the bytes each
 // step's scales are made of (K4: each half's 16 scale and min bytes in its 128-bit lanes;
-// Q6_K: each half's 16 int8 scales in its two 128-bit lanes). d and f, the float side (K4:
-// d's low 4 lanes [d, dmin of s, d, dmin of s + 1], f the mins as floats, [s's 8 | s + 1's 8],
-// since float(msum) = min * float(sum of 32), exactly (Acts.s32); Q6_K: d = [s's d x 8 | s +
-// 1's x 8], f what the sums of 16 are multiplied by, as words). A narrow pass unpacks a pair
-// in registers for its one tile of tokens; a wider one unpacks each row's pairs once into
-// memory for all its tiles (unpack_rows): the same values, so the same bits.
+// Q6_K: each half's 16 int8 scales in its two 128-bit lanes). The float side: K4's d holds
+// [d, dmin of s, d, dmin of s + 1] in its low 4 lanes and mins the mins as floats, [s's 8 |
+// s + 1's 8] (float(msum) = min * float(sum of 32), exactly: Acts.s32); Q6_K's d is [s's d x 8
+// | s + 1's x 8] and by what its sums of 16 are multiplied by, as words. A narrow pass unpacks
+// a pair in registers for its one tile of tokens; a wider one unpacks each row's pairs once
+// into memory for all its tiles (unpack_rows): the same values, so the same bits.
 typedef struct {
-    __m512i w[8], sc;
-    __m512 d, f;
+    __m512i w[8], sc, by;
+    __m512 d, mins;
 } KPair;
 
 VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1, int nt, KPair *u) {
@@ -765,9 +765,9 @@ VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1
             }
         }
         u->d = two_halves(b0 + 208, b1 + 208);
-        u->f = _mm512_castsi512_ps(_mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+        u->by = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 192))),
-            _mm_loadu_si128((const __m128i *)(b1 + 192)), 1)));
+            _mm_loadu_si128((const __m128i *)(b1 + 192)), 1));
     } else {
         const int q5 = fmt == Q5_K;
         const __m512i one = _mm512_set1_epi8(1);
@@ -777,7 +777,7 @@ VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1
         memcpy(&h1, b1, 4);
         __m128i sm0 = scales_mins8(b0 + 4), sm1 = scales_mins8(b1 + 4);
         u->d = _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)));
-        u->f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
+        u->mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sm0, sm1)));
         u->sc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(sm0)),
                                    _mm256_broadcastsi128_si256(sm1), 1);
         __m512i qh = q5 ? PAIR_LOAD(16) : _mm512_setzero_si512();
@@ -832,8 +832,7 @@ VNNI_TARGET AI void kq_pair_dots(int fmt, const KPair *u, int s, const Acts *A, 
         for (int i = 1; i < parts; i++) is = _mm512_add_epi32(is, part[t][i]);
         if (fmt == Q6_K) {
             __m512 e = _mm512_loadu_ps(A->ex + (tok * ns + s) * 8);
-            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16),
-                                             _mm512_castps_si512(u->f));
+            __m512i sums = _mm512_madd_epi16(_mm512_loadu_si512(A->s16 + tok * (k / 16) + s * 16), u->by);
             is = _mm512_sub_epi32(is, _mm512_slli_epi32(sums, 5));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(u->d, e), acc[t]);
         } else {
@@ -842,7 +841,7 @@ VNNI_TARGET AI void kq_pair_dots(int fmt, const KPair *u, int s, const Acts *A, 
             // spread over its super-block's 8 lanes: the lanes' products, fewer multiplies
             __m128 de4 = _mm_mul_ps(_mm512_castps512_ps128(u->d), _mm_loadu_ps(A->ex + (tok * ns + s) * 8 + 6));
             __m512 de = _mm512_castps128_ps512(de4);
-            __m512 msum = _mm512_mul_ps(u->f, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
+            __m512 msum = _mm512_mul_ps(u->mins, _mm512_loadu_ps(A->s32 + (tok * ns + s) * 8));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_permutexvar_ps(by_d, de), acc[t]);
             acc[t] = _mm512_fnmadd_ps(msum, _mm512_permutexvar_ps(by_dmin, de), acc[t]);
         }
