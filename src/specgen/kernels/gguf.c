@@ -43,9 +43,9 @@ static inline int is_kq(int fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q
 // Weights are prefetched ahead as a row is read (rows follow each other in the file, so this
 // runs into the next row). A pass of up to NARROW tokens is bound by how much of its memory
 // waits overlap its arithmetic: it also prefetches into L2 further ahead, which keeps more
-// lines on their way (far enough to cover a VM's memory latency at the rate such a pass reads;
-// 4 KB fell short on one); a wider pass is bound by its arithmetic, which the extra
-// instructions would slow (bench/kernel_costs.py stream measures both).
+// lines on their way (far enough ahead to cover the memory's latency at the rate such a pass
+// reads); a wider pass is bound by its arithmetic, which the extra instructions would slow
+// (bench/kernel_costs.py stream measures both).
 #define PREFETCH_BYTES 2048  // into L1, wider passes
 #define PREFETCH_L1 1024     // into L1, narrow passes
 #define PREFETCH_L2 8192     // into L2, narrow passes
