@@ -59,3 +59,15 @@ def test_avx2_only_puts_every_kernel_on_its_avx2_path(avx2_only):
     w = gguf.wrap("Q8_0", raw.reshape(16, -1), 16, 256)
     x = torch.randn(5, 256)
     assert torch.equal(gguf.GGUFLinear(w)(x), gguf.linear(x, w, path=gguf.AVX2))
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler here")
+def test_compiled_says_whether_a_load_would_compile(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "HERE", tmp_path)
+    (tmp_path / "kernel.c").write_text("int answer(void) { return 7; }\n")
+    assert not build.compiled("kernel")
+    build.build(tmp_path / "kernel.c", "a test kernel", "nothing")
+    assert build.compiled("kernel")  # in the cache, not yet loaded in this process
+    (tmp_path / "kernel.c").write_text("int answer(void) { return 8; }\n")
+    assert not build.compiled("kernel")  # another source: another library

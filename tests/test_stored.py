@@ -289,3 +289,25 @@ def test_the_python_api_runs_gguf_files_as_the_command_line_does(stored_pair):
     assert spec.token_ids == plain.token_ids and spec.stats.proposed > 0
     with pytest.raises(ModelError, match="does not exist"):
         specgen.load_gguf(stored_pair.parent / "nope.gguf")
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_a_first_run_says_it_compiles_the_kernels_before_mapping(monkeypatch, tmp_path, ready):
+    """gguf.c's compile is the first run's longest wait: it gets a status line of its own,
+    not the mapping's, and only where the kernel is not compiled yet."""
+    from specgen.loading import load
+    from specgen.loading.plan import RolePlan
+    from specgen.loading.sources import ModelFiles
+    from specgen.profiles import ModelSpec
+
+    said = []
+    monkeypatch.setattr(kernels, "compiled", lambda: ready)
+    monkeypatch.setattr(kernels, "library", lambda: said.append("compiled"))
+    monkeypatch.setattr(stored, "load_gguf", lambda path, role: said.append(f"mapped {path.name}"))
+    plan = RolePlan("target", ModelSpec(model=str(tmp_path / "m.gguf"), quantization="gguf"),
+                    "stored", "cpu", torch.float32, ModelFiles("m", tmp_path, gguf="m.gguf"))
+    load.load_role(plan, said.append)
+    compiling = ["Compiling specgen's GGUF kernels (once for this version, a minute or two)",
+                 "compiled"]
+    assert said == [*([] if ready else compiling),
+                    "Mapping target m as stored in m.gguf", "mapped m.gguf"]

@@ -94,12 +94,17 @@ def compile_file(source: Path, out: Path, what: str = "a kernel", instead: str =
                             f"Use {instead} instead, or report this with the message above.")
 
 
+def library_path(source: Path) -> Path:
+    """Where `source`'s library is cached: keyed by the source, the headers beside it and FLAGS."""
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+
+
 def build(source: Path, what: str, instead: str) -> ctypes.CDLL:
     """`source` compiled into specgen's cache on first use (atomically: a crash never leaves
     half a library) and loaded. `what` and `instead` name it and its alternative in errors."""
-    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+    path = library_path(source)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -136,6 +141,11 @@ def loaded(stem: str) -> bool:
     """Whether the kernel `stem` is loaded in this process (a caller's own checks before the
     first load need not run again on every call)."""
     return _loaded.get(stem) is not None
+
+
+def compiled(stem: str) -> bool:
+    """Whether loading the kernel `stem` compiles nothing: it is loaded, or in the cache."""
+    return loaded(stem) or library_path(HERE / f"{stem}.c").exists()
 
 
 @contextmanager

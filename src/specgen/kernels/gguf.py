@@ -70,6 +70,11 @@ def library() -> ctypes.CDLL:
                       instead="the model's safetensors weights (Hugging Face)")
 
 
+def compiled() -> bool:
+    """Whether `library()` loads without compiling (a minute or more on a small CPU)."""
+    return build.compiled(STEM)
+
+
 @functools.cache
 def best_path() -> int:
     return AVX2 if build.avx2_only() else library().gguf_path()

@@ -19,7 +19,7 @@ import torch
 from specgen.choices import BNB_SCHEMES
 from specgen.decoding import llamacpp
 from specgen.errors import ModelError
-from specgen.kernels import cuda_int4, prepare
+from specgen.kernels import cuda_int4, gguf, prepare
 from specgen.loading import mapped, stored, tokenizer_cache
 from specgen.loading.convert import convert_gguf, pack
 from specgen.loading.memory import check_memory, check_pair, estimate_bytes
@@ -133,6 +133,9 @@ def load_role(plan: RolePlan, progress: Progress | None = None, lean: bool = Fal
     if plan.runtime == "llama.cpp":
         return load_llama_draft(plan, progress)
     if plan.runtime == "stored":  # the file's own blocks, mapped: nothing converted
+        if not gguf.compiled():  # its compile is the first run's longest wait
+            say(progress, "Compiling specgen's GGUF kernels (once for this version, a minute or two)")
+            gguf.library()
         say(progress, f"Mapping {plan.role} {plan.files.name} as stored in {plan.files.gguf}")
         return stored.load_gguf(plan.files.gguf_path, plan.role)
     model = LOADERS[plan.runtime](plan, weights_folder(plan, progress), progress, lean)
