@@ -235,14 +235,19 @@ def test_a_ggufs_tokenizer_is_read_from_the_file_once_and_kept_as_one_copy(
         return real(cls, source, *args)
 
     monkeypatch.setattr(tokenizer_cache, "from_pretrained", counted)
-    first = load.load_pair(load_profile(str(stored_pair))).tokenizer
+    said = []
+    first = load.load_pair(load_profile(str(stored_pair)), said.append).tokenizer
     assert sorted(slow) == ["draft", "target"], slow  # each file once, no folder after it
+    reading = [m for m in said if m.startswith("Reading the tokenizer of")]
+    assert len(reading) == 2 and all(m.endswith("(first run only)") for m in reading), said
     entries = [p for p in (tmp_path / "cache" / tokenizer_cache.FOLDER).iterdir()
                if not p.name.startswith(".")]
     assert len(entries) == 2, entries
     slow.clear()
-    second = load.load_pair(load_profile(str(stored_pair)), lean=True).tokenizer
+    said.clear()
+    second = load.load_pair(load_profile(str(stored_pair)), said.append, lean=True).tokenizer
     assert slow == [] and isinstance(second, tokenizer_cache.PlainTokenizer)
+    assert not [m for m in said if m.startswith("Reading the tokenizer")], said
     assert second.get_vocab() == first.get_vocab()
     assert second("abcabcab")["input_ids"] == first("abcabcab")["input_ids"]
 

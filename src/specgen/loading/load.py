@@ -192,7 +192,7 @@ def load_plan(plan: PairPlan, progress: Progress | None = None) -> LoadedPair:
         pool = ThreadPoolExecutor(1, thread_name_prefix="specgen-llama-draft")
         draft_load = pool.submit(load_llama_draft, draft, progress)
         pool.shutdown(wait=False)
-    tokenizer = tokenizer_cache.load_tokenizers(plan)
+    tokenizer = tokenizer_cache.load_tokenizers(plan, progress)
     model = load_role(target, progress, plan.lean)
     drafter = None
     if draft is not None:

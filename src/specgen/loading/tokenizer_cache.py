@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from specgen.errors import ModelError
 from specgen.loading import cache
 from specgen.loading.plan import FROM_THE_FILE, PairPlan, RolePlan
-from specgen.loading.sources import ModelFiles, from_pretrained
+from specgen.loading.sources import ModelFiles, Progress, from_pretrained, say
 from specgen.paths import cache_dir
 
 if TYPE_CHECKING:  # imported where a tokenizer needs transformers (not `lean`)
@@ -94,7 +94,7 @@ def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bo
     return tok
 
 
-def gguf_tokenizer(source: ModelFiles, lean: bool = False
+def gguf_tokenizer(source: ModelFiles, lean: bool = False, progress: Progress | None = None
                    ) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
     """The tokenizer of the GGUF file `source` (sha256 known), and the cache entry holding its
     copy. transformers reads it from the file's metadata, seconds for a 150k-token vocabulary,
@@ -108,6 +108,7 @@ def gguf_tokenizer(source: ModelFiles, lean: bool = False
     def build(tmp: Path) -> dict:
         from transformers import AutoTokenizer
 
+        say(progress, f"Reading the tokenizer of {source.gguf} (first run only)")
         # Saved, then loaded back as a folder's: what runs is the tokenizer those files give
         # (its special tokens as saved), the tokenizer every later run loads.
         from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
@@ -386,11 +387,12 @@ def same_tokenizer_files(a: ModelFiles, b: ModelFiles) -> bool:
                for f in FILES)
 
 
-def _load_role(role: RolePlan, lean: bool) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
+def _load_role(role: RolePlan, lean: bool, progress: Progress | None
+               ) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
     """The role's tokenizer and the folder or file it was read from: a GGUF run as stored,
     from its kept copy; else from its files (a GGUF not converted yet, from the file)."""
     if role.runtime == "stored":
-        return gguf_tokenizer(role.files, lean)
+        return gguf_tokenizer(role.files, lean, progress)
     return load_tokenizer(role.files, role.spec.trust_remote_code, lean), role.files.path
 
 
@@ -402,13 +404,14 @@ def _shares_tokenizer(target: RolePlan, target_folder: Path, draft: RolePlan) ->
     return draft.runtime in FROM_THE_FILE and matched(target_folder, draft.files.gguf_path)
 
 
-def load_tokenizers(plan: PairPlan) -> PreTrainedTokenizerBase | PlainTokenizer:
+def load_tokenizers(plan: PairPlan, progress: Progress | None = None
+                    ) -> PreTrainedTokenizerBase | PlainTokenizer:
     """The target's tokenizer, the draft's checked against it (read once where they share it)."""
     target, draft = plan.target, plan.draft
-    tokenizer, folder = _load_role(target, plan.lean)
+    tokenizer, folder = _load_role(target, plan.lean, progress)
     if draft is None or _shares_tokenizer(target, folder, draft):
         return tokenizer
-    other, _ = _load_role(draft, plan.lean)
+    other, _ = _load_role(draft, plan.lean, progress)
     check_tokenizers(tokenizer, other, target.files.name, draft.files.name)
     if draft.runtime in FROM_THE_FILE:
         remember_match(folder, draft.files.gguf_path)
