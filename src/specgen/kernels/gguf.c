@@ -1302,75 +1302,77 @@ AMX_INT8 static void tile_linear(int fmt, const uint8_t *w, int64_t row_bytes, c
 
 // ---- dispatch ------------------------------------------------------------------------------
 
-// One row against nt tokens on AVX2; nt a constant in each call so the token loops unroll.
-#define BY_NT(CALL)                   \
-    switch (nt) {                     \
-        case 1: { enum { N = 1 }; CALL; } break; \
-        case 2: { enum { N = 2 }; CALL; } break; \
-        case 3: { enum { N = 3 }; CALL; } break; \
-        case 4: { enum { N = 4 }; CALL; } break; \
-        case 5: { enum { N = 5 }; CALL; } break; \
-        case 6: { enum { N = 6 }; CALL; } break; \
-        case 7: { enum { N = 7 }; CALL; } break; \
-        default: { enum { N = 8 }; CALL; }       \
+// Each kernel (a path, a format, a count of tokens nt) is a function of its own, compiled with
+// nt a constant so that its token loops unroll, and a table picks it. Held all in one function
+// behind switches, they cost gcc's optimiser time growing faster than the code (a first run
+// waits for this file's compile); each kernel's code is the same either way.
+AI void row_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
+    if (is_kq(fmt)) kq_avx2(fmt, wr, k / 256, A, t0, nt, out);
+    else b32_avx2(fmt, wr, k / 32, A, t0, nt, out);
+}
+
+VNNI_TARGET AI void row_vnni(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
+    if (is_kq(fmt)) kq_vnni(fmt, wr, k / 256, A, t0, nt, out);
+    else b32_vnni(fmt, wr, k / 32, A, t0, nt, out);
+}
+
+// A row against nt tokens t0 ..: the wide passes' unit (out: nt sums).
+typedef void DotsFn(const uint8_t *wr, int k, const Acts *A, int t0, float *out);
+// Two weight rows w0, w1 against a narrow pass's nt tokens (out: w0's nt sums, then w1's), each
+// row's work exactly as a one-row call's (so its bits): in one function the two rows'
+// independent work overlaps, and the fixed cost per row (the call, the final sums, a short
+// row's scales) is paid once for two.
+typedef void PairFn(const uint8_t *w0, const uint8_t *w1, int k, const Acts *A, float *out);
+// A K-quant row whose pairs are unpacked against nt tokens t0 .. (VNNI's wide passes).
+typedef void UnpackedFn(const uint8_t *wr, const KPair *pairs, int k, const Acts *A, int t0, float *out);
+
+#define KERNELS(PATH, TARGET, F, NT)                                                              \
+    TARGET static void dots_##PATH##_##F##_##NT(const uint8_t *wr, int k, const Acts *A, int t0,  \
+                                                float *out) {                                     \
+        row_##PATH(F, wr, k, A, t0, NT, out);                                                     \
+    }                                                                                             \
+    TARGET static void pair_##PATH##_##F##_##NT(const uint8_t *w0, const uint8_t *w1, int k,      \
+                                                const Acts *A, float *out) {                      \
+        row_##PATH(F, w0, k, A, 0, NT, out);                                                      \
+        row_##PATH(F, w1, k, A, 0, NT, out + NT);                                                 \
     }
-
-// A row against nt tokens by the 32-block kernel B32 or the K-quant kernel KQ of one path.
-#define BY_FORMAT(B32, KQ)                                                      \
-    switch (fmt) {                                                              \
-        case Q4_0: BY_NT(B32(Q4_0, wr, k / 32, A, t0, N, out)) break;           \
-        case Q5_0: BY_NT(B32(Q5_0, wr, k / 32, A, t0, N, out)) break;           \
-        case Q8_0: BY_NT(B32(Q8_0, wr, k / 32, A, t0, N, out)) break;           \
-        case Q4_K: BY_NT(KQ(Q4_K, wr, k / 256, A, t0, N, out)) break;           \
-        case Q5_K: BY_NT(KQ(Q5_K, wr, k / 256, A, t0, N, out)) break;           \
-        default: BY_NT(KQ(Q6_K, wr, k / 256, A, t0, N, out))                    \
+#define UNPACKED(F, NT)                                                                           \
+    VNNI_TARGET static void unpacked_vnni_##F##_##NT(const uint8_t *wr, const KPair *pairs, int k, \
+                                                     const Acts *A, int t0, float *out) {         \
+        kq_vnni_from(F, wr, pairs, k / 256, A, t0, NT, out);                                      \
     }
+// X(..., nt) for nt = 1 .. TILE
+_Static_assert(TILE == 8, "EACH_NT and BY_NT name the kernels for nt = 1 .. TILE");
+#define EACH_NT(X, ...) X(__VA_ARGS__, 1) X(__VA_ARGS__, 2) X(__VA_ARGS__, 3) X(__VA_ARGS__, 4) \
+                        X(__VA_ARGS__, 5) X(__VA_ARGS__, 6) X(__VA_ARGS__, 7) X(__VA_ARGS__, 8)
+#define EACH_FORMAT(X, ...) X(__VA_ARGS__, Q4_0) X(__VA_ARGS__, Q5_0) X(__VA_ARGS__, Q8_0) \
+                            X(__VA_ARGS__, Q4_K) X(__VA_ARGS__, Q5_K) X(__VA_ARGS__, Q6_K)
+#define FORMAT_KERNELS(PATH, TARGET, F) EACH_NT(KERNELS, PATH, TARGET, F)
+EACH_FORMAT(FORMAT_KERNELS, avx2, )
+EACH_FORMAT(FORMAT_KERNELS, vnni, VNNI_TARGET)
+EACH_NT(UNPACKED, Q4_K)
+EACH_NT(UNPACKED, Q5_K)
+EACH_NT(UNPACKED, Q6_K)
 
-static void dots_avx2(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt, float *out) {
-    BY_FORMAT(b32_avx2, kq_avx2)
-}
-
-VNNI_TARGET static void dots_vnni(int fmt, const uint8_t *wr, int k, const Acts *A, int t0, int nt,
-                                  float *out) {
-    BY_FORMAT(b32_vnni, kq_vnni)
-}
-
-// Two weight rows w0, w1 against N tokens (out: w0's N sums, then w1's), each row's work
-// exactly as a one-row call's (so its bits): in one function the two rows' independent work
-// overlaps, and the fixed cost per row (the call, the final sums, a short row's scales) is
-// paid once for two.
-#define ROW_PAIR(B32, KQ, N_)                                                                    \
-    switch (fmt) {                                                                               \
-        case Q4_0: B32(Q4_0, w0, k / 32, A, 0, N_, out); B32(Q4_0, w1, k / 32, A, 0, N_, out + N_); break;   \
-        case Q5_0: B32(Q5_0, w0, k / 32, A, 0, N_, out); B32(Q5_0, w1, k / 32, A, 0, N_, out + N_); break;   \
-        case Q8_0: B32(Q8_0, w0, k / 32, A, 0, N_, out); B32(Q8_0, w1, k / 32, A, 0, N_, out + N_); break;   \
-        case Q4_K: KQ(Q4_K, w0, k / 256, A, 0, N_, out); KQ(Q4_K, w1, k / 256, A, 0, N_, out + N_); break;   \
-        case Q5_K: KQ(Q5_K, w0, k / 256, A, 0, N_, out); KQ(Q5_K, w1, k / 256, A, 0, N_, out + N_); break;   \
-        default: KQ(Q6_K, w0, k / 256, A, 0, N_, out); KQ(Q6_K, w1, k / 256, A, 0, N_, out + N_);           \
+// The tables: [format's slot][nt - 1], the slots in EACH_FORMAT's order.
+static int slot(int fmt) {
+    switch (fmt) {
+        case Q4_0: return 0;
+        case Q5_0: return 1;
+        case Q8_0: return 2;
+        case Q4_K: return 3;
+        case Q5_K: return 4;
+        default: return 5;
     }
-
-// A one-token pass's pair: the commonest pass has a function of its own, compiled for one
-// token (in the narrow passes' function it ran slower on AVX2).
-static void token_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k, const Acts *A,
-                            float *out) {
-    ROW_PAIR(b32_avx2, kq_avx2, 1)
 }
-
-VNNI_TARGET static void token_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                                        const Acts *A, float *out) {
-    ROW_PAIR(b32_vnni, kq_vnni, 1)
-}
-
-// A narrow pass's pair, nt tokens (2 to TILE).
-static void narrow_rows_avx2(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                             const Acts *A, int nt, float *out) {
-    BY_NT(ROW_PAIR(b32_avx2, kq_avx2, N))
-}
-
-VNNI_TARGET static void narrow_rows_vnni(int fmt, const uint8_t *w0, const uint8_t *w1, int k,
-                                         const Acts *A, int nt, float *out) {
-    BY_NT(ROW_PAIR(b32_vnni, kq_vnni, N))
-}
+#define BY_NT(NAME, F) {NAME##_##F##_1, NAME##_##F##_2, NAME##_##F##_3, NAME##_##F##_4, \
+                        NAME##_##F##_5, NAME##_##F##_6, NAME##_##F##_7, NAME##_##F##_8}
+#define BY_FORMAT(NAME) {BY_NT(NAME, Q4_0), BY_NT(NAME, Q5_0), BY_NT(NAME, Q8_0), \
+                         BY_NT(NAME, Q4_K), BY_NT(NAME, Q5_K), BY_NT(NAME, Q6_K)}
+static DotsFn *const DOTS[2][6][TILE] = {BY_FORMAT(dots_avx2), BY_FORMAT(dots_vnni)};
+static PairFn *const PAIRS[2][6][TILE] = {BY_FORMAT(pair_avx2), BY_FORMAT(pair_vnni)};
+static UnpackedFn *const UNPACKED_VNNI[3][TILE] = {  // the K-quants' slots, less 3
+    BY_NT(unpacked_vnni, Q4_K), BY_NT(unpacked_vnni, Q5_K), BY_NT(unpacked_vnni, Q6_K)};
 
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
 // where it also has AMX-INT8 and Linux lets this process use the tiles.
@@ -1396,21 +1398,11 @@ int64_t gguf_row_bytes(int fmt, int k) {
 }
 
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
-// (token_rows_*, narrow_rows_*; its threads share the rows finely), a wider one ROW_BLOCK,
+// (PAIRS; its threads share the rows finely), a wider one ROW_BLOCK,
 // whose weights stay in L2 while each tile of tokens' inputs is read once for all of them
 // (row by row, a prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
 static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
-
-// A row of pairs, unpacked, against nt tokens: nt a constant in each call (BY_NT).
-VNNI_TARGET static void unpacked_dots_vnni(int fmt, const uint8_t *wr, const KPair *pairs, int k,
-                                           const Acts *A, int t0, int nt, float *out) {
-    switch (fmt) {
-        case Q4_K: BY_NT(kq_vnni_from(Q4_K, wr, pairs, k / 256, A, t0, N, out)) break;
-        case Q5_K: BY_NT(kq_vnni_from(Q5_K, wr, pairs, k / 256, A, t0, N, out)) break;
-        default: BY_NT(kq_vnni_from(Q6_K, wr, pairs, k / 256, A, t0, N, out))
-    }
-}
 
 // A thread's unpacked pairs, kept for its next call: a wide pass's block of rows takes a few
 // hundred kB, which malloc would map anew (and fault in) for every block.
@@ -1440,24 +1432,25 @@ VNNI_TARGET static KPair *unpack_rows(int fmt, const uint8_t *w, int64_t row_byt
 // one ROW_BLOCK rows at a time, a tile of up to TILE tokens at a time against them in turn.
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
-    if (m == 1)
+    const int f = slot(fmt);
+    PairFn *pair = PAIRS[path][f][m <= TILE ? m - 1 : 0];
+    if (m == 1)  // the commonest pass, its stores plain
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2];
-            if (path == VNNI) token_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, out);
-            else token_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, out);
+            pair(w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
         }
-    else if (m <= TILE)
+    else if (m <= TILE) {
         for (; r0 + 2 <= r1; r0 += 2) {
             const uint8_t *w0 = w + (int64_t)r0 * row_bytes;
             float out[2 * TILE];
-            if (path == VNNI) narrow_rows_vnni(fmt, w0, w0 + row_bytes, A->k, A, m, out);
-            else narrow_rows_avx2(fmt, w0, w0 + row_bytes, A->k, A, m, out);
+            pair(w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++)
                 for (int t = 0; t < m; t++)
                     y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
         }
+    }
     for (int b0 = r0; b0 < r1; b0 += ROW_BLOCK) {
         int b1 = b0 + ROW_BLOCK < r1 ? b0 + ROW_BLOCK : r1;
         // a wide pass of the K-quants on VNNI unpacks each row's pairs once for all its tiles
@@ -1469,9 +1462,8 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             for (int row = b0; row < b1; row++) {
                 const uint8_t *wr = w + (int64_t)row * row_bytes;
                 float out[TILE];
-                if (pairs) unpacked_dots_vnni(fmt, wr, pairs + (size_t)(row - b0) * np, A->k, A, t0, nt, out);
-                else if (path == VNNI) dots_vnni(fmt, wr, A->k, A, t0, nt, out);
-                else dots_avx2(fmt, wr, A->k, A, t0, nt, out);
+                if (pairs) UNPACKED_VNNI[f - 3][nt - 1](wr, pairs + (size_t)(row - b0) * np, A->k, A, t0, out);
+                else DOTS[path][f][nt - 1](wr, A->k, A, t0, out);
                 for (int t = 0; t < nt; t++)
                     y[(int64_t)(t0 + t) * n + row] = bias ? out[t] + bias[row] : out[t];
             }
