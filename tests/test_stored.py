@@ -252,6 +252,37 @@ def test_a_ggufs_tokenizer_is_read_from_the_file_once_and_kept_as_one_copy(
     assert second("abcabcab")["input_ids"] == first("abcabcab")["input_ids"]
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_ggufs_tokenizer_class_is_named_from_its_header_as_autotokenizer_picks_it(
+        tmp_path, tiny_gguf, monkeypatch, arch):
+    """AutoTokenizer reads all of a GGUF's metadata with gguf's reader (seconds for a real
+    vocabulary) only to learn its model type; the class named from specgen's read of the
+    header is the one AutoTokenizer picks, and builds the same tokenizer without that read."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers import AutoTokenizer
+
+    from specgen.loading import tokenizer_cache
+    from specgen.loading.sources import ModelFiles
+
+    path = write(tiny_gguf, tmp_path, arch=arch, kind="Q8_0")
+    source = ModelFiles("m", path.parent, path.name)
+    slow = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+    def whole_read(*args, **kwargs):
+        raise AssertionError("the whole metadata read")
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", whole_read)
+    with pytest.raises(AssertionError, match="whole metadata"):  # AutoTokenizer's way reads it
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    named = tokenizer_cache.gguf_tokenizer_class(source)
+    fast = named.from_pretrained(path.parent, gguf_file=path.name)
+    assert type(fast) is type(slow)
+    assert fast.backend_tokenizer.to_str() == slow.backend_tokenizer.to_str()
+    assert fast("abcabcab def")["input_ids"] == slow("abcabcab def")["input_ids"]
+    (tmp_path / "tokenizer_config.json").write_text("{}")  # AutoTokenizer reads it: its own way
+    assert tokenizer_cache.gguf_tokenizer_class(source) is None
+
+
 def test_a_ggufs_refused_tokenizer_copy_loads_the_slow_way_from_its_files(
         stored_pair, tmp_path, monkeypatch):
     """A copy that would not answer the same keeps its files (the only copy of the file's

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specgen.errors import ModelError
-from specgen.loading import cache
+from specgen.loading import cache, stored
 from specgen.loading.plan import FROM_THE_FILE, PairPlan, RolePlan
 from specgen.loading.sources import ModelFiles, Progress, from_pretrained, say
 from specgen.paths import cache_dir
@@ -111,7 +111,8 @@ def gguf_tokenizer(source: ModelFiles, lean: bool = False, progress: Progress | 
         say(progress, f"Reading the tokenizer of {source.gguf} (first run only)")
         # Saved, then loaded back as a folder's: what runs is the tokenizer those files give
         # (its special tokens as saved), the tokenizer every later run loads.
-        from_pretrained(AutoTokenizer, source, False, "load the tokenizer").save_pretrained(tmp)
+        auto = gguf_tokenizer_class(source) or AutoTokenizer
+        from_pretrained(auto, source, False, "load the tokenizer").save_pretrained(tmp)
         made.append(AutoTokenizer.from_pretrained(tmp, local_files_only=True))
         return _copy(made[0], tmp, str(source.gguf_path), keep_refused=True)
 
@@ -124,6 +125,30 @@ def gguf_tokenizer(source: ModelFiles, lean: bool = False, progress: Progress | 
         tok = from_pretrained(AutoTokenizer, source, False, "load the tokenizer")
     tok.name_or_path = str(entry)
     return tok, entry
+
+
+def gguf_tokenizer_class(source: ModelFiles) -> type | None:
+    """The class AutoTokenizer builds the GGUF file's tokenizer with, named without its way of
+    finding it: AutoTokenizer learns the file's model type by reading all its metadata with
+    gguf's reader (seconds for a 150k-token vocabulary), then, in a folder without a
+    tokenizer_config.json, takes the class that transformers maps the type to. For the
+    families specgen runs as stored, the type is the architecture in the file's header, read
+    here in milliseconds. None elsewhere, and for a file transformers would take for Mistral:
+    AutoTokenizer then finds the class as it does."""
+    if (source.path / "tokenizer_config.json").exists():
+        return None
+    try:
+        file = stored.File(source.gguf_path)
+    except ModelError:
+        return None
+    family, name = file.value("general.architecture"), str(file.value("general.name", ""))
+    if family not in stored.ARCHITECTURES or "mistral" in name.lower():
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING, TokenizersBackend
+
+    found = TOKENIZER_MAPPING.get(CONFIG_MAPPING[family], TokenizersBackend)
+    return None if found is None or found.__name__ == "MistralCommonBackend" else found
 
 
 def eligible(path: Path) -> bool:
