@@ -515,19 +515,16 @@ def test_an_unmeasured_reading_is_priced_at_the_targets_scaled_by_the_drafts_pas
     assert planner.catch_up("model", Reader(100), None) == pytest.approx(0.1)
 
 
-def test_an_unmeasured_reading_is_priced_by_the_drafts_size():
-    """A draft model's reading, until one is measured, at its layers' multiply-adds against
-    the target's (a third here): not as the target's own prompt pass, which would keep a small
-    draft from ever starting on a first answer's long prompt."""
+def test_before_any_draft_pass_a_reading_is_priced_by_the_drafts_size():
+    """A draft model's reading, before it has drafted at all, at its layers' multiply-adds
+    against the target's (a third here): not as the target's own prompt pass, which would
+    keep a small draft from ever starting on a first answer's long prompt."""
     book = Book(prefill_cost=0.003, target_size=300)
     assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(0.1)
     assert book.catch_up("model", 100, plain_pass=0.045, size=900) == pytest.approx(0.3)  # never above
     assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.3)  # size unknown
-    # A one-token draft pass dearer than its size says (its fixed costs, its output layer)
-    # leaves the price of a wide read by the size; it scales one only where the size is unknown.
-    book.draft_share["model"] = 0.5
-    assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(0.1)
-    assert book.catch_up("model", 100, plain_pass=0.045) == pytest.approx(0.15)
+    book.draft_share["model"] = 0.5  # a measured draft pass wins over the size
+    assert book.catch_up("model", 100, plain_pass=0.045, size=100) == pytest.approx(0.15)
     assert Book(prefill_cost=0.003).catch_up("model", 100, 0.045, size=100) == pytest.approx(0.3)
     planner = Planner(4, book=Book(prefill_cost=0.003, target_size=300))
     reader = Reader(100)

@@ -225,13 +225,10 @@ class Book:
                  size: int | None = None) -> float:
         """Seconds `guesser` would read `unread` tokens for (0 for a pass's worth, or while
         nothing is measured). Unmeasured, the target's prompt pass stands in, scaled by the
-        guesser's `size` against the target's or else by its draft pass against the target's,
-        at most 1: priced as the target, a small draft would never read where it pays. Size
-        comes first: a read is a wide pass, whose cost follows the multiply-adds as the
-        target's prompt pass does, while a one-token draft pass carries costs of its own (a
-        layer's fixed work, its output layer) that a wide pass shares out. A prompt token never
-        costs more than the target's one-token pass: a prompt pass found slower (a kernel
-        compiled inside it, pages read from disk) was slow once."""
+        guesser's draft pass against the target's or else its `size` against the target's,
+        at most 1: priced as the target, a small draft would never read where it pays. A
+        prompt token never costs more than the target's one-token pass: a prompt pass found
+        slower (a kernel compiled inside it, pages read from disk) was slow once."""
         if unread < CATCH_UP_TOKENS:
             return 0.0
         share = self.read_share.get(guesser)
@@ -239,9 +236,9 @@ class Book:
             return unread * share * plain_pass
         if self.prefill_cost is None:
             return 0.0
-        scale = size / self.target_size if size and self.target_size else None
-        if scale is None:
-            scale = self.draft_share.get(guesser)
+        scale = self.draft_share.get(guesser)
+        if scale is None and size and self.target_size:
+            scale = size / self.target_size
         per_token = min(self.prefill_cost, plain_pass or self.prefill_cost)
         return unread * per_token * min(1.0, 1.0 if scale is None else scale)
 
