@@ -1430,6 +1430,7 @@ VNNI_TARGET static KPair *unpack_rows(int fmt, const uint8_t *w, int64_t row_byt
 
 // Rows r0 .. r1 - 1 of y: a narrow pass two rows at a time against all its tokens, a wider
 // one ROW_BLOCK rows at a time, a tile of up to TILE tokens at a time against them in turn.
+// path is AVX2 or VNNI, the tables' (an AMX pass takes the tiles: tile_linear).
 static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *bias, float *y,
                      int m, int n, int path, const Acts *A, int r0, int r1) {
     const int f = slot(fmt);
