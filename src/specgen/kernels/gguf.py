@@ -71,7 +71,7 @@ def library() -> ctypes.CDLL:
 
 
 def compiled() -> bool:
-    """Whether `library()` loads without compiling (a minute or more on a small CPU)."""
+    """Whether `library()` loads without compiling (up to a minute on a small CPU)."""
     return build.compiled(STEM)
 
 

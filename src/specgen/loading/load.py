@@ -134,7 +134,7 @@ def load_role(plan: RolePlan, progress: Progress | None = None, lean: bool = Fal
         return load_llama_draft(plan, progress)
     if plan.runtime == "stored":  # the file's own blocks, mapped: nothing converted
         if not gguf.compiled():  # its compile is the first run's longest wait
-            say(progress, "Compiling specgen's GGUF kernels (once for this version, a minute or two)")
+            say(progress, "Compiling specgen's GGUF kernels (once for this version, up to a minute)")
             gguf.library()
         say(progress, f"Mapping {plan.role} {plan.files.name} as stored in {plan.files.gguf}")
         return stored.load_gguf(plan.files.gguf_path, plan.role)

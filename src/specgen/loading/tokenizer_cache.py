@@ -97,8 +97,8 @@ def load_tokenizer(source: ModelFiles, trust_remote_code: bool = False, lean: bo
 def gguf_tokenizer(source: ModelFiles, lean: bool = False, progress: Progress | None = None
                    ) -> tuple[PreTrainedTokenizerBase | PlainTokenizer, Path]:
     """The tokenizer of the GGUF file `source` (sha256 known), and the cache entry holding its
-    copy. transformers reads it from the file's metadata, seconds for a 150k-token vocabulary,
-    so the first load keeps a copy (tokenizers/gguf-<hash of the file and of the libraries
+    copy. transformers builds it from the file's metadata, a second or more for a 150k-token
+    vocabulary, so the first load keeps a copy (tokenizers/gguf-<hash of the file and of the libraries
     that read it>), compared as a folder's fast copy is, and later runs load the copy: the
     fast way where it answers the same, else the slow way from its files (a refused copy keeps
     them). No weight is read or written. `lean`: a PlainTokenizer where the copy was found to
