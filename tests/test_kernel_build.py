@@ -71,3 +71,48 @@ def test_compiled_says_whether_a_load_would_compile(monkeypatch, tmp_path):
     assert build.compiled("kernel")  # in the cache, not yet loaded in this process
     (tmp_path / "kernel.c").write_text("int answer(void) { return 8; }\n")
     assert not build.compiled("kernel")  # another source: another library
+
+
+def logging_compiler(tmp_path, refuse: str | None = None):
+    """A C compiler that writes each call's arguments to a log, and fails (as a compiler
+    without it would) where they hold `refuse`; the log's path."""
+    log = tmp_path / "calls.log"
+    cc = tmp_path / "cc.sh"
+    refusal = f'case "$*" in *{refuse}*) echo "unknown option {refuse}" >&2; exit 1;; esac\n' if refuse else ""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    cc.write_text(f'#!/bin/sh\necho "$*" >> {log}\n{refusal}exec {gcc} "$@"\n')
+    cc.chmod(0o755)
+    return cc, log
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler here")
+@pytest.mark.skipif(not shutil.which("make"), reason="no make here: kernels compile the plain way")
+def test_a_kernel_compiles_in_parallel_jobs_and_plainly_where_the_compiler_refuses(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "kernel.c").write_text("int answer(void) { return 7; }\n")
+    cc, log = logging_compiler(tmp_path)
+    monkeypatch.setenv("CC", str(cc))
+    assert build.build(tmp_path / "kernel.c", "a test kernel", "nothing").answer() == 7
+    (call,) = log.read_text().splitlines()  # one call, with the parallel flags
+    assert call.split()[:-3] == [*build.FLAGS, *build.PARALLEL]
+    # A compiler without link-time optimisation: the plain flags, the same kernel.
+    (tmp_path / "kernel.c").write_text("int answer(void) { return 8; }\n")
+    log.unlink()
+    cc, log = logging_compiler(tmp_path, refuse="-flto")
+    assert build.build(tmp_path / "kernel.c", "a test kernel", "nothing").answer() == 8
+    first, second = log.read_text().splitlines()
+    assert build.PARALLEL[0] in first.split() and build.PARALLEL[0] not in second.split()
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler here")
+def test_without_make_a_kernel_compiles_the_plain_way(monkeypatch, tmp_path):
+    """gcc would run the parallel jobs one by one without make: slower than not splitting."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "kernel.c").write_text("int answer(void) { return 9; }\n")
+    cc, log = logging_compiler(tmp_path)
+    monkeypatch.setenv("CC", str(cc))
+    which = shutil.which
+    monkeypatch.setattr(build.shutil, "which", lambda name: None if name == "make" else which(name))
+    assert build.build(tmp_path / "kernel.c", "a test kernel", "nothing").answer() == 9
+    (call,) = log.read_text().splitlines()
+    assert call.split()[:-3] == list(build.FLAGS)

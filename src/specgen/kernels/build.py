@@ -28,6 +28,12 @@ HERE = Path(__file__).parent
 # No fused multiply-add but where the code asks for one: a product and a sum are rounded as
 # written, as PyTorch's elementwise ops round them (rows.c's rotary embedding).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+# How, not what: with link-time optimisation gcc optimises a unit's functions in parallel jobs
+# (make runs them; gcc counts the CPUs), where most of gguf.c's compile goes. Without make gcc
+# runs those jobs one by one, slower than not splitting at all, so then, or where a compiler
+# refuses the flag, a kernel compiles the plain way. Either way it computes the same bits: the
+# kernels fix their arithmetic with intrinsics and FLAGS.
+PARALLEL = ("-flto=auto",)
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
@@ -86,18 +92,26 @@ def compiler(what: str, instead: str) -> str:
 
 def compile_file(source: Path, out: Path, what: str = "a kernel", instead: str = "PyTorch's"
                  ) -> None:
-    """`source` (with the headers beside it) compiled with FLAGS into the library `out`."""
-    done = subprocess.run([compiler(what, instead), *FLAGS, str(source), "-o", str(out)],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise ResourceError(f"Compiling {what} failed:\n{done.stderr.strip()}\n"
-                            f"Use {instead} instead, or report this with the message above.")
+    """`source` (with the headers beside it) compiled with FLAGS into the library `out`, in
+    parallel where the compiler and make can (PARALLEL)."""
+    cc = compiler(what, instead)
+    # A parent make's job slots are not passed down: gcc takes the CPUs it counts.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    for flags in ((FLAGS + PARALLEL, FLAGS) if shutil.which("make") else (FLAGS,)):
+        done = subprocess.run([cc, *flags, str(source), "-o", str(out)], capture_output=True,
+                              text=True, env=env)
+        if not done.returncode:
+            return
+    raise ResourceError(f"Compiling {what} failed:\n{done.stderr.strip()}\n"
+                        f"Use {instead} instead, or report this with the message above.")
 
 
 def library_path(source: Path) -> Path:
-    """Where `source`'s library is cached: keyed by the source, the headers beside it and FLAGS."""
+    """Where `source`'s library is cached: keyed by the source, the headers beside it and the
+    flags."""
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = " ".join(FLAGS + PARALLEL).encode()
+    digest = hashlib.sha256(source.read_bytes() + headers + flags).hexdigest()[:16]
     return cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
 
 
