@@ -31,8 +31,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-
 # How, not what: with link-time optimisation gcc optimises a unit's functions in parallel jobs
 # (make runs them; gcc counts the CPUs), where most of gguf.c's compile goes. Without make gcc
 # runs those jobs one by one, slower than not splitting at all, so then, or where a compiler
-# refuses the flag, a kernel compiles the plain way. Either way it computes the same bits: the
-# kernels fix their arithmetic with intrinsics and FLAGS.
+# refuses the flag, a kernel compiles the plain way. Either way its arithmetic is what the
+# source (intrinsics) and FLAGS fix, so its bits do not depend on which way it was compiled.
 PARALLEL = ("-flto=auto",)
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
