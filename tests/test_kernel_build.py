@@ -75,7 +75,7 @@ def test_compiled_says_whether_a_load_would_compile(monkeypatch, tmp_path):
 
 def logging_compiler(tmp_path, refuse: str | None = None):
     """A C compiler that writes each call's arguments to a log, and fails (as a compiler
-    without it would) where they hold `refuse`; the log's path."""
+    without it would) where they hold `refuse`: its path, and the log's."""
     log = tmp_path / "calls.log"
     cc = tmp_path / "cc.sh"
     refusal = f'case "$*" in *{refuse}*) echo "unknown option {refuse}" >&2; exit 1;; esac\n' if refuse else ""
