@@ -58,7 +58,8 @@ static inline uint16_t to_bf16(float f) {
 
 // A tile's weight rows are read from memory a step at a time; the rows after them (most often
 // the same thread's next tile) are asked into L2 meanwhile, `per` lines at each step from
-// `next` on: a burst would stall on full fill buffers. A prefetch changes no sum.
+// `next` on: a burst would stall on full fill buffers. A prefetch changes no sum, and never
+// faults: past a weight's last row it may ask for memory that is not there.
 static inline __attribute__((always_inline)) void prefetch_step(const char *next, int64_t lines,
                                                                  int64_t per, int64_t step) {
     for (int64_t l = step * per; l < (step + 1) * per && l < lines; l++)
