@@ -744,10 +744,8 @@ typedef struct {
     __m512 d, mins;
 } KPair;
 
-VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1, int nt, KPair *u) {
-    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+VNNI_TARGET AI void kq_pair_unpack(int fmt, const uint8_t *b0, const uint8_t *b1, KPair *u) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    prefetch_weights(b0, 2 * bb, nt);
 #define PAIR_LOAD(off) _mm512_inserti64x4(_mm512_castsi256_si512(                               \
         _mm256_loadu_si256((const __m256i *)(b0 + (off)))), _mm256_loadu_si256((const __m256i *)(b1 + (off))), 1)
     if (fmt == Q6_K) {
@@ -866,26 +864,14 @@ VNNI_TARGET AI void kq_scales(int fmt, const uint8_t *blk, float *d, float *dmin
     *by = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(scales_mins8(blk + 4)), pairs);
 }
 
-// A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register;
-// the pairs unpacked here, or taken from `pairs` (the row's, unpacked before).
-VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs, int ns, const Acts *A,
-                                 int t0, int nt, float *out) {
-    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, k = A->k;
-    __m512 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    int s = 0;
-    for (; s + 2 <= ns; s += 2) {
-        if (pairs) {
-            kq_pair_dots(fmt, &pairs[s / 2], s, A, t0, nt, acc);
-        } else {
-            KPair u;
-            kq_pair_unpack(fmt, wr + (int64_t)s * bb, wr + (int64_t)(s + 1) * bb, nt, &u);
-            kq_pair_dots(fmt, &u, s, A, t0, nt, acc);
-        }
-    }
+// The end of a row of ns super-blocks on VNNI whose pairs are in acc: an odd last
+// super-block (an even unit, on 256 bits), then the sums.
+VNNI_TARGET AI void kq_vnni_end(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt,
+                                const __m512 *acc, float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, k = A->k, s = ns - 1;
     __m256 last[TILE];
     for (int t = 0; t < nt; t++) last[t] = _mm512_castps512_ps256(acc[t]);
-    if (s < ns) {  // an odd last super-block (an even unit), on 256 bits
+    if (ns % 2) {
         const uint8_t *b0 = wr + (int64_t)s * bb;
         __m512i i0[TILE];
         kq_ints_vnni(fmt, b0, fmt == Q6_K ? _mm_setzero_si128() : scales_mins8(b0 + 4), s, A, t0, nt, i0);
@@ -908,6 +894,62 @@ VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs,
         }
     }
     for (int t = 0; t < nt; t++) out[t] = finish(acc[t], last[t]);
+}
+
+// A row of ns super-blocks on VNNI: two at a time, E and O as the halves of one register;
+// the pairs unpacked here, or taken from `pairs` (the row's, unpacked before).
+VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs, int ns, const Acts *A,
+                                 int t0, int nt, float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210;
+    __m512 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int s = 0; s + 2 <= ns; s += 2) {
+        if (pairs) {
+            kq_pair_dots(fmt, &pairs[s / 2], s, A, t0, nt, acc);
+        } else {
+            KPair u;
+            prefetch_weights(wr + (int64_t)s * bb, 2 * bb, nt);
+            kq_pair_unpack(fmt, wr + (int64_t)s * bb, wr + (int64_t)(s + 1) * bb, &u);
+            kq_pair_dots(fmt, &u, s, A, t0, nt, acc);
+        }
+    }
+    kq_vnni_end(fmt, wr, ns, A, t0, nt, acc, out);
+}
+
+// Rows of a narrow pass whose tokens' inputs would not stay in L1 over a whole row (a long
+// row, SPAN_TOKENS tokens or more): nr rows (at most SPAN_ROWS) at a time over a span of their
+// pairs, the span short enough that its inputs stay in L1 while every row reads them. A
+// row's accumulators wait in memory between spans and take its pairs in kq_vnni's order,
+// so every row has kq_vnni's bits. The weights are prefetched a row ahead: the next row's
+// same pair, read next (past a block's last row too: a prefetch never faults).
+#define SPAN_ROWS 16
+#define SPAN_TOKENS 5
+#define SPAN_BYTES 20480  // a span's inputs and their scales, all tokens: well within L1
+VNNI_TARGET AI void kq_vnni_spans(int fmt, const uint8_t *w, int64_t row_bytes, int nr, int ns,
+                                  const Acts *A, int nt, float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, np = ns / 2;
+    // per pair and token: 512 inputs, and ex, s32 and s16 (32 bytes each a super-block)
+    const int span = SPAN_BYTES / (nt * (512 + 192)) > 0 ? SPAN_BYTES / (nt * (512 + 192)) : 1;
+    __m512 acc[SPAN_ROWS][TILE];
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int p0 = 0; p0 < np; p0 += span) {
+        int p1 = p0 + span < np ? p0 + span : np;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *wr = w + (int64_t)r * row_bytes;
+            __m512 a[TILE];
+            for (int t = 0; t < nt; t++) a[t] = acc[r][t];
+            for (int p = p0; p < p1; p++) {
+                const uint8_t *b0 = wr + (int64_t)2 * p * bb;
+                for (int i = 0; i < 2 * bb; i += 64) _mm_prefetch((const char *)b0 + row_bytes + i, _MM_HINT_T0);
+                KPair u;
+                kq_pair_unpack(fmt, b0, b0 + bb, &u);
+                kq_pair_dots(fmt, &u, 2 * p, A, 0, nt, a);
+            }
+            for (int t = 0; t < nt; t++) acc[r][t] = a[t];
+        }
+    }
+    for (int r = 0; r < nr; r++) kq_vnni_end(fmt, w + (int64_t)r * row_bytes, ns, A, 0, nt, acc[r], out + r * nt);
 }
 
 VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
@@ -1325,6 +1367,9 @@ typedef void DotsFn(const uint8_t *wr, int k, const Acts *A, int t0, float *out)
 typedef void PairFn(const uint8_t *w0, const uint8_t *w1, int k, const Acts *A, float *out);
 // A K-quant row whose pairs are unpacked against nt tokens t0 .. (VNNI's wide passes).
 typedef void UnpackedFn(const uint8_t *wr, const KPair *pairs, int k, const Acts *A, int t0, float *out);
+// nr K-quant rows (at most SPAN_ROWS) against a narrow pass's nt tokens by spans (VNNI; out:
+// the first row's nt sums, then the next row's).
+typedef void SpansFn(const uint8_t *w, int64_t row_bytes, int nr, int k, const Acts *A, float *out);
 
 #define KERNELS(PATH, TARGET, F, NT)                                                              \
     TARGET static void dots_##PATH##_##F##_##NT(const uint8_t *wr, int k, const Acts *A, int t0,  \
@@ -1341,6 +1386,11 @@ typedef void UnpackedFn(const uint8_t *wr, const KPair *pairs, int k, const Acts
                                                      const Acts *A, int t0, float *out) {         \
         kq_vnni_from(F, wr, pairs, k / 256, A, t0, NT, out);                                      \
     }
+#define SPANS(F, NT)                                                                              \
+    VNNI_TARGET static void spans_vnni_##F##_##NT(const uint8_t *w, int64_t row_bytes, int nr, int k, \
+                                                  const Acts *A, float *out) {                    \
+        kq_vnni_spans(F, w, row_bytes, nr, k / 256, A, NT, out);                                  \
+    }
 // X(..., nt) for nt = 1 .. TILE
 _Static_assert(TILE == 8, "EACH_NT and BY_NT name the kernels for nt = 1 .. TILE");
 #define EACH_NT(X, ...) X(__VA_ARGS__, 1) X(__VA_ARGS__, 2) X(__VA_ARGS__, 3) X(__VA_ARGS__, 4) \
@@ -1353,6 +1403,11 @@ EACH_FORMAT(FORMAT_KERNELS, vnni, VNNI_TARGET)
 EACH_NT(UNPACKED, Q4_K)
 EACH_NT(UNPACKED, Q5_K)
 EACH_NT(UNPACKED, Q6_K)
+_Static_assert(SPAN_TOKENS == 5, "EACH_SPAN_NT and BY_SPAN_NT name the kernels for nt = 5 .. TILE");
+#define EACH_SPAN_NT(X, F) X(F, 5) X(F, 6) X(F, 7) X(F, 8)
+EACH_SPAN_NT(SPANS, Q4_K)
+EACH_SPAN_NT(SPANS, Q5_K)
+EACH_SPAN_NT(SPANS, Q6_K)
 
 // The tables: [format's slot][nt - 1], the slots in EACH_FORMAT's order.
 static int slot(int fmt) {
@@ -1373,6 +1428,9 @@ static DotsFn *const DOTS[2][6][TILE] = {BY_FORMAT(dots_avx2), BY_FORMAT(dots_vn
 static PairFn *const PAIRS[2][6][TILE] = {BY_FORMAT(pair_avx2), BY_FORMAT(pair_vnni)};
 static UnpackedFn *const UNPACKED_VNNI[3][TILE] = {  // the K-quants' slots, less 3
     BY_NT(unpacked_vnni, Q4_K), BY_NT(unpacked_vnni, Q5_K), BY_NT(unpacked_vnni, Q6_K)};
+#define BY_SPAN_NT(F) {NULL, NULL, NULL, NULL, spans_vnni_##F##_5, spans_vnni_##F##_6, \
+                       spans_vnni_##F##_7, spans_vnni_##F##_8}
+static SpansFn *const SPANS_VNNI[3][TILE] = {BY_SPAN_NT(Q4_K), BY_SPAN_NT(Q5_K), BY_SPAN_NT(Q6_K)};
 
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
 // where it also has AMX-INT8 and Linux lets this process use the tiles.
@@ -1397,12 +1455,21 @@ int64_t gguf_row_bytes(int fmt, int k) {
     return 0;
 }
 
+// Whether a narrow pass of m tokens over rows of k inputs takes the K-quants' rows by spans
+// on VNNI (kq_vnni_spans): its tokens' inputs over a row would overflow L1 (from 5 tokens at
+// the demo's k = 8960: its down layers in a verify pass).
+static inline int by_spans(int m, int k, int path) {
+    return path == VNNI && m >= SPAN_TOKENS && m <= TILE && k / 512 > SPAN_BYTES / (m * (512 + 192));
+}
+
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
-// (PAIRS; its threads share the rows finely), a wider one ROW_BLOCK,
+// (PAIRS; its threads share the rows finely) or SPAN_ROWS by spans, a wider one ROW_BLOCK,
 // whose weights stay in L2 while each tile of tokens' inputs is read once for all of them
 // (row by row, a prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
-static inline int rows_at_a_time(int m) { return m > TILE ? ROW_BLOCK : 2; }
+static inline int rows_at_a_time(int m, int k, int path) {
+    return m > TILE ? ROW_BLOCK : by_spans(m, k, path) ? SPAN_ROWS : 2;
+}
 
 // A thread's unpacked pairs, kept for its next call: a wide pass's block of rows takes a few
 // hundred kB, which malloc would map anew (and fault in) for every block.
@@ -1423,7 +1490,8 @@ VNNI_TARGET static KPair *unpack_rows(int fmt, const uint8_t *w, int64_t row_byt
     for (int row = r0; row < r1; row++)
         for (int p = 0; p < np; p++) {
             const uint8_t *b0 = w + (int64_t)row * row_bytes + (int64_t)2 * p * bb;
-            kq_pair_unpack(fmt, b0, b0 + bb, TILE, &unpacked[(size_t)(row - r0) * np + p]);
+            prefetch_weights(b0, 2 * bb, TILE);
+            kq_pair_unpack(fmt, b0, b0 + bb, &unpacked[(size_t)(row - r0) * np + p]);
         }
     return unpacked;
 }
@@ -1441,6 +1509,15 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             float out[2];
             pair(w0, w0 + row_bytes, A->k, A, out);
             for (int i = 0; i < 2; i++) y[r0 + i] = bias ? out[i] + bias[r0 + i] : out[i];
+        }
+    else if (m <= TILE && is_kq(fmt) && by_spans(m, A->k, path))
+        for (; r0 < r1; r0 += SPAN_ROWS) {
+            const int nr = r1 - r0 < SPAN_ROWS ? r1 - r0 : SPAN_ROWS;
+            float out[SPAN_ROWS * TILE];
+            SPANS_VNNI[f - 3][m - 1](w + (int64_t)r0 * row_bytes, row_bytes, nr, A->k, A, out);
+            for (int i = 0; i < nr; i++)
+                for (int t = 0; t < m; t++)
+                    y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
         }
     else if (m <= TILE) {
         for (; r0 + 2 <= r1; r0 += 2) {
@@ -1600,7 +1677,7 @@ void gguf_linear(int fmt, const float *x, const uint8_t *w, int64_t row_bytes, c
     else if (threads <= 1)  // no OpenMP region: a one-thread call pays no fork and join
         dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, 0, n);
     else {
-        const int step = rows_at_a_time(m);
+        const int step = rows_at_a_time(m, k, path);
 #pragma omp parallel for schedule(guided) num_threads(threads)
         for (int row = 0; row < n; row += step)
             dot_rows(fmt, w, row_bytes, bias, y, m, n, path, &P.A, row, row + step < n ? row + step : n);
@@ -1642,7 +1719,7 @@ void gguf_linear_many(int count, const int *fmts, const float *x, const uint8_t 
         for (int i = 0; i < count; i++)
             dot_rows(fmts[i], ws[i], row_bytes[i], biases[i], ys[i], m, ns[i], path, &P[owner[i]].A, 0, ns[i]);
     } else {
-        const int step = rows_at_a_time(m);
+        const int step = rows_at_a_time(m, k, path);
 #pragma omp parallel for schedule(guided) num_threads(threads)
         for (int r = 0; r < first[count]; r += step) {  // as gguf_linear
             for (int at = r; at < r + step && at < first[count];) {  // rows may span two layers
