@@ -10,6 +10,15 @@ import torch
 # tensors. Set before anything imports Triton (torch may): the interpreter is chosen then.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # the GPU tests skip themselves
+        pass
+    else:
+        from support import interpreter
+
+        interpreter.install()
 
 # Tiny models gain nothing from threads, and several OpenMP threads per process thrash a
 # small shared machine (spin-waiting): one thread keeps the suite fast and steady.
