@@ -2,9 +2,9 @@
 row of its result in one fixed order, whatever the shape of the operands.
 
 The interpreter computes `tl.dot` by numpy's matmul, and so by the BLAS numpy was built with,
-whose order of summation may depend on how many rows the operands have: OpenBLAS's Haswell and
-Zen kernels give a row other bits in a tile of another height (seen on a Zen 5 VM, where
-OpenBLAS takes those kernels; its SkylakeX kernels do not). The GPU tests ask whether
+whose order of summation may depend on how many rows the operands have: on a Zen 5 VM,
+OpenBLAS's own choice of kernel (and its Haswell and Zen kernels, forced) gave a row other bits
+in a tile of another height; its SkylakeX kernels did not. The GPU tests ask whether
 specgen's kernels keep each row's sums apart from the other rows' (row tiles, K parts, chunks);
 a BLAS that does not would fail them for reasons of its own."""
 
