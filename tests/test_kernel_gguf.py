@@ -134,22 +134,24 @@ def test_vnni_gives_the_avx2_paths_bits(kind, k):
 
 @needs_vnni
 @pytest.mark.parametrize("kind", K_QUANTS)
-def test_a_long_rows_verify_pass_by_spans_has_the_one_row_bits(kind):
-    """A narrow pass whose tokens' inputs would overflow L1 over a row (the demo's MLP down
-    layer, K = 8960: 35 super-blocks, an odd last one) takes its rows by spans on VNNI: each
-    row keeps a one-row pass's bits at every width, on one thread or two; 37 rows (two blocks
-    of 16 and 5 more), a row of zeros and one block far larger than the rest."""
+def test_long_rows_by_spans_keep_the_one_row_bits(kind):
+    """Passes whose tokens' inputs would overflow L1 over a row (the demo's MLP down layer,
+    K = 8960: 35 super-blocks, an odd last one) take the rows by spans on VNNI: a narrow pass
+    of 5 to 8 tokens, and each whole tile of 8 tokens of a wide pass. Every row keeps a
+    one-row pass's bits at every width, on one thread or two; 37 rows (narrow: two blocks of 16
+    and 5 more; wide: 32 and 5), a row of zeros and one block far larger than the rest."""
     w, _ = weight(kind, 37, 8960, seed=11)
-    x = torch.randn(8, w.k) * 3
+    x = torch.randn(40, w.k) * 3
     x[2] = 0
     x[6, :40] *= 1000
+    x[21, :40] *= 1000
     bias = torch.randn(37)
     alone = torch.cat([gguf.linear(x[i:i + 1], w, bias, gguf.AVX2) for i in range(len(x))])
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            for m in range(1, 9):
+            for m in [*range(1, 10), 16, 17, 40]:
                 assert torch.equal(gguf.linear(x[:m], w, bias, gguf.VNNI), alone[:m]), (kind, m, n)
     finally:
         torch.set_num_threads(threads)

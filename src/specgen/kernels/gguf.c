@@ -916,21 +916,24 @@ VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs,
     kq_vnni_end(fmt, wr, ns, A, t0, nt, acc, out);
 }
 
-// Rows of a narrow pass whose tokens' inputs would not stay in L1 over a whole row (a long
-// row, SPAN_TOKENS tokens or more): nr rows (at most SPAN_ROWS) at a time over a span of their
-// pairs, the span short enough that its inputs stay in L1 while every row reads them. A
-// row's accumulators wait in memory between spans and take its pairs in kq_vnni's order,
-// so every row has kq_vnni's bits. The weights are prefetched a row ahead: the next row's
-// same pair, read next (past a block's last row too: a prefetch never faults).
-#define SPAN_ROWS 16
+// K-quant rows whose tokens' inputs would not stay in L1 over a whole row (a long row; a
+// narrow pass of SPAN_TOKENS tokens or more, or a wide pass's whole tile of TILE tokens): nr
+// rows at a time (at most SPAN_MAX_ROWS) over a span of their pairs, the span short enough
+// that its inputs for the nt tokens t0 .. stay in L1 while every row reads them. A row's
+// accumulators wait in memory between spans and take its pairs in kq_vnni's order, so every
+// row has kq_vnni's bits. The pairs are unpacked here, the weights prefetched a row ahead
+// (the next row's same pair, read next; past a block's last row too: a prefetch never
+// faults), or taken from `pairs` (a wide pass's rows, unpacked before: row r's at r np).
+#define SPAN_ROWS 16      // a narrow pass's rows at a time
+#define SPAN_MAX_ROWS 32  // a wide pass's (ROW_BLOCK)
 #define SPAN_TOKENS 5
 #define SPAN_BYTES 20480  // a span's inputs and their scales, all tokens: well within L1
-VNNI_TARGET AI void kq_vnni_spans(int fmt, const uint8_t *w, int64_t row_bytes, int nr, int ns,
-                                  const Acts *A, int nt, float *out) {
-    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, np = ns / 2;
-    // per pair and token: 512 inputs, and ex, s32 and s16 (32 bytes each a super-block)
-    const int span = SPAN_BYTES / (nt * (512 + 192)) > 0 ? SPAN_BYTES / (nt * (512 + 192)) : 1;
-    __m512 acc[SPAN_ROWS][TILE];
+// per pair and token: 512 inputs, and ex, s32 and s16 (32 bytes each a super-block)
+static inline int span_pairs(int nt) { return SPAN_BYTES / (nt * (512 + 192)) > 0 ? SPAN_BYTES / (nt * (512 + 192)) : 1; }
+VNNI_TARGET AI void kq_vnni_spans(int fmt, const uint8_t *w, int64_t row_bytes, const KPair *pairs,
+                                  int nr, int ns, const Acts *A, int t0, int nt, float *out) {
+    const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, np = ns / 2, span = span_pairs(nt);
+    __m512 acc[SPAN_MAX_ROWS][TILE];
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
     for (int p0 = 0; p0 < np; p0 += span) {
@@ -940,16 +943,20 @@ VNNI_TARGET AI void kq_vnni_spans(int fmt, const uint8_t *w, int64_t row_bytes, 
             __m512 a[TILE];
             for (int t = 0; t < nt; t++) a[t] = acc[r][t];
             for (int p = p0; p < p1; p++) {
-                const uint8_t *b0 = wr + (int64_t)2 * p * bb;
-                for (int i = 0; i < 2 * bb; i += 64) _mm_prefetch((const char *)b0 + row_bytes + i, _MM_HINT_T0);
-                KPair u;
-                kq_pair_unpack(fmt, b0, b0 + bb, &u);
-                kq_pair_dots(fmt, &u, 2 * p, A, 0, nt, a);
+                if (pairs) {
+                    kq_pair_dots(fmt, &pairs[(size_t)r * np + p], 2 * p, A, t0, nt, a);
+                } else {
+                    const uint8_t *b0 = wr + (int64_t)2 * p * bb;
+                    for (int i = 0; i < 2 * bb; i += 64) _mm_prefetch((const char *)b0 + row_bytes + i, _MM_HINT_T0);
+                    KPair u;
+                    kq_pair_unpack(fmt, b0, b0 + bb, &u);
+                    kq_pair_dots(fmt, &u, 2 * p, A, t0, nt, a);
+                }
             }
             for (int t = 0; t < nt; t++) acc[r][t] = a[t];
         }
     }
-    for (int r = 0; r < nr; r++) kq_vnni_end(fmt, w + (int64_t)r * row_bytes, ns, A, 0, nt, acc[r], out + r * nt);
+    for (int r = 0; r < nr; r++) kq_vnni_end(fmt, w + (int64_t)r * row_bytes, ns, A, t0, nt, acc[r], out + r * nt);
 }
 
 VNNI_TARGET AI void kq_vnni(int fmt, const uint8_t *wr, int ns, const Acts *A, int t0, int nt, float *out) {
@@ -1370,6 +1377,10 @@ typedef void UnpackedFn(const uint8_t *wr, const KPair *pairs, int k, const Acts
 // nr K-quant rows (at most SPAN_ROWS) against a narrow pass's nt tokens by spans (VNNI; out:
 // the first row's nt sums, then the next row's).
 typedef void SpansFn(const uint8_t *w, int64_t row_bytes, int nr, int k, const Acts *A, float *out);
+// nr K-quant rows whose pairs are unpacked (row r's at r k / 512) against a wide pass's tile of
+// TILE tokens t0 .. by spans (VNNI; out as SpansFn's).
+typedef void UnpackedSpansFn(const uint8_t *w, int64_t row_bytes, const KPair *pairs, int nr, int k,
+                             const Acts *A, int t0, float *out);
 
 #define KERNELS(PATH, TARGET, F, NT)                                                              \
     TARGET static void dots_##PATH##_##F##_##NT(const uint8_t *wr, int k, const Acts *A, int t0,  \
@@ -1389,7 +1400,13 @@ typedef void SpansFn(const uint8_t *w, int64_t row_bytes, int nr, int k, const A
 #define SPANS(F, NT)                                                                              \
     VNNI_TARGET static void spans_vnni_##F##_##NT(const uint8_t *w, int64_t row_bytes, int nr, int k, \
                                                   const Acts *A, float *out) {                    \
-        kq_vnni_spans(F, w, row_bytes, nr, k / 256, A, NT, out);                                  \
+        kq_vnni_spans(F, w, row_bytes, NULL, nr, k / 256, A, 0, NT, out);                         \
+    }
+// a wide pass's whole tile of unpacked rows by spans (out: row by row, TILE sums each)
+#define UNPACKED_SPANS(F)                                                                         \
+    VNNI_TARGET static void unpacked_spans_vnni_##F(const uint8_t *w, int64_t row_bytes, const KPair *pairs, \
+                                                    int nr, int k, const Acts *A, int t0, float *out) { \
+        kq_vnni_spans(F, w, row_bytes, pairs, nr, k / 256, A, t0, TILE, out);                     \
     }
 // X(..., nt) for nt = 1 .. TILE
 _Static_assert(TILE == 8, "EACH_NT and BY_NT name the kernels for nt = 1 .. TILE");
@@ -1408,6 +1425,9 @@ _Static_assert(SPAN_TOKENS == 5, "EACH_SPAN_NT and BY_SPAN_NT name the kernels f
 EACH_SPAN_NT(SPANS, Q4_K)
 EACH_SPAN_NT(SPANS, Q5_K)
 EACH_SPAN_NT(SPANS, Q6_K)
+UNPACKED_SPANS(Q4_K)
+UNPACKED_SPANS(Q5_K)
+UNPACKED_SPANS(Q6_K)
 
 // The tables: [format's slot][nt - 1], the slots in EACH_FORMAT's order.
 static int slot(int fmt) {
@@ -1431,6 +1451,8 @@ static UnpackedFn *const UNPACKED_VNNI[3][TILE] = {  // the K-quants' slots, les
 #define BY_SPAN_NT(F) {NULL, NULL, NULL, NULL, spans_vnni_##F##_5, spans_vnni_##F##_6, \
                        spans_vnni_##F##_7, spans_vnni_##F##_8}
 static SpansFn *const SPANS_VNNI[3][TILE] = {BY_SPAN_NT(Q4_K), BY_SPAN_NT(Q5_K), BY_SPAN_NT(Q6_K)};
+static UnpackedSpansFn *const UNPACKED_SPANS_VNNI[3] = {
+    unpacked_spans_vnni_Q4_K, unpacked_spans_vnni_Q5_K, unpacked_spans_vnni_Q6_K};
 
 // The fastest path this CPU has: VNNI where it has AVX512-VNNI (and BW, VL), else AVX2; AMX
 // where it also has AMX-INT8 and Linux lets this process use the tiles.
@@ -1459,7 +1481,7 @@ int64_t gguf_row_bytes(int fmt, int k) {
 // on VNNI (kq_vnni_spans): its tokens' inputs over a row would overflow L1 (from 5 tokens at
 // the demo's k = 8960: its down layers in a verify pass).
 static inline int by_spans(int m, int k, int path) {
-    return path == VNNI && m >= SPAN_TOKENS && m <= TILE && k / 512 > SPAN_BYTES / (m * (512 + 192));
+    return path == VNNI && m >= SPAN_TOKENS && m <= TILE && k / 512 > span_pairs(m);
 }
 
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
@@ -1467,6 +1489,7 @@ static inline int by_spans(int m, int k, int path) {
 // whose weights stay in L2 while each tile of tokens' inputs is read once for all of them
 // (row by row, a prompt's pass read every token's inputs again for every weight row).
 #define ROW_BLOCK 32
+_Static_assert(ROW_BLOCK <= SPAN_MAX_ROWS && SPAN_ROWS <= SPAN_MAX_ROWS, "kq_vnni_spans holds a block's rows");
 static inline int rows_at_a_time(int m, int k, int path) {
     return m > TILE ? ROW_BLOCK : by_spans(m, k, path) ? SPAN_ROWS : 2;
 }
@@ -1537,6 +1560,14 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             ? unpack_rows(fmt, w, row_bytes, A->k, b0, b1) : NULL;
         for (int t0 = 0; t0 < m; t0 += TILE) {
             int nt = m - t0 < TILE ? m - t0 : TILE;
+            if (pairs && nt == TILE && np > span_pairs(TILE)) {  // a whole tile over long rows
+                float out[ROW_BLOCK * TILE];
+                UNPACKED_SPANS_VNNI[f - 3](w + (int64_t)b0 * row_bytes, row_bytes, pairs, b1 - b0, A->k, A, t0, out);
+                for (int i = 0; i < b1 - b0; i++)
+                    for (int t = 0; t < TILE; t++)
+                        y[(int64_t)(t0 + t) * n + b0 + i] = bias ? out[i * TILE + t] + bias[b0 + i] : out[i * TILE + t];
+                continue;
+            }
             for (int row = b0; row < b1; row++) {
                 const uint8_t *wr = w + (int64_t)row * row_bytes;
                 float out[TILE];
