@@ -1519,6 +1519,14 @@ VNNI_TARGET static KPair *unpack_rows(int fmt, const uint8_t *w, int64_t row_byt
     return unpacked;
 }
 
+// y's rows r0 .. r0 + nr - 1 for tokens t0 .. t0 + nt - 1 from out (row by row, nt sums each),
+// plus the bias.
+static void store_rows(const float *out, int nr, int nt, const float *bias, float *y, int n, int r0, int t0) {
+    for (int i = 0; i < nr; i++)
+        for (int t = 0; t < nt; t++)
+            y[(int64_t)(t0 + t) * n + r0 + i] = bias ? out[i * nt + t] + bias[r0 + i] : out[i * nt + t];
+}
+
 // Rows r0 .. r1 - 1 of y: a narrow pass two rows at a time against all its tokens, a wider
 // one ROW_BLOCK rows at a time, a tile of up to TILE tokens at a time against them in turn.
 // path is AVX2 or VNNI, the tables' (an AMX pass takes the tiles: tile_linear).
@@ -1538,9 +1546,7 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             const int nr = r1 - r0 < SPAN_ROWS ? r1 - r0 : SPAN_ROWS;
             float out[SPAN_ROWS * TILE];
             SPANS_VNNI[f - 3][m - 1](w + (int64_t)r0 * row_bytes, row_bytes, nr, A->k, A, out);
-            for (int i = 0; i < nr; i++)
-                for (int t = 0; t < m; t++)
-                    y[(int64_t)t * n + r0 + i] = bias ? out[i * m + t] + bias[r0 + i] : out[i * m + t];
+            store_rows(out, nr, m, bias, y, n, r0, 0);
         }
     else if (m <= TILE) {
         for (; r0 + 2 <= r1; r0 += 2) {
@@ -1563,9 +1569,7 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             if (pairs && nt == TILE && np > span_pairs(TILE)) {  // a whole tile over long rows
                 float out[ROW_BLOCK * TILE];
                 UNPACKED_SPANS_VNNI[f - 3](w + (int64_t)b0 * row_bytes, row_bytes, pairs, b1 - b0, A->k, A, t0, out);
-                for (int i = 0; i < b1 - b0; i++)
-                    for (int t = 0; t < TILE; t++)
-                        y[(int64_t)(t0 + t) * n + b0 + i] = bias ? out[i * TILE + t] + bias[b0 + i] : out[i * TILE + t];
+                store_rows(out, b1 - b0, TILE, bias, y, n, b0, t0);
                 continue;
             }
             for (int row = b0; row < b1; row++) {
