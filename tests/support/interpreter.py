@@ -14,8 +14,9 @@ import numpy as np
 
 
 def install() -> None:
-    """Float dots summed in float64, each output's products in order of k, then rounded to the
-    accumulator's type; integer and fp8 dots as the interpreter has them."""
+    """Float dots in float64, each output's products summed along k by numpy's reduction (the
+    same way for every row, whatever the number of rows), then rounded to the accumulator's
+    type; integer and fp8 dots as the interpreter has them."""
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
@@ -29,7 +30,7 @@ def install() -> None:
         if eight_bit_float or not np.issubdtype(out, np.floating):
             return original(self, a, b, d, input_precision, max_num_imprecise_acc)
         products = a.data.astype(np.float64)[..., :, :, None] * b.data.astype(np.float64)[..., None, :, :]
-        total = np.add.reduce(products, axis=-2).astype(out)  # over k, in order, per output
+        total = np.add.reduce(products, axis=-2).astype(out)  # over k, per output
         return interpreter.TensorHandle(total + d.data, d.dtype.scalar)
 
     create_dot.row_exact = True

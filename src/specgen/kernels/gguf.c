@@ -928,8 +928,14 @@ VNNI_TARGET AI void kq_vnni_from(int fmt, const uint8_t *wr, const KPair *pairs,
 #define SPAN_MAX_ROWS 32  // a wide pass's (ROW_BLOCK)
 #define SPAN_TOKENS 5
 #define SPAN_BYTES 20480  // a span's inputs and their scales, all tokens: well within L1
-// per pair and token: 512 inputs, and ex, s32 and s16 (32 bytes each a super-block)
-static inline int span_pairs(int nt) { return SPAN_BYTES / (nt * (512 + 192)) > 0 ? SPAN_BYTES / (nt * (512 + 192)) : 1; }
+// Pairs of super-blocks in a span of nt tokens: per pair and token, 512 inputs and their ex,
+// s32 and s16 (32 bytes each a super-block).
+static inline int span_pairs(int nt) {
+    int pairs = SPAN_BYTES / (nt * (512 + 192));
+    return pairs > 0 ? pairs : 1;
+}
+// Whether nt tokens' inputs over a row of k inputs outgrow one span: such rows go by spans.
+static inline int long_row(int nt, int k) { return k / 512 > span_pairs(nt); }
 VNNI_TARGET AI void kq_vnni_spans(int fmt, const uint8_t *w, int64_t row_bytes, const KPair *pairs,
                                   int nr, int ns, const Acts *A, int t0, int nt, float *out) {
     const int bb = fmt == Q4_K ? 144 : fmt == Q5_K ? 176 : 210, np = ns / 2, span = span_pairs(nt);
@@ -1481,7 +1487,7 @@ int64_t gguf_row_bytes(int fmt, int k) {
 // on VNNI (kq_vnni_spans): its tokens' inputs over a row would overflow L1 (from 5 tokens at
 // the demo's k = 8960: its down layers in a verify pass).
 static inline int by_spans(int m, int k, int path) {
-    return path == VNNI && m >= SPAN_TOKENS && m <= TILE && k / 512 > span_pairs(m);
+    return path == VNNI && m >= SPAN_TOKENS && m <= TILE && long_row(m, k);
 }
 
 // Weight rows a thread takes at a time: a narrow pass (one tile of tokens or fewer) two
@@ -1566,7 +1572,7 @@ static void dot_rows(int fmt, const uint8_t *w, int64_t row_bytes, const float *
             ? unpack_rows(fmt, w, row_bytes, A->k, b0, b1) : NULL;
         for (int t0 = 0; t0 < m; t0 += TILE) {
             int nt = m - t0 < TILE ? m - t0 : TILE;
-            if (pairs && nt == TILE && np > span_pairs(TILE)) {  // a whole tile over long rows
+            if (pairs && nt == TILE && long_row(TILE, A->k)) {  // a whole tile over long rows
                 float out[ROW_BLOCK * TILE];
                 UNPACKED_SPANS_VNNI[f - 3](w + (int64_t)b0 * row_bytes, row_bytes, pairs, b1 - b0, A->k, A, t0, out);
                 store_rows(out, b1 - b0, TILE, bias, y, n, b0, t0);
